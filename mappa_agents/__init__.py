@@ -1,0 +1,1 @@
+"""mappa_agents: policies, multiagent systems and the batched rollout runner."""

@@ -1,0 +1,152 @@
+"""The coach protocol: a judge that scores one action of one agent."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+#: Highest coach score. Scores live on [0, SCORE_MAX]; rewards are score / SCORE_MAX.
+SCORE_MAX = 10.0
+
+RevealPolicy = Literal["never", "last_agent", "always"]
+"""Who gets the ground truth shown to the coach:
+
+- ``"never"``: no action is judged with the answer in view.
+- ``"last_agent"``: only the final agent (verifier / analyst), as in the paper's code.
+- ``"always"``: every action.
+"""
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """A file in an episode's workspace, as shown to agents and coaches.
+
+    Attributes:
+        name: Path relative to the workspace.
+        size: Size in bytes.
+    """
+
+    name: str
+    size: int
+
+
+@dataclass(frozen=True)
+class CoachRequest:
+    """Everything the coach sees to score one action.
+
+    Attributes:
+        env_id: Environment id, e.g. ``"MathChat-v0"``; selects rubrics/templates.
+        task_id: Identifier of the task.
+        task: The task statement as given to the system.
+        agent: Agent id, e.g. ``"code_executor"``.
+        system_description: What the multiagent system is and how agents hand over work.
+        role_description: This agent's job.
+        agent_input: The exact chat messages the agent was prompted with.
+        action: The agent's output, exactly as produced.
+        turn: 0-based turn index of this agent within the episode.
+        is_last_agent: True for the final agent of the pipeline.
+        tool_result: Result of running the action's code (``ExecResult.to_dict()``),
+            or ``None`` when the action ran nothing.
+        tool_output: The tool result rendered as the agent saw it.
+        files: Files present in the workspace after the action (DSBench).
+        upstream_files: Files that earlier agents saved (DSBench).
+        ground_truth: The reference answer, present only when the reveal policy allows.
+        metadata: Environment-specific facts (task type, metric, outcome so far, ...).
+    """
+
+    env_id: str
+    task_id: str
+    task: str
+    agent: str
+    system_description: str
+    role_description: str
+    agent_input: Sequence[Mapping[str, str]]
+    action: str
+    turn: int = 0
+    is_last_agent: bool = False
+    tool_result: Mapping[str, Any] | None = None
+    tool_output: str | None = None
+    files: Sequence[FileInfo] = ()
+    upstream_files: Sequence[FileInfo] = ()
+    ground_truth: str | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CoachVerdict:
+    """The coach's judgement of one action.
+
+    A verdict with ``valid=False`` carries no score: callers must not turn it into
+    a reward (it is flagged in ``infos`` and masked out of training losses).
+
+    Attributes:
+        score: Score on ``[0, SCORE_MAX]``, or ``None`` when invalid.
+        valid: True when ``score`` is a usable judgement.
+        analysis: The coach's reasoning (or the reason the verdict is invalid).
+        coach: Name of the coach, e.g. ``"rules"`` or ``"llm:gemini/gemini-2.5-flash"``.
+        latency_s: Wall-clock seconds spent producing the verdict.
+        cost_usd: Money spent on it, when known.
+        prompt_tokens: Tokens sent to an LLM coach.
+        completion_tokens: Tokens the LLM coach generated.
+        attempts: Calls made (retries and format corrections included).
+        cached: True when the verdict came from a cache.
+        error: What went wrong when invalid.
+    """
+
+    score: float | None
+    valid: bool
+    analysis: str = ""
+    coach: str = ""
+    latency_s: float = 0.0
+    cost_usd: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    attempts: int = 1
+    cached: bool = False
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.valid:
+            if self.score is None or not math.isfinite(self.score):
+                raise ValueError("a valid verdict needs a finite score")
+            if not 0.0 <= self.score <= SCORE_MAX:
+                raise ValueError(f"score {self.score} is outside [0, {SCORE_MAX}]")
+        elif self.score is not None:
+            raise ValueError("an invalid verdict must not carry a score")
+
+    @property
+    def reward(self) -> float | None:
+        """The score scaled to ``[0, 1]``, or ``None`` for an invalid verdict."""
+        return None if self.score is None else self.score / SCORE_MAX
+
+    @classmethod
+    def invalid(cls, error: str, **fields: Any) -> CoachVerdict:
+        """An invalid verdict recording ``error``."""
+        fields.setdefault("analysis", error)
+        return cls(score=None, valid=False, error=error, **fields)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form for ``infos`` (adds ``reward``)."""
+        data = asdict(self)
+        data["reward"] = self.reward
+        return data
+
+
+@runtime_checkable
+class Coach(Protocol):
+    """Scores actions. Implementations must be safe to call from many episodes at once."""
+
+    @property
+    def name(self) -> str:
+        """Short identifier recorded in every verdict."""
+        ...
+
+    def score(self, request: CoachRequest) -> CoachVerdict:
+        """Judge one action, blocking until the verdict is ready."""
+        ...
+
+    async def ascore(self, request: CoachRequest) -> CoachVerdict:
+        """Judge one action without blocking the event loop."""
+        ...

@@ -1,0 +1,57 @@
+"""Small text helpers shared by sandboxes, environments and coaches."""
+
+from __future__ import annotations
+
+import re
+
+_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+_UNCLOSED_THINK = re.compile(r"<think>.*\Z", re.DOTALL | re.IGNORECASE)
+
+
+def truncate_middle(text: str, max_chars: int, marker: str = "\n...[{n} characters cut]...\n") -> str:
+    """Shorten ``text`` to about ``max_chars`` by cutting from the middle.
+
+    The head and the tail are both kept, so a traceback at the end of long output
+    survives (the reference implementation cut the tail and lost it).
+
+    Args:
+        text: Text to shorten.
+        max_chars: Largest length of the result, marker included. Values below 64
+            keep only the tail.
+        marker: Inserted where text was cut; ``{n}`` is replaced by the number of
+            characters removed.
+
+    Returns:
+        ``text`` unchanged when it fits, otherwise head + marker + tail.
+    """
+    if max_chars < 0:
+        raise ValueError(f"max_chars must be >= 0, got {max_chars}")
+    if len(text) <= max_chars:
+        return text
+    if max_chars < 64:
+        return text[len(text) - max_chars :] if max_chars else ""
+    # Size the marker for the largest possible count so the result never overshoots.
+    keep = max(max_chars - len(marker.format(n=len(text))), 0)
+    note = marker.format(n=len(text) - keep)
+    # The tail holds tracebacks and final answers: give it the larger share.
+    head = keep // 3
+    tail = keep - head
+    return text[:head] + note + text[len(text) - tail :]
+
+
+def strip_think(text: str) -> str:
+    """Remove reasoning blocks (``<think>...</think>``) from a model's output.
+
+    An unclosed ``<think>`` hides everything after it; text before a stray
+    ``</think>`` (reasoning models whose template opens the block) is dropped too.
+
+    Args:
+        text: Raw model output.
+
+    Returns:
+        The visible answer part.
+    """
+    if "</think>" in text.lower() and "<think>" not in text.lower():
+        text = text[text.lower().rindex("</think>") + len("</think>") :]
+    text = _THINK_BLOCK.sub("", text)
+    return _UNCLOSED_THINK.sub("", text)

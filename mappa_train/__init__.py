@@ -1,0 +1,1 @@
+"""mappa_train: policy-gradient algorithms and the per-agent trainer."""
