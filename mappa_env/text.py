@@ -8,7 +8,9 @@ _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _UNCLOSED_THINK = re.compile(r"<think>.*\Z", re.DOTALL | re.IGNORECASE)
 
 
-def truncate_middle(text: str, max_chars: int, marker: str = "\n...[{n} characters cut]...\n") -> str:
+def truncate_middle(
+    text: str, max_chars: int, marker: str = "\n...[{n} characters cut]...\n"
+) -> str:
     """Shorten ``text`` to about ``max_chars`` by cutting from the middle.
 
     The head and the tail are both kept, so a traceback at the end of long output
@@ -55,3 +57,37 @@ def strip_think(text: str) -> str:
         text = text[text.lower().rindex("</think>") + len("</think>") :]
     text = _THINK_BLOCK.sub("", text)
     return _UNCLOSED_THINK.sub("", text)
+
+
+# An opening fence of three or more backticks with an optional language tag, anywhere on a
+# line (models write "Here: ```python"). The block runs to a closing fence at the start of a
+# line, or to the end of the text (models often forget to close it).
+_FENCE = re.compile(
+    r"(?P<fence>`{3,})[ \t]*(?P<lang>[\w+-]*)[^\n]*\n"
+    r"(?P<body>.*?)"
+    r"(?:^[ \t]*(?P=fence)(?!`)[^\n]*$|\Z)",
+    re.DOTALL | re.MULTILINE,
+)
+_PYTHON_TAGS = frozenset({"", "python", "py", "python3", "ipython", "ipython3"})
+
+
+def extract_code_blocks(text: str, languages: frozenset[str] = _PYTHON_TAGS) -> list[str]:
+    """Fenced code blocks of ``text`` outside reasoning, in order of appearance.
+
+    A block is kept when its language tag (lower-cased) is in ``languages``; by default
+    Python tags and untagged blocks. An unclosed final block runs to the end of the text.
+
+    Args:
+        text: A model's output.
+        languages: Language tags to keep.
+
+    Returns:
+        The code of each block, without the fences; empty blocks are dropped.
+    """
+    blocks = []
+    for match in _FENCE.finditer(strip_think(text)):
+        if match.group("lang").lower() in languages:
+            body = match.group("body")
+            if body.strip():
+                blocks.append(body.rstrip("\n") + "\n")
+    return blocks

@@ -1,0 +1,56 @@
+"""Shared output helpers for benchmark scripts: print a table, write JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def machine_info() -> dict[str, Any]:
+    """Facts about the machine a measurement was taken on."""
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def print_table(rows: Sequence[Mapping[str, Any]], title: str = "") -> None:
+    """Print ``rows`` (dicts with the same keys) as an aligned text table."""
+    if title:
+        print(title)
+    if not rows:
+        print("(no rows)")
+        return
+    columns = list(rows[0].keys())
+    cells = [[_fmt(row.get(col)) for col in columns] for row in rows]
+    widths = [max(len(col), *(len(r[i]) for r in cells)) for i, col in enumerate(columns)]
+    print("  ".join(col.ljust(w) for col, w in zip(columns, widths)))
+    print("  ".join("-" * w for w in widths))
+    for r in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+
+
+def write_results(name: str, payload: Mapping[str, Any], out_dir: Path | None = None) -> Path:
+    """Write ``payload`` plus machine facts to ``<out_dir>/<name>.json`` and return the path."""
+    out_dir = out_dir or RESULTS_DIR
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
+    data = {"benchmark": name, "machine": machine_info(), **payload}
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    print(f"wrote {path}")
+    return path
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)

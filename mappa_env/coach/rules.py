@@ -1,0 +1,178 @@
+r"""The rules coach: deterministic, offline per-role rubrics that use the ground truth.
+
+It is the offline default coach and the reference for tests. Each environment has a
+rubric (a function ``CoachRequest -> (score, analysis)``); :class:`RulesCoach` picks
+the rubric by ``request.env_id``. Users add rubrics for their own environments by
+passing ``rubrics={"MyEnv-v0": my_rubric}``.
+
+MathChat-v0 rubric (scores out of 10). "Answer" means the last ``\boxed{}`` of the
+action, or a fallback ("the answer is 5") where noted; correctness is judged with
+:func:`mappa_env.grading.math.answers_match` against the ground truth.
+
+problem_solver:
+    10  boxed answer correct
+     7  correct answer only as a fallback (no box)
+     3  an answer, but wrong
+     1  no answer at all (an answer-less draft must not score well)
+     0  empty action
+
+code_executor, a turn with code:
+    10  the code ran and its last printed number is the correct answer
+     4  the code ran but printed no correct final number
+     2  the code raised, timed out or killed its interpreter
+    code_executor, a turn without code (ends its slot):
+     8  correct answer, and it matches what its earlier code printed
+     6  correct answer, not backed by code output
+     2  wrong answer
+     1  no answer
+
+verifier:
+    10  boxed answer correct
+     4  correct answer only as a fallback (no box): right, but in the wrong format
+     2  boxed answer wrong (right format, wrong answer: above a missing one)
+     0  no answer
+
+The gaps are chosen so that no cheap behaviour (an empty reply, printing many numbers,
+copying an upstream answer without checking) outscores doing the job.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+
+from mappa_env.coach.base import CoachRequest, CoachVerdict, RevealPolicy
+from mappa_env.text import strip_think
+
+Rubric = Callable[[CoachRequest], tuple[float, str]]
+"""A rubric maps a request to ``(score in [0, 10], analysis text)``."""
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
+
+
+def _last_number(text: str) -> str | None:
+    matches = _NUMBER.findall(text)
+    return matches[-1].replace(",", "") if matches else None
+
+
+def _grade(answer: str | None, truth: str | None) -> bool:
+    from mappa_env.grading.math import answers_match
+
+    return answer is not None and truth is not None and answers_match(answer, truth)
+
+
+def _answers(text: str) -> tuple[str | None, str | None]:
+    """``(boxed answer, answer found by fallback)`` of an action."""
+    from mappa_env.grading.math import extract_boxed
+
+    visible = strip_think(text)
+    return extract_boxed(visible, fallback=False), extract_boxed(visible, fallback=True)
+
+
+def mathchat_rubric(request: CoachRequest) -> tuple[float, str]:
+    """Score one MathChat-v0 action; see the module docstring for the table."""
+    truth = request.ground_truth
+    if truth is None:
+        raise ValueError(
+            "the rules coach needs the ground truth for every action: "
+            "use reveal='always' (the default for this coach)"
+        )
+    action = request.action
+    if not action.strip():
+        return 0.0, "Empty action."
+    boxed, loose = _answers(action)
+
+    if request.agent == "problem_solver":
+        if _grade(boxed, truth):
+            return 10.0, f"Boxed answer {boxed} is correct."
+        if boxed is None and _grade(loose, truth):
+            return 7.0, f"Correct answer {loose}, but not in \\boxed{{}}."
+        if boxed is not None or loose is not None:
+            return 3.0, f"Answer {boxed or loose} is wrong."
+        return 1.0, "No answer given."
+
+    if request.agent == "code_executor":
+        tool = request.tool_result
+        if tool is not None:
+            if not tool.get("ok", False):
+                err = tool.get("error") or {}
+                why = "timed out" if tool.get("timed_out") else err.get("name", "failed")
+                return 2.0, f"The code {why}."
+            printed = _last_number(tool.get("stdout", ""))
+            if _grade(printed, truth):
+                return 10.0, f"The code ran and printed the correct answer {printed}."
+            return 4.0, f"The code ran, but its last printed number ({printed}) is not correct."
+        answer = boxed or loose
+        if answer is None:
+            return 1.0, "No code and no answer."
+        if not _grade(answer, truth):
+            return 2.0, f"Answer {answer} is wrong."
+        earlier = request.metadata.get("earlier_stdout", "")
+        if _grade(_last_number(earlier), truth):
+            return 8.0, f"Correct answer {answer}, backed by its code's output."
+        return 6.0, f"Correct answer {answer}, but not backed by code output."
+
+    if request.agent == "verifier":
+        if _grade(boxed, truth):
+            return 10.0, f"Final boxed answer {boxed} is correct."
+        if boxed is None and _grade(loose, truth):
+            return 4.0, f"Correct answer {loose}, but not in \\boxed{{}}."
+        if boxed is not None:
+            return 2.0, f"Final boxed answer {boxed} is wrong."
+        return 0.0, "No final answer."
+
+    raise ValueError(f"no MathChat rubric for agent {request.agent!r}")
+
+
+class RulesCoach:
+    """Deterministic coach with a rubric per environment.
+
+    Args:
+        rubrics: Extra or replacement rubrics keyed by environment id; the built-in
+            ones cover ``MathChat-v0`` and ``DSBench-v0``.
+
+    Attributes:
+        default_reveal: ``"always"``: rubrics judge correctness, so they need the truth.
+    """
+
+    default_reveal: RevealPolicy = "always"
+
+    def __init__(self, rubrics: Mapping[str, Rubric] | None = None) -> None:
+        self.rubrics: dict[str, Rubric] = {"MathChat-v0": mathchat_rubric}
+        try:
+            from mappa_env.coach.rules_dsbench import dsbench_rubric
+        except ImportError:  # the DSBench rubric is optional until that env is present
+            pass
+        else:
+            self.rubrics["DSBench-v0"] = dsbench_rubric
+        self.rubrics.update(rubrics or {})
+
+    @property
+    def name(self) -> str:
+        """``"rules"``."""
+        return "rules"
+
+    def score(self, request: CoachRequest) -> CoachVerdict:
+        """Score ``request`` by its environment's rubric.
+
+        Returns an invalid verdict (never a made-up score) when no rubric applies or the
+        rubric cannot judge the request.
+        """
+        rubric = self.rubrics.get(request.env_id)
+        if rubric is None:
+            return CoachVerdict.invalid(
+                f"no rules rubric for {request.env_id!r}; known: {sorted(self.rubrics)}",
+                coach=self.name,
+            )
+        try:
+            score, analysis = rubric(request)
+        except (ValueError, KeyError, TypeError) as exc:
+            return CoachVerdict.invalid(f"rubric failed: {exc}", coach=self.name)
+        return CoachVerdict(score=float(score), valid=True, analysis=analysis, coach=self.name)
+
+    async def ascore(self, request: CoachRequest) -> CoachVerdict:
+        """Same as :meth:`score`: rules are cheap enough to run in the event loop."""
+        return self.score(request)
+
+    def __repr__(self) -> str:
+        return f"RulesCoach(envs={sorted(self.rubrics)})"

@@ -1,0 +1,392 @@
+r"""MathChat-v0: three agents solve a competition math problem.
+
+``problem_solver`` drafts a solution, ``code_executor`` checks and computes with Python
+in a sandbox (up to two turns; a turn without a code block ends its slot), and
+``verifier`` gives the final answer in ``\\boxed{}``. The episode is correct when the
+verifier's boxed answer equals the ground truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mappa_env.coach.base import Coach, RevealPolicy
+from mappa_env.envs.pipeline import (
+    ActionRecord,
+    AgentSpec,
+    PipelineEnv,
+    RewardMode,
+    ToolOutcome,
+)
+from mappa_env.grading.math import answers_match, extract_boxed
+from mappa_env.sandbox.base import Sandbox, SandboxFactory
+from mappa_env.tasks import MathTask
+from mappa_env.text import extract_code_blocks, strip_think
+
+logger = logging.getLogger(__name__)
+
+PROBLEM_SOLVER = "problem_solver"
+CODE_EXECUTOR = "code_executor"
+VERIFIER = "verifier"
+
+SYSTEM_DESCRIPTION = (
+    "Three agents solve a competition math problem together, one after another: "
+    "(1) the problem solver drafts a step-by-step solution; "
+    "(2) the code executor checks and computes with Python, sees its code's output, and may "
+    "run more code; (3) the verifier reads the code executor's last message and the last code "
+    "output and gives the final answer in \\boxed{}. Only the verifier's boxed answer is graded."
+)
+
+_ROLE_TEMPLATES = {
+    PROBLEM_SOLVER: (
+        "You are the problem solver, agent 1 of 3 in a chain that solves a competition math "
+        "problem. After you, the code executor (agent 2) checks your work with Python and the "
+        "verifier (agent 3) gives the final answer.\n"
+        "Your job: write a clear, step-by-step solution and end with your answer in "
+        "\\boxed{{...}}. Mark any step you are unsure of, so the code executor can check it.\n"
+        "Keep it within {budget} tokens."
+    ),
+    CODE_EXECUTOR: (
+        "You are the code executor, agent 2 of 3 in a chain that solves a competition math "
+        "problem. Before you, the problem solver (agent 1) drafted a solution; after you, the "
+        "verifier (agent 3) gives the final answer, seeing only your last message and the "
+        "output of your last code run.\n"
+        "Your job: compute or check the answer with Python. Put code in one ```python block "
+        "and print() the values you need; it runs and you will see its output. You have up to "
+        "{turns} turn(s). A reply without a code block ends your part: then state the answer "
+        "your code found in \\boxed{{...}}.\n"
+        "Keep each reply within {budget} tokens."
+    ),
+    VERIFIER: (
+        "You are the verifier, agent 3 of 3 in a chain that solves a competition math "
+        "problem. Before you, the problem solver drafted a solution and the code executor "
+        "checked it with Python.\n"
+        "Your job: check the code executor's work and its code output, then give the final "
+        "answer to the problem as \\boxed{{answer}}. Only your boxed answer is graded, and "
+        "competition answers are usually a single number.\n"
+        "Keep it within {budget} tokens."
+    ),
+}
+
+
+def _resolve_sandbox(sandbox: str | SandboxFactory | None) -> SandboxFactory | None:
+    if sandbox is None or callable(sandbox):
+        return sandbox
+    if sandbox == "jupyter":
+        from mappa_env.sandbox import JupyterSandbox
+
+        def jupyter_factory(workdir: Any) -> Sandbox:
+            return JupyterSandbox(workdir=workdir)
+
+        return jupyter_factory
+    raise ValueError(
+        f"unknown sandbox {sandbox!r}: pass 'jupyter', None (no code execution) "
+        "or a callable workdir -> Sandbox"
+    )
+
+
+def _resolve_tasks(tasks: str | Sequence[MathTask] | None, seed: int) -> list[MathTask]:
+    from mappa_env.tasks import generate_math_tasks, load_math_tasks
+
+    if tasks is None:
+        return generate_math_tasks(64, seed=seed)
+    if isinstance(tasks, str):
+        return load_math_tasks(tasks)
+    resolved = list(tasks)
+    if not resolved:
+        raise ValueError("tasks is empty: pass at least one MathTask, a file, or None")
+    for task in resolved:
+        if not isinstance(task, MathTask):
+            raise TypeError(
+                f"tasks must be MathTask objects, got {type(task).__name__}; "
+                "build them with mappa_env.tasks.MathTask or load_math_tasks()"
+            )
+    return resolved
+
+
+class MathChatEnv(PipelineEnv):
+    r"""MathChat-v0: problem solver -> code executor -> verifier.
+
+    Args:
+        tasks: A list of :class:`~mappa_env.tasks.MathTask`, a task file or short name
+            understood by :func:`~mappa_env.tasks.load_math_tasks`, or ``None`` for 64
+            generated problems (offline default).
+        coach: A :class:`~mappa_env.coach.Coach`, a coach spec string (``"rules"``,
+            ``"llm:<model>"``), or ``None`` (only with ``reward_mode="outcome"``).
+            Defaults to the rules coach.
+        sandbox: ``"jupyter"`` (a Jupyter kernel per episode, the default), a callable
+            ``workdir -> Sandbox``, or ``None`` to run no code (code blocks are reported
+            as not executed).
+        seed: Seeds task order; ``reset(seed=...)`` reseeds.
+        turns: Per-agent turn limits, e.g. ``{"code_executor": 3}``; defaults 1/2/1.
+        max_new_tokens: Token budget per action stated in the prompts (the paper: 4,096).
+        code_timeout_s: Wall-clock limit of one code run.
+        tool_output_chars: Code output longer than this is cut from the middle.
+        verifier_sees_solver: Also show the problem solver's draft to the verifier.
+        strict_boxed: Grade only a ``\\boxed{}`` answer of the verifier (the paper);
+            when False, fallbacks such as "the final answer is 5" count too.
+        shuffle: Visit tasks in a seeded random order (else in the given order).
+        reward_mode: See :class:`~mappa_env.envs.pipeline.PipelineEnv`.
+        outcome_weight: See :class:`~mappa_env.envs.pipeline.PipelineEnv`.
+        reveal: See :class:`~mappa_env.envs.pipeline.PipelineEnv`.
+        max_action_chars: See :class:`~mappa_env.envs.pipeline.PipelineEnv`.
+        max_cycles: See :class:`~mappa_env.envs.pipeline.PipelineEnv`.
+        invalid_reward: See :class:`~mappa_env.envs.pipeline.PipelineEnv`.
+        render_mode: See :class:`~mappa_env.envs.pipeline.PipelineEnv`.
+    """
+
+    metadata = {  # noqa: RUF012 - PettingZoo reads this as a class attribute
+        "render_modes": ["human", "ansi"],
+        "name": "mathchat_v0",
+        "is_parallelizable": False,
+    }
+    env_id = "MathChat-v0"
+
+    def __init__(
+        self,
+        tasks: str | Sequence[MathTask] | None = None,
+        coach: Coach | str | None = "rules",
+        sandbox: str | SandboxFactory | None = "jupyter",
+        seed: int | None = None,
+        *,
+        turns: Mapping[str, int] | None = None,
+        max_new_tokens: int = 4096,
+        code_timeout_s: float = 30.0,
+        tool_output_chars: int = 4000,
+        verifier_sees_solver: bool = False,
+        strict_boxed: bool = True,
+        shuffle: bool = True,
+        reward_mode: RewardMode = "process",
+        outcome_weight: float = 0.5,
+        reveal: RevealPolicy | None = None,
+        max_action_chars: int = 32_768,
+        max_cycles: int | None = None,
+        invalid_reward: float = float("nan"),
+        render_mode: str | None = None,
+    ) -> None:
+        from mappa_env.coach import make_coach
+
+        self._turn_limits = {PROBLEM_SOLVER: 1, CODE_EXECUTOR: 2, VERIFIER: 1}
+        for agent, limit in (turns or {}).items():
+            if agent not in self._turn_limits:
+                raise ValueError(
+                    f"unknown agent {agent!r} in turns; agents: {list(self._turn_limits)}"
+                )
+            if int(limit) < 1:
+                raise ValueError(f"turns[{agent!r}] must be >= 1, got {limit}")
+            self._turn_limits[agent] = int(limit)
+        if max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
+        if code_timeout_s <= 0:
+            raise ValueError(f"code_timeout_s must be positive, got {code_timeout_s}")
+        self.max_new_tokens = int(max_new_tokens)
+        self.code_timeout_s = float(code_timeout_s)
+        self.tool_output_chars = int(tool_output_chars)
+        self.verifier_sees_solver = bool(verifier_sees_solver)
+        self.strict_boxed = bool(strict_boxed)
+        self.shuffle = bool(shuffle)
+        self.tasks = _resolve_tasks(tasks, seed=0 if seed is None else seed)
+        self._task_index = {t.id: t for t in self.tasks}
+        self._sandbox_factory = _resolve_sandbox(sandbox)
+        self._sandbox: Sandbox | None = None
+        self._order: list[int] = []
+        self._cursor = 0
+        self.task: MathTask = self.tasks[0]
+        super().__init__(
+            coach=make_coach(coach) if coach is not None else None,
+            reward_mode=reward_mode,
+            outcome_weight=outcome_weight,
+            reveal=reveal,
+            max_action_chars=max_action_chars,
+            max_cycles=max_cycles,
+            invalid_reward=invalid_reward,
+            render_mode=render_mode,
+        )
+        if seed is not None:
+            import gymnasium
+
+            self.np_random, _ = gymnasium.utils.seeding.np_random(seed)
+
+    # ------------------------------------------------------------------ pipeline hooks
+
+    def agent_specs(self) -> Sequence[AgentSpec]:
+        """problem_solver (1 turn) -> code_executor (2) -> verifier (1), by default."""
+        limits = getattr(self, "_turn_limits", {PROBLEM_SOLVER: 1, CODE_EXECUTOR: 2, VERIFIER: 1})
+        return (
+            AgentSpec(PROBLEM_SOLVER, "problem solver", limits[PROBLEM_SOLVER]),
+            AgentSpec(CODE_EXECUTOR, "code executor", limits[CODE_EXECUTOR]),
+            AgentSpec(VERIFIER, "verifier", limits[VERIFIER]),
+        )
+
+    @property
+    def system_description(self) -> str:
+        """What the MathChat system is."""
+        return SYSTEM_DESCRIPTION
+
+    def role_description(self, agent: str) -> str:
+        """The system prompt of ``agent``."""
+        return _ROLE_TEMPLATES[agent].format(
+            budget=self.max_new_tokens, turns=self.spec_of(CODE_EXECUTOR).max_turns
+        )
+
+    def agent_messages(self, agent: str) -> list[dict[str, str]]:
+        """The chat messages ``agent`` is prompted with, given the episode so far."""
+        problem = f"Problem:\n{self.task.prompt}"
+        messages = [{"role": "system", "content": self.role_description(agent)}]
+        if agent == PROBLEM_SOLVER:
+            messages.append({"role": "user", "content": problem})
+        elif agent == CODE_EXECUTOR:
+            draft = self.last_record(PROBLEM_SOLVER)
+            draft_text = strip_think(draft.action).strip() if draft else ""
+            messages.append(
+                {
+                    "role": "user",
+                    "content": f"{problem}\n\nThe problem solver's draft:\n"
+                    f"{draft_text or '(the problem solver wrote nothing)'}",
+                }
+            )
+            own = self.records_of(CODE_EXECUTOR)
+            limit = self.spec_of(CODE_EXECUTOR).max_turns
+            for i, record in enumerate(own):
+                messages.append({"role": "assistant", "content": record.action})
+                left = limit - (i + 1)
+                output = record.tool.output or "(no code ran)"
+                follow = (
+                    "This is your last turn: reply with the final answer in \\boxed{}."
+                    if left == 1
+                    else f"You have {left} turns left. Write more code if needed, or "
+                    "reply without code to finish, with the answer in \\boxed{}."
+                )
+                messages.append(
+                    {"role": "user", "content": f"Output of your code:\n{output}\n\n{follow}"}
+                )
+        elif agent == VERIFIER:
+            parts = [problem]
+            if self.verifier_sees_solver:
+                draft = self.last_record(PROBLEM_SOLVER)
+                if draft is not None:
+                    parts.append(
+                        f"The problem solver's draft:\n{strip_think(draft.action).strip()}"
+                    )
+            executor = self.last_record(CODE_EXECUTOR)
+            parts.append(
+                "The code executor's last message:\n"
+                + (strip_think(executor.action).strip() if executor else "(none)")
+            )
+            last_output = next(
+                (
+                    r.tool.output
+                    for r in reversed(self.records_of(CODE_EXECUTOR))
+                    if r.tool.output is not None
+                ),
+                None,
+            )
+            parts.append(f"Output of its last code run:\n{last_output or '(no code ran)'}")
+            messages.append({"role": "user", "content": "\n\n".join(parts)})
+        else:
+            raise KeyError(f"unknown agent {agent!r}")
+        return messages
+
+    async def run_action(self, agent: str, action: str) -> ToolOutcome:
+        """Run the code executor's fenced Python; other agents only write text."""
+        if agent != CODE_EXECUTOR:
+            return ToolOutcome()
+        blocks = extract_code_blocks(action)
+        if not blocks:
+            return ToolOutcome(ends_slot=True, extra={"code_blocks": 0})
+        code = "\n".join(blocks)
+        if self._sandbox_factory is None:
+            return ToolOutcome(
+                code=code,
+                output="(code execution is disabled in this environment)",
+                extra={"code_blocks": len(blocks)},
+            )
+        if self._sandbox is None:
+            self._sandbox = self._sandbox_factory(self.workdir)
+        result = await self._sandbox.arun(code, timeout=self.code_timeout_s)
+        return ToolOutcome(
+            code=code,
+            result=result,
+            output=result.render(self.tool_output_chars),
+            extra={"code_blocks": len(blocks)},
+        )
+
+    async def episode_outcome(self) -> dict[str, Any]:
+        """Grade the verifier's boxed answer against the ground truth by rule."""
+        verdict = self.last_record(VERIFIER)
+        predicted = (
+            extract_boxed(verdict.action, fallback=not self.strict_boxed) if verdict else None
+        )
+        correct = predicted is not None and answers_match(predicted, self.task.answer)
+        return {
+            "correct": bool(correct),
+            "predicted": predicted,
+            "answer": self.task.answer,
+            "reward": 1.0 if correct else 0.0,
+            "task_id": self.task.id,
+        }
+
+    def select_task(self, options: Mapping[str, Any] | None) -> MathTask:
+        """Pick the task named in ``options`` or the next one in (seeded) order."""
+        options = options or {}
+        if "task" in options:
+            task = options["task"]
+            if not isinstance(task, MathTask):
+                raise TypeError(f"options['task'] must be a MathTask, got {type(task).__name__}")
+        elif "task_id" in options:
+            try:
+                task = self._task_index[str(options["task_id"])]
+            except KeyError:
+                raise KeyError(
+                    f"no task with id {options['task_id']!r}; "
+                    f"{len(self.tasks)} tasks, e.g. {self.tasks[0].id!r}"
+                ) from None
+        else:
+            if self._cursor >= len(self._order):
+                n = len(self.tasks)
+                self._order = (
+                    [int(i) for i in self.np_random.permutation(n)]
+                    if self.shuffle
+                    else list(range(n))
+                )
+                self._cursor = 0
+            task = self.tasks[self._order[self._cursor]]
+            self._cursor += 1
+        self.task = task
+        return task
+
+    async def areset(
+        self, seed: int | None = None, options: Mapping[str, Any] | None = None
+    ) -> None:
+        """Start a new episode; a new ``seed`` restarts the seeded task order."""
+        if seed is not None:
+            self._order, self._cursor = [], 0
+        await super().areset(seed=seed, options=options)
+
+    def task_facts(self) -> tuple[str, str, str | None]:
+        """``(task id, problem, answer)``."""
+        return self.task.id, self.task.prompt, self.task.answer
+
+    def coach_metadata(self, record: ActionRecord) -> dict[str, Any]:
+        """Task metadata for the coach, and for the code executor its earlier code output."""
+        metadata: dict[str, Any] = {"task_metadata": dict(self.task.metadata)}
+        if record.agent == CODE_EXECUTOR:
+            # The record being judged is not in the transcript yet: these are earlier turns.
+            earlier = [
+                r.tool.result.stdout for r in self.records_of(CODE_EXECUTOR) if r.tool.result
+            ]
+            metadata["earlier_stdout"] = earlier[-1] if earlier else ""
+        return metadata
+
+    async def on_episode_end(self) -> None:
+        """Close the episode's sandbox."""
+        if self._sandbox is not None:
+            sandbox, self._sandbox = self._sandbox, None
+            try:
+                # Shutting a kernel down blocks for a moment: keep the event loop free.
+                await asyncio.to_thread(sandbox.close)
+            except OSError:
+                logger.warning("closing the sandbox failed", exc_info=True)

@@ -1,0 +1,601 @@
+"""A pipeline of text agents as a PettingZoo AEC environment with an async core.
+
+Both MathChat-v0 and DSBench-v0 are pipelines: agents act in a fixed order, each for
+one or more turns; every action may run code in a sandbox and is scored by a coach.
+This module holds what they share: the PettingZoo bookkeeping, reward modes, coach
+calls, action validation, transcripts and the sync layer over the async core.
+
+The async core (:meth:`PipelineEnv.areset`, :meth:`PipelineEnv.astep`) lets a batched
+runner drive many episodes in one event loop, so coach calls and sandbox runs of
+different episodes overlap. :meth:`PipelineEnv.reset` and :meth:`PipelineEnv.step` are
+thin synchronous wrappers over it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import tempfile
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import gymnasium
+from pettingzoo import AECEnv
+
+from mappa_env.coach.base import Coach, CoachRequest, CoachVerdict, FileInfo, RevealPolicy
+from mappa_env.envs._sync import SyncRunner
+from mappa_env.sandbox.base import ExecResult
+from mappa_env.spaces import UnicodeText, make_observation, text_observation_space
+
+logger = logging.getLogger(__name__)
+
+RewardMode = Literal["process", "outcome", "mixed"]
+REWARD_MODES: tuple[str, ...] = ("process", "outcome", "mixed")
+REVEAL_POLICIES: tuple[str, ...] = ("never", "last_agent", "always")
+
+#: Bound on observation text; parts of prompts are cut well before this.
+MAX_OBSERVATION_CHARS = 2_000_000
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """One agent of a pipeline.
+
+    Attributes:
+        name: Agent id, e.g. ``"code_executor"``.
+        title: Human-readable role name used in prompts, e.g. ``"code executor"``.
+        max_turns: Most actions the agent may take in its slot.
+    """
+
+    name: str
+    title: str
+    max_turns: int
+
+
+@dataclass
+class ToolOutcome:
+    """What an action did besides producing text.
+
+    Attributes:
+        code: The code that ran (all blocks joined), or ``None`` when none ran.
+        result: The sandbox's result, or ``None`` when no code ran.
+        output: The result as rendered for the agent and the coach.
+        ends_slot: True when this action ends the agent's slot early.
+        extra: Environment-specific facts for ``infos`` and the coach (e.g. files).
+    """
+
+    code: str | None = None
+    result: ExecResult | None = None
+    output: str | None = None
+    ends_slot: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ActionRecord:
+    """One action of one agent, as kept in the transcript.
+
+    Attributes:
+        agent: Agent id.
+        turn: 0-based turn of this agent.
+        messages: The exact chat messages the agent was prompted with.
+        action: The action text as used by the environment (after cutting oversize text).
+        action_truncated: True when the submitted action was longer than allowed.
+        tool: What running the action did.
+        verdict: The coach's verdict, or ``None`` when no coach was called.
+        reward: The step reward given for this action (NaN for an invalid verdict in
+            ``process`` mode).
+    """
+
+    agent: str
+    turn: int
+    messages: tuple[dict[str, str], ...]
+    action: str
+    action_truncated: bool
+    tool: ToolOutcome
+    verdict: CoachVerdict | None = None
+    reward: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (JSON-serialisable) of the record."""
+        return {
+            "agent": self.agent,
+            "turn": self.turn,
+            "messages": [dict(m) for m in self.messages],
+            "action": self.action,
+            "action_truncated": self.action_truncated,
+            "code": self.tool.code,
+            "tool": None if self.tool.result is None else self.tool.result.to_dict(),
+            "tool_output": self.tool.output,
+            "coach": None if self.verdict is None else self.verdict.to_dict(),
+            "reward": self.reward,
+        }
+
+
+class PipelineEnv(AECEnv):
+    """Base class of the pipeline environments (an ``AECEnv`` with an async core).
+
+    Subclasses define the agents, prompts, what an action does, and the episode
+    outcome. See :class:`mappa_env.envs.mathchat.MathChatEnv` for a complete example.
+
+    Args:
+        coach: Scores every action; ``None`` is allowed only in ``outcome`` mode.
+        reward_mode: ``"process"`` (the coach's score of each action, scaled to [0, 1]),
+            ``"outcome"`` (only the episode's outcome, given to every action at the end)
+            or ``"mixed"`` (``(1 - w) * coach + w * outcome`` per action, ``w`` =
+            ``outcome_weight``).
+        outcome_weight: Weight ``w`` of the outcome in ``mixed`` mode.
+        reveal: Which actions the coach judges with the ground truth in view; ``None``
+            takes the coach's own ``default_reveal`` (the rules coach needs the truth
+            everywhere; LLM coaches default to the last agent, as in the paper).
+        max_action_chars: Longer actions are cut to this length; ``infos`` flags it.
+        max_cycles: Truncate the episode after this many actions in total (all agents
+            together); ``None`` bounds episodes only by the agents' turn limits.
+        invalid_reward: Step reward used when the coach's verdict is invalid in
+            ``process``/``mixed`` mode. NaN by default, so a failed judgement can never
+            pass for a real score; ``infos[agent]["reward_valid"]`` is False either way.
+        render_mode: ``None``, ``"ansi"`` (``render()`` returns the transcript) or
+            ``"human"`` (``render()`` prints it).
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {
+        "render_modes": ["human", "ansi"],
+        "name": "pipeline_v0",
+        "is_parallelizable": False,
+    }
+    #: Environment id used in coach requests and registries.
+    env_id: ClassVar[str] = "Pipeline-v0"
+
+    def __init__(
+        self,
+        *,
+        coach: Coach | None,
+        reward_mode: RewardMode = "process",
+        outcome_weight: float = 0.5,
+        reveal: RevealPolicy | None = None,
+        max_action_chars: int = 32_768,
+        max_cycles: int | None = None,
+        invalid_reward: float = math.nan,
+        render_mode: str | None = None,
+    ) -> None:
+        super().__init__()
+        if reward_mode not in REWARD_MODES:
+            raise ValueError(f"reward_mode must be one of {REWARD_MODES}, got {reward_mode!r}")
+        if coach is None and reward_mode != "outcome":
+            raise ValueError(
+                f"reward_mode={reward_mode!r} needs a coach; pass coach=... "
+                "or use reward_mode='outcome'"
+            )
+        if not 0.0 <= outcome_weight <= 1.0:
+            raise ValueError(f"outcome_weight must be in [0, 1], got {outcome_weight}")
+        if reveal is None:
+            reveal = getattr(coach, "default_reveal", "last_agent")
+        if reveal not in REVEAL_POLICIES:
+            raise ValueError(f"reveal must be one of {REVEAL_POLICIES}, got {reveal!r}")
+        if max_action_chars <= 0:
+            raise ValueError(f"max_action_chars must be positive, got {max_action_chars}")
+        if max_cycles is not None and max_cycles <= 0:
+            raise ValueError(f"max_cycles must be positive or None, got {max_cycles}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(
+                f"render_mode must be one of {self.metadata['render_modes']} or None, "
+                f"got {render_mode!r}"
+            )
+        self.coach = coach
+        self.reward_mode: RewardMode = reward_mode
+        self.outcome_weight = float(outcome_weight)
+        self.reveal: RevealPolicy = reveal
+        self.max_action_chars = int(max_action_chars)
+        self.max_cycles = max_cycles
+        self.invalid_reward = float(invalid_reward)
+        self.render_mode = render_mode
+
+        specs = self.agent_specs()
+        self._specs: dict[str, AgentSpec] = {s.name: s for s in specs}
+        self.possible_agents: list[str] = [s.name for s in specs]
+        self.agents: list[str] = []
+        observation_space = text_observation_space(MAX_OBSERVATION_CHARS)
+        action_space = UnicodeText(self.max_action_chars)
+        # One space object per agent, returned identically on every call (PettingZoo checks).
+        self.observation_spaces = {a: observation_space for a in self.possible_agents}
+        self.action_spaces = {a: action_space for a in self.possible_agents}
+
+        self.rewards: dict[str, float] = {}
+        self._cumulative_rewards: dict[str, float] = {}
+        self.terminations: dict[str, bool] = {}
+        self.truncations: dict[str, bool] = {}
+        self.infos: dict[str, dict[str, Any]] = {}
+        self.agent_selection: str = self.possible_agents[0]
+
+        self.transcript: list[ActionRecord] = []
+        self.outcome: dict[str, Any] | None = None
+        self.turns: dict[str, int] = {}
+        self.episode_index = -1
+        self.np_random, _ = gymnasium.utils.seeding.np_random(None)
+        self._workdir: Path | None = None
+        self._sync = SyncRunner()
+        self._closed = False
+
+    # ------------------------------------------------------------------ subclass hooks
+
+    @abstractmethod
+    def agent_specs(self) -> Sequence[AgentSpec]:
+        """The agents in pipeline order (called once, during ``__init__``)."""
+
+    @property
+    @abstractmethod
+    def system_description(self) -> str:
+        """What the whole system is, for prompts and coaches."""
+
+    @abstractmethod
+    def role_description(self, agent: str) -> str:
+        """The instructions of one agent (its system prompt)."""
+
+    @abstractmethod
+    def agent_messages(self, agent: str) -> list[dict[str, str]]:
+        """The chat messages ``agent`` is prompted with now."""
+
+    @abstractmethod
+    async def run_action(self, agent: str, action: str) -> ToolOutcome:
+        """Carry out ``action`` (run its code, collect files) and say what happened."""
+
+    @abstractmethod
+    async def episode_outcome(self) -> dict[str, Any]:
+        """Judge the finished episode by rule.
+
+        Returns:
+            A dict with at least ``"reward"`` (float in [0, 1], the outcome reward);
+            it is stored in ``infos[agent]["outcome"]`` for every agent.
+        """
+
+    @abstractmethod
+    def select_task(self, options: Mapping[str, Any] | None) -> Any:
+        """Pick the next episode's task (seeded by ``self.np_random``)."""
+
+    @abstractmethod
+    def task_facts(self) -> tuple[str, str, str | None]:
+        """``(task_id, task statement, ground truth)`` of the current episode."""
+
+    def coach_metadata(self, record: ActionRecord) -> dict[str, Any]:
+        """Extra facts for the coach about ``record`` (override to add more)."""
+        return {}
+
+    async def on_episode_start(self) -> None:
+        """Prepare per-episode resources (called by :meth:`areset` after task selection)."""
+
+    async def on_slot_end(self, agent: str, next_agent: str | None) -> None:
+        """Called when ``agent`` has taken its last turn (``next_agent`` is None at the end)."""
+
+    async def on_episode_end(self) -> None:
+        """Release per-episode resources (sandboxes); called before a new episode and on close."""
+
+    def on_close(self) -> None:
+        """Release what lives as long as the environment (called once by close/aclose)."""
+
+    # ------------------------------------------------------------------ PettingZoo API
+
+    def observation_space(self, agent: str) -> gymnasium.spaces.Space:
+        """The observation space of ``agent`` (the same object on every call)."""
+        return self.observation_spaces[agent]
+
+    def action_space(self, agent: str) -> gymnasium.spaces.Space:
+        """The action space of ``agent``: any string up to ``max_action_chars``."""
+        return self.action_spaces[agent]
+
+    def observe(self, agent: str) -> dict[str, Any]:
+        """The observation of ``agent``: ``{"text": str, "messages": tuple[dict, ...]}``."""
+        return make_observation(self.agent_messages(agent))
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        """Start a new episode (synchronous wrapper of :meth:`areset`).
+
+        Args:
+            seed: Reseeds task order (and anything else random) when given.
+            options: Environment-specific choices, e.g. ``{"task_id": "..."}`` or
+                ``{"task": <task object>}`` to pick the task.
+        """
+        self._sync.run(self.areset(seed=seed, options=options))
+
+    def step(self, action: str | None) -> None:
+        """Act for ``agent_selection`` (synchronous wrapper of :meth:`astep`).
+
+        Args:
+            action: The agent's output text; ``None`` only for a terminated or
+                truncated agent (PettingZoo's dead step).
+
+        Raises:
+            TypeError: When ``action`` is not a string (or ``None`` for a dead agent).
+            ValueError: When a dead agent is given an action other than ``None``.
+            RuntimeError: When the episode is over and :meth:`reset` was not called.
+        """
+        self._sync.run(self.astep(action))
+
+    async def areset(
+        self, seed: int | None = None, options: Mapping[str, Any] | None = None
+    ) -> None:
+        """Start a new episode (async core of :meth:`reset`)."""
+        self._check_open()
+        if seed is not None:
+            self.np_random, _ = gymnasium.utils.seeding.np_random(seed)
+            for i, agent in enumerate(self.possible_agents):
+                self.action_spaces[agent].seed(seed + i)
+        await self.on_episode_end()
+        self._remove_workdir()
+        self.select_task(options)
+        self.episode_index += 1
+        self.agents = list(self.possible_agents)
+        self.rewards = dict.fromkeys(self.agents, 0.0)
+        self._cumulative_rewards = dict.fromkeys(self.agents, 0.0)
+        self.terminations = dict.fromkeys(self.agents, False)
+        self.truncations = dict.fromkeys(self.agents, False)
+        self.infos = {a: {} for a in self.agents}
+        self.turns = dict.fromkeys(self.agents, 0)
+        self.transcript = []
+        self.outcome = None
+        self.agent_selection = self.agents[0]
+        await self.on_episode_start()
+
+    async def astep(self, action: str | None) -> None:
+        """Act for ``agent_selection`` (async core of :meth:`step`)."""
+        self._check_open()
+        if not self.agents:
+            raise RuntimeError("the episode is over: call reset() to start a new one")
+        agent = self.agent_selection
+        if self.terminations[agent] or self.truncations[agent]:
+            self._was_dead_step(action)
+            return
+        text, cut = self._validate_action(action)
+
+        self._cumulative_rewards[agent] = 0.0
+        self._clear_rewards()
+        record = ActionRecord(
+            agent=agent,
+            turn=self.turns[agent],
+            messages=tuple(self.agent_messages(agent)),
+            action=text,
+            action_truncated=cut,
+            tool=ToolOutcome(),
+        )
+        record.tool = await self.run_action(agent, text)
+        if self.coach is not None:
+            record.verdict = await self._judge(record)
+        record.reward = self._step_reward(record.verdict)
+        self.transcript.append(record)
+        self.turns[agent] += 1
+        self.rewards[agent] = record.reward
+        self.infos[agent] = self._step_info(record)
+
+        next_agent = self._next_agent(agent, record)
+        if next_agent != agent:
+            await self.on_slot_end(agent, next_agent)
+        if next_agent is None:
+            await self._finish(truncated=False)
+        elif self.max_cycles is not None and len(self.transcript) >= self.max_cycles:
+            await self._finish(truncated=True)
+        else:
+            self.agent_selection = next_agent
+        self._accumulate_rewards()
+        if self.outcome is not None:
+            self._deads_step_first()
+
+    def render(self) -> str | None:
+        """Show the transcript: returned as text (``"ansi"``) or printed (``"human"``)."""
+        if self.render_mode is None:
+            gymnasium.logger.warn(
+                "render() was called without a render_mode; pass render_mode='ansi' or 'human'"
+            )
+            return None
+        text = self.transcript_text()
+        if self.render_mode == "human":
+            print(text)  # "human" rendering means printing to the terminal
+            return None
+        return text
+
+    def state(self) -> dict[str, Any]:
+        """A JSON-serialisable snapshot of the episode: task, actions so far, outcome."""
+        task_id, task_text, _ = self.task_facts()
+        return {
+            "env_id": self.env_id,
+            "episode_index": self.episode_index,
+            "task_id": task_id,
+            "task": task_text,
+            "agent_selection": self.agent_selection if self.agents else None,
+            "actions": [r.to_dict() for r in self.transcript],
+            "outcome": self.outcome,
+        }
+
+    def close(self) -> None:
+        """Close sandboxes, remove temporary files and stop the private event loop."""
+        if self._closed:
+            return
+        try:
+            self._sync.run(self.on_episode_end())
+        finally:
+            self._remove_workdir()
+            self._sync.close()
+            self._closed = True
+            self.on_close()
+
+    async def aclose(self) -> None:
+        """Async variant of :meth:`close` for callers inside an event loop."""
+        if self._closed:
+            return
+        try:
+            await self.on_episode_end()
+        finally:
+            self._remove_workdir()
+            self._sync.close()
+            self._closed = True
+            self.on_close()
+
+    # ------------------------------------------------------------------ helpers
+
+    def transcript_text(self) -> str:
+        """The episode so far as readable text."""
+        task_id, task_text, _ = self.task_facts()
+        lines = [f"=== {self.env_id} | task {task_id} ===", task_text, ""]
+        for r in self.transcript:
+            lines.append(f"--- {r.agent} (turn {r.turn + 1}) ---")
+            lines.append(r.action)
+            if r.tool.output is not None:
+                lines.append(f"--- tool output ---\n{r.tool.output}")
+            if r.verdict is not None:
+                score = "invalid" if not r.verdict.valid else f"{r.verdict.score:g}/10"
+                lines.append(f"--- coach: {score} | {r.verdict.analysis}")
+            lines.append("")
+        if self.outcome is not None:
+            lines.append(f"=== outcome: {self.outcome} ===")
+        return "\n".join(lines)
+
+    @property
+    def workdir(self) -> Path:
+        """This episode's workspace directory (created on first use, removed at episode end)."""
+        if self._workdir is None:
+            self._workdir = Path(tempfile.mkdtemp(prefix=f"mappa-{self.env_id.lower()}-"))
+        return self._workdir
+
+    def spec_of(self, agent: str) -> AgentSpec:
+        """The :class:`AgentSpec` of ``agent``."""
+        return self._specs[agent]
+
+    def last_record(self, agent: str) -> ActionRecord | None:
+        """The most recent action of ``agent`` in this episode, if any."""
+        for record in reversed(self.transcript):
+            if record.agent == agent:
+                return record
+        return None
+
+    def records_of(self, agent: str) -> list[ActionRecord]:
+        """All actions of ``agent`` in this episode, in order."""
+        return [r for r in self.transcript if r.agent == agent]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the environment is closed; create a new one")
+
+    def _validate_action(self, action: object) -> tuple[str, bool]:
+        if action is None:
+            raise TypeError(
+                f"agent {self.agent_selection!r} is active: pass its output text, "
+                "not None (None is only for terminated or truncated agents)"
+            )
+        if isinstance(action, bytes):
+            raise TypeError("actions are text: decode bytes to str before calling step()")
+        if not isinstance(action, str):
+            raise TypeError(
+                f"actions are text: expected str, got {type(action).__name__}; "
+                "pass the model's output string"
+            )
+        if len(action) > self.max_action_chars:
+            return action[: self.max_action_chars], True
+        return action, False
+
+    async def _judge(self, record: ActionRecord) -> CoachVerdict:
+        assert self.coach is not None
+        task_id, task_text, truth = self.task_facts()
+        is_last = record.agent == self.possible_agents[-1]
+        show_truth = self.reveal == "always" or (self.reveal == "last_agent" and is_last)
+        tool = record.tool
+        request = CoachRequest(
+            env_id=self.env_id,
+            task_id=task_id,
+            task=task_text,
+            agent=record.agent,
+            system_description=self.system_description,
+            role_description=self.role_description(record.agent),
+            agent_input=record.messages,
+            action=record.action,
+            turn=record.turn,
+            is_last_agent=is_last,
+            tool_result=None if tool.result is None else tool.result.to_dict(),
+            tool_output=tool.output,
+            files=_file_infos(tool.extra.get("files", ())),
+            upstream_files=_file_infos(tool.extra.get("upstream_files", ())),
+            ground_truth=truth if show_truth else None,
+            metadata=self.coach_metadata(record),
+        )
+        try:
+            return await self.coach.ascore(request)
+        except Exception as exc:  # a coach bug must not lose the episode
+            logger.exception("coach %s raised while scoring %s", self.coach.name, record.agent)
+            return CoachVerdict.invalid(
+                f"coach raised {type(exc).__name__}: {exc}", coach=self.coach.name
+            )
+
+    def _step_reward(self, verdict: CoachVerdict | None) -> float:
+        if self.reward_mode == "outcome":
+            return 0.0
+        coach_reward = None if verdict is None else verdict.reward
+        if coach_reward is None:
+            return self.invalid_reward
+        weight = 1.0 if self.reward_mode == "process" else 1.0 - self.outcome_weight
+        return weight * coach_reward
+
+    def _step_info(self, record: ActionRecord) -> dict[str, Any]:
+        verdict = record.verdict
+        task_id, _, _ = self.task_facts()
+        return {
+            "env_id": self.env_id,
+            "task_id": task_id,
+            "episode_index": self.episode_index,
+            "turn": record.turn,
+            "action_truncated": record.action_truncated,
+            "code": record.tool.code,
+            "tool": None if record.tool.result is None else record.tool.result.to_dict(),
+            "tool_output": record.tool.output,
+            "coach": None if verdict is None else verdict.to_dict(),
+            "reward_mode": self.reward_mode,
+            "reward_valid": self.reward_mode == "outcome"
+            or (verdict is not None and verdict.valid),
+            **record.tool.extra,
+        }
+
+    def _next_agent(self, agent: str, record: ActionRecord) -> str | None:
+        slot_over = record.tool.ends_slot or self.turns[agent] >= self._specs[agent].max_turns
+        if not slot_over:
+            return agent
+        index = self.possible_agents.index(agent) + 1
+        return self.possible_agents[index] if index < len(self.possible_agents) else None
+
+    async def _finish(self, truncated: bool) -> None:
+        outcome = dict(await self.episode_outcome())
+        outcome["truncated"] = truncated
+        self.outcome = outcome
+        end_weight = {"process": 0.0, "outcome": 1.0, "mixed": self.outcome_weight}[
+            self.reward_mode
+        ]
+        outcome_reward = float(outcome.get("reward", 0.0))
+        for agent in self.agents:
+            n_actions = len(self.records_of(agent))
+            if end_weight:
+                # Every action of the agent earns the outcome reward, so its return is
+                # the sum over its actions (what a per-action trainer sees).
+                self.rewards[agent] += end_weight * outcome_reward * n_actions
+            self.infos[agent] = {**self.infos[agent], "outcome": outcome}
+            if truncated:
+                self.truncations[agent] = True
+            else:
+                self.terminations[agent] = True
+        await self.on_episode_end()
+
+    def _remove_workdir(self) -> None:
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    def __del__(self) -> None:
+        # Best effort: a forgotten env should not leave kernels or temp dirs behind.
+        if not getattr(self, "_closed", True):
+            try:
+                self.close()
+            except Exception:  # nothing can be reported from __del__
+                logger.debug("close() during garbage collection failed", exc_info=True)
+
+
+def _file_infos(files: Sequence[Mapping[str, Any] | FileInfo]) -> tuple[FileInfo, ...]:
+    """File listings travel as plain dicts in ``infos``; coaches get :class:`FileInfo`."""
+    return tuple(f if isinstance(f, FileInfo) else FileInfo(f["name"], f["size"]) for f in files)

@@ -1,0 +1,87 @@
+"""Test doubles shared by the environment tests: an in-process sandbox and scripted coaches."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from mappa_env.coach.base import CoachRequest, CoachVerdict
+from mappa_env.sandbox.base import ExecError, ExecResult
+
+
+class InProcessSandbox:
+    """Runs code with ``exec`` in this process: fast, stateful, no isolation (tests only)."""
+
+    instances: list[InProcessSandbox] = []  # noqa: RUF012 - tests inspect every sandbox made
+
+    def __init__(self, workdir: Path) -> None:
+        self._workdir = Path(workdir)
+        self.namespace: dict[str, Any] = {}
+        self.closed = False
+        self.calls: list[str] = []
+        InProcessSandbox.instances.append(self)
+
+    @property
+    def workdir(self) -> Path:
+        return self._workdir
+
+    def run(self, code: str, timeout: float | None = None) -> ExecResult:
+        self.calls.append(code)
+        out, err = io.StringIO(), io.StringIO()
+        start = time.perf_counter()
+        error = None
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                exec(compile(code, "<cell>", "exec"), self.namespace)
+            except Exception as exc:  # the code under test may raise anything
+                error = ExecError(type(exc).__name__, str(exc), traceback.format_exc())
+        return ExecResult(
+            stdout=out.getvalue(),
+            stderr=err.getvalue(),
+            error=error,
+            duration_s=time.perf_counter() - start,
+        )
+
+    async def arun(self, code: str, timeout: float | None = None) -> ExecResult:
+        return self.run(code, timeout)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FixedCoach:
+    """Returns the same verdict for every action, after an optional delay."""
+
+    default_reveal = "last_agent"
+
+    def __init__(self, score: float | None = 5.0, delay_s: float = 0.0) -> None:
+        self._score = score
+        self.delay_s = delay_s
+        self.requests: list[CoachRequest] = []
+
+    @property
+    def name(self) -> str:
+        return "fixed"
+
+    def score(self, request: CoachRequest) -> CoachVerdict:
+        self.requests.append(request)
+        if self._score is None:
+            return CoachVerdict.invalid("scripted failure", coach=self.name)
+        return CoachVerdict(score=self._score, valid=True, analysis="fixed", coach=self.name)
+
+    async def ascore(self, request: CoachRequest) -> CoachVerdict:
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        return self.score(request)
+
+
+class RaisingCoach(FixedCoach):
+    """A coach with a bug: raises on every call."""
+
+    def score(self, request: CoachRequest) -> CoachVerdict:
+        raise RuntimeError("coach bug")

@@ -1,0 +1,476 @@
+"""MathChat-v0: PettingZoo conformance, scripted episodes, reward modes and bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import types
+
+import pettingzoo
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pettingzoo.test import api_test, max_cycles_test, parallel_api_test, seed_test
+from pettingzoo.test.seed_test import parallel_seed_test
+
+import mappa_env
+from mappa_env.envs.mathchat import MathChatEnv
+from mappa_env.tasks import MathTask
+from tests.fakes import FixedCoach, InProcessSandbox, RaisingCoach
+
+TASK = MathTask(id="t-sum", prompt="What is 123456789 * 987654321?", answer="121932631112635269")
+OTHER = MathTask(id="t-small", prompt="What is 2 + 3?", answer="5")
+
+
+def make_env(**options) -> MathChatEnv:
+    options.setdefault("tasks", [TASK, OTHER])
+    options.setdefault("sandbox", InProcessSandbox)
+    return mappa_env.make("MathChat-v0", **options)
+
+
+def play(env: MathChatEnv, script: dict[str, list[str]], task: MathTask = TASK) -> dict:
+    """Run one episode with scripted actions; return per-agent cumulative rewards seen by last()."""
+    env.reset(options={"task": task})
+    queues = {agent: list(actions) for agent, actions in script.items()}
+    returns: dict[str, float] = {}
+    for agent in env.agent_iter():
+        _, reward, terminated, truncated, _ = env.last()
+        returns[agent] = returns.get(agent, 0.0) + reward
+        if terminated or truncated:
+            env.step(None)
+        else:
+            env.step(queues[agent].pop(0))
+    return returns
+
+
+GOOD_SCRIPT = {
+    "problem_solver": ["Multiply directly. \\boxed{121932631112635269}"],
+    "code_executor": [
+        "Let me check.\n```python\nprint(123456789 * 987654321)\n```",
+        "The code confirms it: \\boxed{121932631112635269}",
+    ],
+    "verifier": ["The product is \\boxed{121932631112635269}."],
+}
+
+
+# ---------------------------------------------------------------- PettingZoo's own tests
+
+
+def test_pettingzoo_api_test():
+    env = make_env()
+    api_test(env, num_cycles=200)
+    env.close()
+
+
+def test_pettingzoo_parallel_api_test_on_turn_based_conversion():
+    par_env = mappa_env.make_parallel("MathChat-v0", tasks=[TASK, OTHER], sandbox=InProcessSandbox)
+    parallel_api_test(par_env, num_cycles=50)
+    par_env.close()
+
+
+def test_pettingzoo_seed_test():
+    seed_test(lambda: make_env(), num_cycles=20)
+    parallel_seed_test(
+        lambda: mappa_env.make_parallel("MathChat-v0", tasks=[TASK, OTHER], sandbox=None),
+        num_cycles=20,
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="max_cycles_test requires one parallel step to move every agent at once "
+    "(max_cycles parallel steps while each agent acts max_cycles times); a turn-based "
+    "pipeline moves one agent per step by construction",
+)
+def test_pettingzoo_max_cycles_test():
+    module = types.SimpleNamespace(
+        env=lambda max_cycles: make_env(max_cycles=max_cycles),
+        parallel_env=lambda max_cycles: mappa_env.make_parallel(
+            "MathChat-v0", tasks=[TASK], sandbox=None, max_cycles=max_cycles
+        ),
+    )
+    max_cycles_test(module)
+
+
+def test_max_cycles_truncates_the_episode():
+    env = make_env(max_cycles=2)
+    env.reset(options={"task": TASK})
+    env.step("draft")
+    env.step("```python\nprint(1)\n```")
+    assert all(env.truncations.values())
+    assert not any(env.terminations.values())
+    assert env.infos["verifier"]["outcome"]["truncated"] is True
+    assert env.infos["verifier"]["outcome"]["correct"] is False
+    env.close()
+
+
+def test_registered_in_pettingzoo_registry():
+    env = pettingzoo.make("aec", "mappa/MathChat-v0", tasks=[TASK], sandbox=None)
+    assert isinstance(env, MathChatEnv)
+    par = pettingzoo.make("parallel", "mappa/MathChat-v0", tasks=[TASK], sandbox=None)
+    assert par.unwrapped.env_id == "MathChat-v0"
+    env.close()
+    par.close()
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(actions=st.lists(st.text(max_size=400), min_size=4, max_size=4))
+def test_random_unicode_actions_never_crash(actions):
+    env = make_env()
+    env.reset(seed=1)
+    for agent in env.agent_iter():
+        _, _, terminated, truncated, info = env.last()
+        env.step(None if terminated or truncated else actions.pop(0) if actions else "")
+        assert isinstance(info, dict)
+    env.close()
+
+
+# ---------------------------------------------------------------- scripted episodes
+
+
+def test_scripted_correct_episode_gets_high_rewards_for_everyone():
+    env = make_env()
+    returns = play(env, GOOD_SCRIPT)
+    outcome = env.state()["outcome"]
+    assert outcome["correct"] is True
+    assert outcome["predicted"] == "121932631112635269"
+    rewards = {r.agent + str(r.turn): r.reward for r in env.transcript}
+    assert rewards == {
+        "problem_solver0": 1.0,
+        "code_executor0": 1.0,
+        "code_executor1": 0.8,
+        "verifier0": 1.0,
+    }
+    assert returns["code_executor"] == pytest.approx(1.8)
+    env.close()
+
+
+def test_scripted_wrong_code_blames_the_code_executor():
+    env = make_env()
+    script = {
+        "problem_solver": ["\\boxed{121932631112635269}"],
+        "code_executor": [
+            "```python\nprint(123456789 * 987654320)\n```",
+            "So the answer is \\boxed{121932630124980948}",
+        ],
+        "verifier": ["\\boxed{121932630124980948}"],
+    }
+    play(env, script)
+    by_turn = {(r.agent, r.turn): r for r in env.transcript}
+    assert env.state()["outcome"]["correct"] is False
+    assert by_turn[("problem_solver", 0)].reward == 1.0
+    assert by_turn[("code_executor", 0)].reward <= 0.4
+    assert by_turn[("code_executor", 1)].reward <= 0.2
+    assert by_turn[("verifier", 0)].reward <= 0.2
+    env.close()
+
+
+def test_code_error_is_reported_to_agent_and_coach():
+    env = make_env()
+    env.reset(options={"task": TASK})
+    env.step("draft without answer")
+    env.step("```python\n1/0\n```")
+    info = env.infos["code_executor"]
+    assert info["tool"]["error"]["name"] == "ZeroDivisionError"
+    assert "ZeroDivisionError" in info["tool_output"]
+    assert info["coach"]["score"] == 2.0
+    # The code executor's second turn sees its first turn and the error.
+    obs = env.observe("code_executor")
+    assert [m["role"] for m in obs["messages"]] == ["system", "user", "assistant", "user"]
+    assert "ZeroDivisionError" in obs["messages"][-1]["content"]
+    env.close()
+
+
+def test_turn_without_code_ends_the_code_executor_slot():
+    env = make_env()
+    env.reset(options={"task": OTHER})
+    env.step("\\boxed{5}")
+    env.step("I agree: \\boxed{5}")
+    assert env.agent_selection == "verifier"
+    verifier_prompt = env.observe("verifier")["messages"][-1]["content"]
+    assert "I agree" in verifier_prompt
+    assert "(no code ran)" in verifier_prompt
+    env.close()
+
+
+def test_answerless_actions_score_low():
+    env = make_env()
+    play(
+        env,
+        {
+            "problem_solver": ["I think this is hard."],
+            "code_executor": ["No idea."],
+            "verifier": ["Cannot tell."],
+        },
+    )
+    assert all(r.reward <= 0.1 for r in env.transcript)
+    env.close()
+
+
+def test_verifier_sees_only_last_output_unless_configured():
+    env = make_env(verifier_sees_solver=True)
+    env.reset(options={"task": OTHER})
+    env.step("SOLVER-DRAFT \\boxed{5}")
+    env.step("```python\nprint(2+3)\n```")
+    env.step("done \\boxed{5}")
+    content = env.observe("verifier")["messages"][-1]["content"]
+    assert "SOLVER-DRAFT" in content
+    assert "[stdout]\n5" in content
+    env.close()
+    env = make_env()
+    env.reset(options={"task": OTHER})
+    env.step("SOLVER-DRAFT \\boxed{5}")
+    assert "SOLVER-DRAFT" not in env.observe("verifier")["messages"][-1]["content"]
+    env.close()
+
+
+def test_observation_carries_role_instructions_and_budget():
+    env = make_env(max_new_tokens=1234)
+    env.reset()
+    obs, *_ = env.last()
+    system = obs["messages"][0]
+    assert system["role"] == "system"
+    assert "agent 1 of 3" in system["content"]
+    assert "1234 tokens" in system["content"]
+    assert env.task.prompt in obs["text"]
+    env.close()
+
+
+def test_turn_limits_are_configurable():
+    env = make_env(turns={"code_executor": 3})
+    env.reset(options={"task": OTHER})
+    env.step("x")
+    for _ in range(3):
+        assert env.agent_selection == "code_executor"
+        env.step("```python\nprint(5)\n```")
+    assert env.agent_selection == "verifier"
+    with pytest.raises(ValueError, match="unknown agent"):
+        make_env(turns={"nobody": 1})
+    env.close()
+
+
+# ---------------------------------------------------------------- reward modes and coach failures
+
+
+def test_outcome_mode_gives_the_outcome_to_every_action():
+    env = make_env(reward_mode="outcome")
+    returns = play(env, GOOD_SCRIPT)
+    assert all(r.reward == 0.0 for r in env.transcript)
+    assert returns == {"problem_solver": 1.0, "code_executor": 2.0, "verifier": 1.0}
+    env.close()
+
+
+def test_mixed_mode_weights_coach_and_outcome():
+    env = make_env(reward_mode="mixed", outcome_weight=0.25)
+    returns = play(env, GOOD_SCRIPT)
+    assert returns["problem_solver"] == pytest.approx(0.75 * 1.0 + 0.25)
+    assert returns["code_executor"] == pytest.approx(0.75 * 1.8 + 0.25 * 2)
+    env.close()
+
+
+def test_outcome_mode_runs_without_a_coach():
+    env = make_env(coach=None, reward_mode="outcome")
+    play(env, GOOD_SCRIPT)
+    assert env.infos == {}  # all agents were removed by their dead steps
+    assert env.state()["outcome"]["correct"] is True
+    env.close()
+    with pytest.raises(ValueError, match="needs a coach"):
+        make_env(coach=None)
+
+
+def test_invalid_verdict_is_flagged_never_a_reward():
+    env = make_env(coach=FixedCoach(score=None))
+    env.reset(options={"task": TASK})
+    env.step("draft")
+    info = env.infos["problem_solver"]
+    assert info["reward_valid"] is False
+    assert info["coach"]["valid"] is False
+    assert info["coach"]["score"] is None
+    assert math.isnan(env.rewards["problem_solver"])
+    env.close()
+    env = make_env(coach=FixedCoach(score=None), invalid_reward=0.0)
+    env.reset()
+    env.step("draft")
+    assert env.rewards["problem_solver"] == 0.0
+    assert env.infos["problem_solver"]["reward_valid"] is False
+    env.close()
+
+
+def test_coach_exception_is_flagged_and_episode_continues():
+    env = make_env(coach=RaisingCoach())
+    play(env, GOOD_SCRIPT)
+    assert env.state()["outcome"]["correct"] is True
+    assert all(not r.verdict.valid for r in env.transcript)
+    assert "RuntimeError" in env.transcript[0].verdict.error
+    env.close()
+
+
+def test_reveal_policy_controls_ground_truth():
+    coach = FixedCoach()
+    env = make_env(coach=coach)  # FixedCoach prefers "last_agent"
+    play(env, GOOD_SCRIPT)
+    shown = [(r.agent, r.ground_truth) for r in coach.requests]
+    assert shown[-1] == ("verifier", TASK.answer)
+    assert all(truth is None for agent, truth in shown[:-1])
+    env.close()
+    coach = FixedCoach()
+    env = make_env(coach=coach, reveal="never")
+    play(env, GOOD_SCRIPT)
+    assert all(r.ground_truth is None for r in coach.requests)
+    env.close()
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_non_string_action_is_a_clear_type_error():
+    env = make_env()
+    env.reset()
+    for bad in (123, b"bytes", ["list"], None):
+        with pytest.raises(TypeError, match="str|text|None"):
+            env.step(bad)
+    env.step("fine")  # the env is still usable
+    env.close()
+
+
+def test_dead_agent_step_follows_pettingzoo_rule():
+    env = make_env()
+    play(env, GOOD_SCRIPT)
+    env.reset(options={"task": OTHER})
+    for agent, action in [("problem_solver", "a"), ("code_executor", "b"), ("verifier", "c")]:
+        assert env.agent_selection == agent
+        env.step(action)
+    assert env.terminations[env.agent_selection]
+    with pytest.raises(ValueError, match="only valid action is None"):
+        env.step("not allowed")
+    while env.agents:
+        env.step(None)
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(None)
+    env.close()
+
+
+def test_oversize_action_is_cut_and_flagged():
+    env = make_env(max_action_chars=100)
+    env.reset()
+    env.step("x" * 1000)
+    info = env.infos["problem_solver"]
+    assert info["action_truncated"] is True
+    assert len(env.transcript[0].action) == 100
+    env.close()
+
+
+def test_unknown_options_are_rejected_clearly():
+    with pytest.raises(ValueError, match="reward_mode"):
+        make_env(reward_mode="best")
+    with pytest.raises(ValueError, match="sandbox"):
+        make_env(sandbox="docker")
+    with pytest.raises(ValueError, match="unknown environment"):
+        mappa_env.make("MathChat-v9")
+    env = make_env()
+    with pytest.raises(KeyError, match="no task with id"):
+        env.reset(options={"task_id": "missing"})
+    env.close()
+
+
+# ---------------------------------------------------------------- render, state, close, seeding
+
+
+def test_render_state_and_close(capsys):
+    env = make_env(render_mode="ansi")
+    play(env, GOOD_SCRIPT)
+    text = env.render()
+    assert "problem_solver" in text
+    assert "coach: 10/10" in text
+    state = env.state()
+    assert state["task_id"] == TASK.id
+    assert len(state["actions"]) == 4
+    sandboxes = [s for s in InProcessSandbox.instances if s.calls == [GOOD_SCRIPT_CODE]]
+    assert sandboxes
+    assert sandboxes[-1].closed  # closed as soon as the episode ended
+    env.close()
+    env.close()  # idempotent
+    human = make_env(render_mode="human")
+    play(human, GOOD_SCRIPT)
+    human.render()
+    assert "verifier" in capsys.readouterr().out
+    human.close()
+
+
+GOOD_SCRIPT_CODE = "print(123456789 * 987654321)\n"
+
+
+def test_seeded_task_order_is_reproducible():
+    tasks = [MathTask(id=f"t{i}", prompt=f"What is {i}+0?", answer=str(i)) for i in range(20)]
+
+    def order(seed):
+        env = make_env(tasks=tasks)
+        env.reset(seed=seed)
+        ids = [env.task.id]
+        for _ in range(5):
+            env.reset()
+            ids.append(env.task.id)
+        env.close()
+        return ids
+
+    assert order(3) == order(3)
+    assert order(3) != order(4)
+
+
+def test_generated_tasks_are_the_offline_default():
+    env = mappa_env.make("MathChat-v0", sandbox=None, seed=0)
+    env.reset(seed=0)
+    assert env.task.id.startswith("gen-")
+    env.close()
+
+
+# ---------------------------------------------------------------- async core
+
+
+def test_async_core_overlaps_coach_latency_across_episodes():
+    delay = 0.2
+    n_episodes = 8
+
+    async def one_episode(i: int) -> float:
+        env = make_env(coach=FixedCoach(score=7.0, delay_s=delay), sandbox=None)
+        await env.areset(seed=i)
+        for _ in range(3):
+            await env.astep("no code here")
+        await env.aclose()
+        return sum(r.reward for r in env.transcript)
+
+    async def main():
+        return await asyncio.gather(*(one_episode(i) for i in range(n_episodes)))
+
+    start = time.perf_counter()
+    totals = asyncio.run(main())
+    elapsed = time.perf_counter() - start
+    assert totals == [pytest.approx(2.1)] * n_episodes
+    # 8 episodes x 3 coach calls x 0.2 s would take 4.8 s one after another.
+    assert elapsed < 3 * delay * 2.5
+
+
+def test_sync_api_works_inside_a_running_event_loop():
+    async def notebook_cell():
+        env = make_env(sandbox=None)
+        env.reset(options={"task": OTHER})
+        env.step("\\boxed{5}")
+        reward = env.rewards["problem_solver"]
+        env.close()
+        return reward
+
+    assert asyncio.run(notebook_cell()) == 1.0
+
+
+@pytest.mark.slow
+def test_real_jupyter_sandbox_episode():
+    env = mappa_env.make("MathChat-v0", tasks=[TASK], sandbox="jupyter")
+    play(env, GOOD_SCRIPT)
+    assert env.state()["outcome"]["correct"] is True
+    assert env.transcript[1].tool.result.stdout.strip() == TASK.answer
+    env.close()
