@@ -38,7 +38,7 @@ class InProcessSandbox:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 exec(compile(code, "<cell>", "exec"), self.namespace)
-            except Exception as exc:  # the code under test may raise anything
+            except Exception as exc:  # noqa: BLE001 - the code under test may raise anything
                 error = ExecError(type(exc).__name__, str(exc), traceback.format_exc())
         return ExecResult(
             stdout=out.getvalue(),

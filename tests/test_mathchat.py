@@ -123,7 +123,7 @@ def test_registered_in_pettingzoo_registry():
 def test_random_unicode_actions_never_crash(actions):
     env = make_env()
     env.reset(seed=1)
-    for agent in env.agent_iter():
+    for _agent in env.agent_iter():
         _, _, terminated, truncated, info = env.last()
         env.step(None if terminated or truncated else actions.pop(0) if actions else "")
         assert isinstance(info, dict)
@@ -332,7 +332,7 @@ def test_non_string_action_is_a_clear_type_error():
     env = make_env()
     env.reset()
     for bad in (123, b"bytes", ["list"], None):
-        with pytest.raises(TypeError, match="str|text|None"):
+        with pytest.raises(TypeError, match=r"str|text|None"):
             env.step(bad)
     env.step("fine")  # the env is still usable
     env.close()

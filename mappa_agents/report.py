@@ -1,0 +1,192 @@
+"""Benchmark reports: what a run of a system on an environment achieved, as numbers and plots."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mappa_agents.trajectory import EpisodeResult
+
+#: The agent whose tool use the report tracks, per environment (None: every agent).
+CODE_AGENT = {"MathChat-v0": "code_executor"}
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    clean = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.fmean(clean) if clean else None
+
+
+def summarize(
+    episodes: Sequence[EpisodeResult], wall_time_s: float | None = None
+) -> dict[str, Any]:
+    """Aggregate a run into the numbers of ``report.json``.
+
+    Args:
+        episodes: Finished episodes of one environment.
+        wall_time_s: Wall-clock time of the whole run, if measured.
+
+    Returns:
+        A JSON-serialisable dict: episode count, success rate (MathChat accuracy or
+        DSBench success), mean outcome reward, DSBench metric means, and per agent: actions,
+        mean step reward, mean coach score, invalid-coach rate, tool-call rate, mean
+        response tokens, share of responses cut by the length limit; plus coach cost and
+        tokens where the coach reports them.
+    """
+    if not episodes:
+        raise ValueError("no episodes to summarise")
+    env_id = episodes[0].env_id
+    actions = [a for e in episodes for a in e.actions]
+    agents = list(dict.fromkeys(a.agent for a in actions))
+    per_agent: dict[str, dict[str, Any]] = {}
+    for agent in agents:
+        mine = [a for a in actions if a.agent == agent]
+        verdicts = [a.coach for a in mine if a.coach is not None]
+        invalid = sum(1 for v in verdicts if not v.get("valid", False))
+        per_agent[agent] = {
+            "actions": len(mine),
+            "mean_reward": _mean([a.reward for a in mine]),
+            "mean_coach_score": _mean([v["score"] for v in verdicts if v.get("valid")]),
+            "invalid_coach_rate": invalid / len(verdicts) if verdicts else None,
+            "tool_call_rate": sum(a.used_tool for a in mine) / len(mine),
+            "mean_response_tokens": _mean([float(len(a.response_ids)) for a in mine]),
+            "length_cut_rate": sum(a.finish_reason == "length" for a in mine) / len(mine),
+        }
+    verdicts = [a.coach for a in actions if a.coach is not None]
+    report: dict[str, Any] = {
+        "env_id": env_id,
+        "episodes": len(episodes),
+        "actions": len(actions),
+        "success_rate": sum(e.succeeded for e in episodes) / len(episodes),
+        "mean_outcome_reward": _mean([float(e.outcome.get("reward", 0.0)) for e in episodes]),
+        "invalid_coach_rate": (
+            sum(1 for v in verdicts if not v.get("valid", False)) / len(verdicts)
+            if verdicts
+            else None
+        ),
+        "per_agent": per_agent,
+        "coach_cost_usd": sum(float(v.get("cost_usd") or 0.0) for v in verdicts),
+        "coach_prompt_tokens": sum(int(v.get("prompt_tokens") or 0) for v in verdicts),
+        "coach_completion_tokens": sum(int(v.get("completion_tokens") or 0) for v in verdicts),
+        "policy_prompt_tokens": sum(len(a.prompt_ids) for a in actions),
+        "policy_response_tokens": sum(len(a.response_ids) for a in actions),
+    }
+    if env_id == "MathChat-v0":
+        report["accuracy"] = report["success_rate"]
+        code_agent = CODE_AGENT[env_id]
+        if code_agent in per_agent:
+            report["code_agent_tool_call_rate"] = per_agent[code_agent]["tool_call_rate"]
+    if env_id == "DSBench-v0":
+        values = [e.outcome.get("value") for e in episodes if e.outcome.get("success")]
+        fair = [e.outcome.get("fair_value") for e in episodes]
+        report["metric_mean_when_successful"] = _mean([float(v) for v in values if v is not None])
+        report["fair_value_mean"] = _mean([float(v) for v in fair if v is not None])
+    if wall_time_s is not None:
+        report["wall_time_s"] = wall_time_s
+        report["episodes_per_s"] = len(episodes) / wall_time_s if wall_time_s > 0 else None
+    return report
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """A short text table of a report (what ``mappa eval`` prints)."""
+    lines = [
+        f"{report['env_id']}: {report['episodes']} episodes, "
+        f"success {report['success_rate']:.1%}, mean outcome reward "
+        f"{_fmt(report['mean_outcome_reward'])}, invalid coach verdicts "
+        f"{_fmt_rate(report['invalid_coach_rate'])}"
+    ]
+    header = ("agent", "actions", "reward", "coach", "tool calls", "resp tokens", "cut")
+    rows = [header]
+    for agent, stats in report["per_agent"].items():
+        rows.append(
+            (
+                agent,
+                str(stats["actions"]),
+                _fmt(stats["mean_reward"]),
+                _fmt(stats["mean_coach_score"]),
+                _fmt_rate(stats["tool_call_rate"]),
+                _fmt(stats["mean_response_tokens"], ".0f"),
+                _fmt_rate(stats["length_cut_rate"]),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for row in rows:
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    if report.get("wall_time_s") is not None:
+        lines.append(
+            f"wall time {report['wall_time_s']:.1f} s "
+            f"({_fmt(report.get('episodes_per_s'), '.3f')} episodes/s)"
+        )
+    return "\n".join(lines)
+
+
+def plot_report(episodes: Sequence[EpisodeResult], out_dir: str | Path) -> list[Path]:
+    """Draw the run's plots as PNG files in ``out_dir`` and return their paths.
+
+    ``rewards.png``: mean step reward and coach-score distribution per agent;
+    ``lengths.png``: response-length distribution per agent, with tool-call rates.
+    """
+    from mappa_env._optional import require
+
+    matplotlib = require("matplotlib", "agents", purpose="report plots")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    actions = [a for e in episodes for a in e.actions]
+    agents = list(dict.fromkeys(a.agent for a in actions))
+    paths = []
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    means = [_mean([a.reward for a in actions if a.agent == g]) or 0.0 for g in agents]
+    left.bar(agents, means, color="tab:blue")
+    left.set_ylim(0, 1)
+    left.set_ylabel("mean step reward")
+    left.set_title("Reward per agent")
+    scores = [
+        [a.coach["score"] for a in actions if a.agent == g and a.coach and a.coach.get("valid")]
+        for g in agents
+    ]
+    if any(scores):
+        right.boxplot([s or [math.nan] for s in scores], tick_labels=agents)
+    right.set_ylim(-0.5, 10.5)
+    right.set_ylabel("coach score (0-10)")
+    right.set_title("Coach scores")
+    fig.suptitle(f"{episodes[0].env_id}: {len(episodes)} episodes")
+    fig.tight_layout()
+    paths.append(out / "rewards.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    lengths = [[len(a.response_ids) for a in actions if a.agent == g] for g in agents]
+    ax.boxplot([ls or [0] for ls in lengths], tick_labels=agents)
+    ax.set_ylabel("response tokens")
+    for i, agent in enumerate(agents, start=1):
+        mine = [a for a in actions if a.agent == agent]
+        rate = sum(a.used_tool for a in mine) / len(mine) if mine else 0.0
+        ax.annotate(
+            f"tool {rate:.0%}",
+            (i, 0),
+            textcoords="offset points",
+            xytext=(0, -28),
+            ha="center",
+            fontsize=8,
+        )
+    ax.set_title("Response length per agent")
+    fig.tight_layout()
+    paths.append(out / "lengths.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def _fmt(value: float | None, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _fmt_rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"

@@ -1,0 +1,297 @@
+"""The batched rollout runner: many episodes at once, one generation batch per policy.
+
+The runner advances episodes in ticks. At each tick it collects the pending generation
+request of every live episode, sends one batch per policy (policies run concurrently),
+then steps every episode at once, so the coach calls and sandbox runs of all episodes
+overlap. Finished episodes free their slot for the next one.
+
+Ticks make batching deterministic: a batch holds exactly the episodes waiting at that
+tick, in episode order, and each batch gets a seed derived from the run seed, the tick
+and the policy. With a deterministic backend (greedy decoding, or seeded sampling on the
+same hardware), the same run seed gives the same trajectories.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mappa_agents.policy import Generation, Policy, SamplingParams
+from mappa_agents.system import AgentSystem
+from mappa_agents.trajectory import ActionSample, EpisodeResult
+from mappa_env.envs.pipeline import PipelineEnv
+
+logger = logging.getLogger(__name__)
+
+EnvFactory = Callable[[], PipelineEnv]
+
+
+@dataclass
+class _Live:
+    """An episode in flight."""
+
+    index: int
+    env: PipelineEnv
+    samples: list[ActionSample]
+    started: float
+
+
+@dataclass
+class _Request:
+    live: _Live
+    agent: str
+    messages: list[dict[str, str]]
+
+
+def derive_seed(*parts: object) -> int:
+    """A stable 31-bit seed from ``parts`` (independent of Python's hash randomisation)."""
+    digest = hashlib.sha256(repr(parts).encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+class RolloutRunner:
+    """Runs episodes of a pipeline environment with a multiagent system, batched.
+
+    Args:
+        env_factory: Makes one environment; the runner makes ``concurrency`` of them
+            and reuses each for successive episodes.
+        system: Which policy acts for which agent.
+        sampling: Sampling settings for every agent, or a mapping agent -> settings.
+        concurrency: Most episodes in flight at once.
+        seed: Run seed: episode ``i`` resets its environment with ``seed + i`` and
+            generation seeds derive from it. ``None`` leaves sampling unseeded.
+        progress: Show a progress bar (tqdm) over episodes.
+    """
+
+    def __init__(
+        self,
+        env_factory: EnvFactory,
+        system: AgentSystem,
+        sampling: SamplingParams | Mapping[str, SamplingParams] | None = None,
+        *,
+        concurrency: int = 8,
+        seed: int | None = 0,
+        progress: bool = True,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        self.env_factory = env_factory
+        self.system = system
+        self.sampling = sampling if sampling is not None else SamplingParams()
+        self.concurrency = int(concurrency)
+        self.seed = seed
+        self.progress = progress
+        self._policy_index: dict[int, int] = {}
+
+    def sampling_for(self, agent: str) -> SamplingParams:
+        """The sampling settings of ``agent``."""
+        if isinstance(self.sampling, SamplingParams):
+            return self.sampling
+        try:
+            return self.sampling[agent]
+        except KeyError:
+            raise KeyError(f"no sampling settings for agent {agent!r}") from None
+
+    def run(
+        self, num_episodes: int, episode_options: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[EpisodeResult]:
+        """Synchronous :meth:`arun`; must not be called from inside a running event loop."""
+        return asyncio.run(self.arun(num_episodes, episode_options))
+
+    async def arun(
+        self, num_episodes: int, episode_options: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[EpisodeResult]:
+        """Run ``num_episodes`` episodes and return them in episode order.
+
+        Args:
+            num_episodes: How many episodes to run.
+            episode_options: Reset options per episode (e.g. ``{"task_id": ...}``);
+                by default episode ``i`` takes the environment's task ``i`` (cycling), so
+                a run covers the task list in order.
+
+        Returns:
+            One :class:`EpisodeResult` per episode.
+        """
+        if num_episodes < 1:
+            raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
+        if episode_options is not None and len(episode_options) < num_episodes:
+            raise ValueError(
+                f"episode_options has {len(episode_options)} entries for {num_episodes} episodes"
+            )
+        n_slots = min(self.concurrency, num_episodes)
+        envs = [self.env_factory() for _ in range(n_slots)]
+        for env in envs:
+            if not isinstance(env, PipelineEnv):
+                raise TypeError(
+                    f"env_factory must make mappa pipeline environments (with an async "
+                    f"core), got {type(env).__name__}"
+                )
+        options = list(episode_options) if episode_options is not None else None
+        default_tasks = [t.id for t in getattr(envs[0], "tasks", [])]
+        results: dict[int, EpisodeResult] = {}
+        next_index = 0
+        bar = self._progress_bar(num_episodes)
+        try:
+            live: list[_Live] = []
+
+            async def start(env: PipelineEnv) -> _Live | None:
+                nonlocal next_index
+                if next_index >= num_episodes:
+                    return None
+                index = next_index
+                next_index += 1
+                if options is not None:
+                    reset_options: Mapping[str, Any] | None = options[index]
+                elif default_tasks:
+                    reset_options = {"task_id": default_tasks[index % len(default_tasks)]}
+                else:
+                    reset_options = None
+                seed = None if self.seed is None else self.seed + index
+                await env.areset(seed=seed, options=reset_options)
+                return _Live(index=index, env=env, samples=[], started=time.perf_counter())
+
+            started = await asyncio.gather(*(start(env) for env in envs))
+            live = [episode for episode in started if episode is not None]
+            tick = 0
+            while live:
+                requests = [self._request(episode) for episode in live]
+                generations = await self._generate_all(requests, tick)
+                await asyncio.gather(
+                    *(self._step(request, gen) for request, gen in zip(requests, generations))
+                )
+                still_live = []
+                for episode in live:
+                    if self._finished(episode.env):
+                        result = await self._collect(episode)
+                        results[episode.index] = result
+                        self._update_bar(bar, results)
+                        replacement = await start(episode.env)
+                        if replacement is not None:
+                            still_live.append(replacement)
+                    else:
+                        still_live.append(episode)
+                live = still_live
+                tick += 1
+        finally:
+            if bar is not None:
+                bar.close()
+            await asyncio.gather(*(env.aclose() for env in envs), return_exceptions=True)
+        return [results[i] for i in range(num_episodes)]
+
+    # ------------------------------------------------------------------ internals
+
+    def _request(self, episode: _Live) -> _Request:
+        env = episode.env
+        agent = env.agent_selection
+        return _Request(live=episode, agent=agent, messages=list(env.observe(agent)["messages"]))
+
+    async def _generate_all(self, requests: Sequence[_Request], tick: int) -> list[Generation]:
+        """One batch per (policy, sampling settings), all batches concurrently."""
+        groups: dict[tuple[int, SamplingParams], list[int]] = {}
+        policies: dict[int, Policy] = {}
+        for i, request in enumerate(requests):
+            policy = self.system.policy_for(request.agent)
+            policies[id(policy)] = policy
+            key = (id(policy), self.sampling_for(request.agent))
+            groups.setdefault(key, []).append(i)
+
+        async def generate(key: tuple[int, SamplingParams], members: list[int]) -> None:
+            policy_id, params = key
+            policy = policies[policy_id]
+            if self.seed is not None and params.seed is None:
+                slot = self._policy_index.setdefault(policy_id, len(self._policy_index))
+                params = dataclasses.replace(params, seed=derive_seed(self.seed, tick, slot))
+            batch = [requests[i].messages for i in members]
+            outputs = await policy.agenerate(batch, params)
+            if len(outputs) != len(batch):
+                raise RuntimeError(
+                    f"policy {policy.name!r} returned {len(outputs)} generations "
+                    f"for a batch of {len(batch)}"
+                )
+            for i, output in zip(members, outputs):
+                generations[i] = output
+
+        generations: list[Generation | None] = [None] * len(requests)
+        await asyncio.gather(*(generate(key, members) for key, members in groups.items()))
+        return generations  # type: ignore[return-value]
+
+    async def _step(self, request: _Request, gen: Generation) -> None:
+        episode = request.live
+        env = episode.env
+        await env.astep(gen.text)
+        record = env.transcript[-1]
+        info = env.infos.get(request.agent, {})
+        policy = self.system.policy_for(request.agent)
+        sample = ActionSample(
+            episode_id=f"ep-{episode.index:05d}",
+            task_id=str(info.get("task_id", "")),
+            env_id=env.env_id,
+            agent=request.agent,
+            turn=record.turn,
+            step=len(episode.samples),
+            policy=policy.name,
+            messages=request.messages,
+            text=gen.text,
+            reasoning=gen.reasoning,
+            prompt_ids=list(gen.prompt_ids),
+            response_ids=list(gen.response_ids),
+            logprobs=list(gen.logprobs),
+            finish_reason=gen.finish_reason,
+            reward=float(record.reward),
+            reward_valid=bool(info.get("reward_valid", False)),
+            coach=None if record.verdict is None else record.verdict.to_dict(),
+            tool=None if record.tool.result is None else record.tool.result.to_dict(),
+            code=record.tool.code,
+            action_truncated=record.action_truncated,
+            sampling=dataclasses.asdict(self.sampling_for(request.agent)),
+        )
+        episode.samples.append(sample)
+        # Terminated agents take PettingZoo's dead step here, so the next tick only sees
+        # agents that must act.
+        while env.agents and (
+            env.terminations[env.agent_selection] or env.truncations[env.agent_selection]
+        ):
+            await env.astep(None)
+
+    @staticmethod
+    def _finished(env: PipelineEnv) -> bool:
+        return not env.agents
+
+    async def _collect(self, episode: _Live) -> EpisodeResult:
+        env = episode.env
+        outcome = dict(env.outcome or {})
+        for sample in episode.samples:
+            sample.outcome = outcome
+        task_id = episode.samples[0].task_id if episode.samples else ""
+        return EpisodeResult(
+            episode_id=f"ep-{episode.index:05d}",
+            task_id=task_id,
+            env_id=env.env_id,
+            actions=episode.samples,
+            outcome=outcome,
+            wall_time_s=time.perf_counter() - episode.started,
+        )
+
+    def _progress_bar(self, total: int) -> Any:
+        if not self.progress:
+            return None
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            logger.info("tqdm is not installed: no progress bar")
+            return None
+        return tqdm(total=total, desc="episodes", unit="ep", dynamic_ncols=True)
+
+    @staticmethod
+    def _update_bar(bar: Any, results: Mapping[int, EpisodeResult]) -> None:
+        if bar is None:
+            return
+        wins = sum(r.succeeded for r in results.values())
+        bar.set_postfix(success=f"{wins}/{len(results)}", refresh=False)
+        bar.update(1)

@@ -1,0 +1,174 @@
+"""Trajectories: one record per action, with exact token ids, rewards and outcomes.
+
+A record holds everything a policy-gradient trainer needs for one action (the exact
+prompt and sampled token ids, their log-probabilities, the finish reason, the coach's
+verdict and the step reward) plus the episode's outcome, so other RL code can train on
+the JSONL export without touching ``mappa_train``. The JSONL file has one row per action
+and loads with ``datasets.load_dataset("json", data_files=path)``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class ActionSample:
+    """One action of one agent.
+
+    Attributes:
+        episode_id: Identifier of the episode within its run (e.g. ``"ep-00003"``).
+        task_id: The task's id.
+        env_id: Environment id, e.g. ``"MathChat-v0"``.
+        agent: Agent id.
+        turn: 0-based turn of the agent in the episode.
+        step: Index of the action within the episode (all agents together).
+        policy: Name of the policy that generated it.
+        messages: The chat messages the agent was prompted with.
+        text: The generated text (reasoning removed, as the environment parsed it).
+        reasoning: Reasoning text of thinking models, if any.
+        prompt_ids: Exact token ids of the prompt fed to the model.
+        response_ids: Exact sampled token ids.
+        logprobs: Log-probability of each sampled id at sampling time.
+        finish_reason: ``"stop"`` or ``"length"`` (cut by the token limit).
+        reward: The environment's step reward for this action (NaN when the coach's
+            verdict was invalid in process/mixed mode).
+        reward_valid: False when the coach's verdict was invalid.
+        coach: The coach's verdict as a dict (score, reward, valid, analysis, ...).
+        tool: The sandbox result as a dict, or None when no code ran.
+        code: The code that ran, or None.
+        action_truncated: True when the env cut an oversize action.
+        outcome: The episode's outcome dict (filled when the episode ends).
+        sampling: The sampling settings used.
+    """
+
+    episode_id: str
+    task_id: str
+    env_id: str
+    agent: str
+    turn: int
+    step: int
+    policy: str
+    messages: list[dict[str, str]]
+    text: str
+    reasoning: str | None
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    reward: float
+    reward_valid: bool
+    coach: dict[str, Any] | None = None
+    tool: dict[str, Any] | None = None
+    code: str | None = None
+    action_truncated: bool = False
+    outcome: dict[str, Any] | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def coach_score(self) -> float | None:
+        """The coach's 0-10 score, or None when invalid or absent."""
+        return None if not self.coach else self.coach.get("score")
+
+    @property
+    def outcome_reward(self) -> float | None:
+        """The episode's outcome reward in [0, 1], once known."""
+        return None if self.outcome is None else self.outcome.get("reward")
+
+    @property
+    def used_tool(self) -> bool:
+        """True when the action ran code."""
+        return self.code is not None
+
+    def to_json(self) -> str:
+        """One JSON line (NaN rewards are written as null)."""
+        data = asdict(self)
+        if isinstance(data["reward"], float) and math.isnan(data["reward"]):
+            data["reward"] = None
+        return json.dumps(data, ensure_ascii=False, default=_json_default)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ActionSample:
+        """Inverse of :meth:`to_json` (after ``json.loads``); unknown keys are ignored."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        if values.get("reward") is None:
+            values["reward"] = math.nan
+        required = [
+            f.name
+            for f in fields(cls)
+            if f.default is MISSING and f.default_factory is MISSING and f.name not in values
+        ]
+        if required:
+            raise ValueError(f"not an action record: missing fields {required}")
+        return cls(**values)
+
+
+@dataclass
+class EpisodeResult:
+    """A finished episode: its actions and outcome."""
+
+    episode_id: str
+    task_id: str
+    env_id: str
+    actions: list[ActionSample]
+    outcome: dict[str, Any]
+    wall_time_s: float = 0.0
+
+    @property
+    def succeeded(self) -> bool:
+        """MathChat ``correct`` or DSBench ``success``."""
+        return bool(self.outcome.get("correct", self.outcome.get("success", False)))
+
+
+def save_jsonl(path: str | Path, samples: Iterable[ActionSample]) -> Path:
+    """Write one JSON line per action to ``path`` (parents created). Returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as handle:
+        for sample in samples:
+            handle.write(sample.to_json() + "\n")
+    return path
+
+
+def load_jsonl(path: str | Path) -> list[ActionSample]:
+    """Read the records written by :func:`save_jsonl`.
+
+    Raises:
+        ValueError: Naming the line that is not valid JSON.
+    """
+    samples = []
+    with Path(path).open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                samples.append(ActionSample.from_dict(json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
+            except ValueError as exc:
+                raise ValueError(f"{path}:{number}: {exc}") from exc
+    return samples
+
+
+def group_episodes(samples: Sequence[ActionSample]) -> dict[str, list[ActionSample]]:
+    """Actions grouped by episode id, each group in action order."""
+    groups: dict[str, list[ActionSample]] = {}
+    for sample in samples:
+        groups.setdefault(sample.episode_id, []).append(sample)
+    for group in groups.values():
+        group.sort(key=lambda s: s.step)
+    return groups
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):  # NumPy scalars
+        return value.item()
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    raise TypeError(f"cannot serialise {type(value).__name__}")
