@@ -474,3 +474,21 @@ def test_real_jupyter_sandbox_episode():
     assert env.state()["outcome"]["correct"] is True
     assert env.transcript[1].tool.result.stdout.strip() == TASK.answer
     env.close()
+
+
+def test_every_accepted_answer_counts():
+    task = MathTask(
+        id="two-answers",
+        prompt="Either works.",
+        answer="080",
+        metadata={"accepted_answers": ("080", "081")},
+    )
+    env = make_env(tasks=[task])
+    play(
+        env,
+        {"problem_solver": ["\\boxed{81}"], "code_executor": ["ok"], "verifier": ["\\boxed{81}"]},
+        task,
+    )
+    assert env.state()["outcome"]["correct"] is True
+    assert env.transcript[-1].reward == 1.0
+    env.close()

@@ -55,10 +55,10 @@ def _last_number(text: str) -> str | None:
     return matches[-1].replace(",", "") if matches else None
 
 
-def _grade(answer: str | None, truth: str | None) -> bool:
-    from mappa_env.grading.math import answers_match
+def _grade(answer: str | None, truths: tuple[str, ...]) -> bool:
+    from mappa_env.grading.math import answers_match_any
 
-    return answer is not None and truth is not None and answers_match(answer, truth)
+    return answer is not None and answers_match_any(answer, truths)
 
 
 def _answers(text: str) -> tuple[str | None, str | None]:
@@ -71,12 +71,13 @@ def _answers(text: str) -> tuple[str | None, str | None]:
 
 def mathchat_rubric(request: CoachRequest) -> tuple[float, str]:
     """Score one MathChat-v0 action; see the module docstring for the table."""
-    truth = request.ground_truth
-    if truth is None:
+    if request.ground_truth is None:
         raise ValueError(
             "the rules coach needs the ground truth for every action: "
             "use reveal='always' (the default for this coach)"
         )
+    # Some problems accept several answers; the environment lists them in the metadata.
+    truth = tuple(request.metadata.get("accepted_answers") or (request.ground_truth,))
     action = request.action
     if not action.strip():
         return 0.0, "Empty action."

@@ -21,7 +21,7 @@ from mappa_env.envs.pipeline import (
     RewardMode,
     ToolOutcome,
 )
-from mappa_env.grading.math import answers_match, extract_boxed
+from mappa_env.grading.math import answers_match_any, extract_boxed
 from mappa_env.sandbox.base import Sandbox, SandboxFactory
 from mappa_env.tasks import MathTask
 from mappa_env.text import extract_code_blocks, strip_think
@@ -93,6 +93,15 @@ def _resolve_tasks(tasks: str | Sequence[MathTask] | None, seed: int) -> list[Ma
 
     if tasks is None:
         return generate_math_tasks(64, seed=seed)
+    if isinstance(tasks, str) and tasks.startswith("gen:"):
+        # "gen:N" or "gen:N:SEED": N generated problems (handy in configs and CLIs).
+        parts = tasks.split(":")
+        try:
+            count = int(parts[1])
+            gen_seed = int(parts[2]) if len(parts) > 2 else seed
+        except (IndexError, ValueError):
+            raise ValueError(f"cannot read {tasks!r}: use 'gen:N' or 'gen:N:SEED'") from None
+        return generate_math_tasks(count, seed=gen_seed)
     if isinstance(tasks, str):
         return load_math_tasks(tasks)
     resolved = list(tasks)
@@ -112,8 +121,9 @@ class MathChatEnv(PipelineEnv):
 
     Args:
         tasks: A list of :class:`~mappa_env.tasks.MathTask`, a task file or short name
-            understood by :func:`~mappa_env.tasks.load_math_tasks`, or ``None`` for 64
-            generated problems (offline default).
+            understood by :func:`~mappa_env.tasks.load_math_tasks`, ``"gen:N"`` /
+            ``"gen:N:SEED"`` for N generated problems, or ``None`` for 64 generated
+            problems (offline default).
         coach: A :class:`~mappa_env.coach.Coach`, a coach spec string (``"rules"``,
             ``"llm:<model>"``), or ``None`` (only with ``reward_mode="outcome"``).
             Defaults to the rules coach.
@@ -320,7 +330,7 @@ class MathChatEnv(PipelineEnv):
         predicted = (
             extract_boxed(verdict.action, fallback=not self.strict_boxed) if verdict else None
         )
-        correct = predicted is not None and answers_match(predicted, self.task.answer)
+        correct = predicted is not None and answers_match_any(predicted, self.accepted_answers)
         return {
             "correct": bool(correct),
             "predicted": predicted,
@@ -370,9 +380,18 @@ class MathChatEnv(PipelineEnv):
         """``(task id, problem, answer)``."""
         return self.task.id, self.task.prompt, self.task.answer
 
+    @property
+    def accepted_answers(self) -> tuple[str, ...]:
+        """Every answer graded correct (a few AIME problems accepted two)."""
+        accepted = self.task.metadata.get("accepted_answers")
+        return tuple(accepted) if accepted else (self.task.answer,)
+
     def coach_metadata(self, record: ActionRecord) -> dict[str, Any]:
         """Task metadata for the coach, and for the code executor its earlier code output."""
-        metadata: dict[str, Any] = {"task_metadata": dict(self.task.metadata)}
+        metadata: dict[str, Any] = {
+            "task_metadata": dict(self.task.metadata),
+            "accepted_answers": list(self.accepted_answers),
+        }
         if record.agent == CODE_EXECUTOR:
             # The record being judged is not in the transcript yet: these are earlier turns.
             earlier = [

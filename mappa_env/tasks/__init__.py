@@ -1,0 +1,25 @@
+"""Task sources: math problems from files, datasets or a seeded generator."""
+
+from mappa_env.tasks.generator import DIFFICULTY_LEVELS, KINDS, generate_math_tasks
+from mappa_env.tasks.math import (
+    BENCH_DIR_ENV,
+    MathTask,
+    TaskFormatError,
+    bench_dir_candidates,
+    find_bench_dir,
+    load_math_tasks,
+    normalize_answer_value,
+)
+
+__all__ = [
+    "BENCH_DIR_ENV",
+    "DIFFICULTY_LEVELS",
+    "KINDS",
+    "MathTask",
+    "TaskFormatError",
+    "bench_dir_candidates",
+    "find_bench_dir",
+    "generate_math_tasks",
+    "load_math_tasks",
+    "normalize_answer_value",
+]

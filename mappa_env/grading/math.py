@@ -1,0 +1,860 @@
+"""Rule-based grading of math answers: find the final answer, decide if it equals the truth.
+
+Two public steps:
+
+* :func:`extract_boxed` pulls the final answer out of a model's output.
+* :func:`answers_match` decides whether a predicted answer equals the ground truth.
+
+``answers_match`` first tries a fast path (normalised strings and exact rational
+numbers, microseconds) and only falls back to a symbolic check with math-verify
+(sympy underneath) when the fast path cannot decide. math-verify bounds its own time
+with ``signal.alarm``, which only works on the main thread; the environments grade
+from worker threads and asyncio loops. So the symbolic check runs with math-verify's
+timeouts disabled inside a small pool of persistent worker processes
+(:class:`SymbolicChecker`). The caller waits at most ``timeout_s`` for an answer; a
+worker that overruns is killed (a runaway sympy computation cannot be interrupted
+from another thread, but a process can always be killed) and a fresh one is started
+in its place. Workers also run under an address-space limit, so an expression such
+as ``10^{10^{10}}`` fails with ``MemoryError`` inside the worker instead of eating
+the machine's memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import json
+import logging
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+from mappa_env.text import strip_think
+
+logger = logging.getLogger(__name__)
+
+MAX_ANSWER_CHARS = 1_000
+"""Answers longer than this (after box extraction) are compared as strings only."""
+
+MAX_NUMBER_DIGITS = 400
+"""Numbers with more digits than this are not parsed on the fast path."""
+
+MAX_NESTING = 40
+"""Answers nested deeper than this (braces, brackets, parentheses) skip the symbolic check."""
+
+MAX_POWERS = 30
+"""Answers with more ``^`` than this skip the symbolic check (power towers explode sympy)."""
+
+# --------------------------------------------------------------------------------------
+# Answer extraction
+# --------------------------------------------------------------------------------------
+
+_BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+# Escaped characters (``\{``, ``\}``, ``\\``) and bare braces: the only tokens the
+# brace matcher needs to look at.
+_BRACE_TOKEN = re.compile(r"\\.|[{}]", re.DOTALL)
+_UNBRACED_ARGUMENT = re.compile(r"\s*([^\s$]+)")
+_FINAL_ANSWER = re.compile(r"final\s+answer\s*(?:is\b|:|=)\s*:?(?P<value>[^\n]*)", re.IGNORECASE)
+_ANSWER_LINE = re.compile(
+    r"^[\s*_#>-]*answer\s*[*_]*\s*[:：]\s*(?P<value>[^\n]*)$", re.IGNORECASE | re.MULTILINE
+)
+_ANSWER_IS = re.compile(r"\banswer\s+is\s*:?(?P<value>[^\n]*)", re.IGNORECASE)
+_LEADING_MATH = re.compile(
+    r"^(?:\$\$(?P<a>.+?)\$\$|\$(?P<b>.+?)\$|\\\((?P<c>.+?)\\\)|\\\[(?P<d>.+?)\\\])", re.DOTALL
+)
+_SENTENCE_END = re.compile(r"\.(?:\s|$)")
+
+
+def _match_braces(text: str) -> dict[int, int]:
+    """Map the index of every balanced ``{`` to the index of its ``}`` in one pass."""
+    pairs: dict[int, int] = {}
+    stack: list[int] = []
+    for token in _BRACE_TOKEN.finditer(text):
+        char = token.group()
+        if char == "{":
+            stack.append(token.start())
+        elif char == "}" and stack:
+            pairs[stack.pop()] = token.start()
+    return pairs
+
+
+def _box_contents(text: str) -> list[str]:
+    """Contents of every ``\\boxed``/``\\fbox`` in ``text``, in order of their start."""
+    commands = list(_BOX_COMMAND.finditer(text))
+    if not commands:
+        return []
+    pairs = _match_braces(text)
+    contents = []
+    for command in commands:
+        position = command.end()
+        while position < len(text) and text[position].isspace():
+            position += 1
+        if position < len(text) and text[position] == "{":
+            close = pairs.get(position)
+            if close is None:  # unbalanced: the box never closes, so it holds no answer
+                continue
+            contents.append(text[position + 1 : close].strip())
+        else:
+            argument = _UNBRACED_ARGUMENT.match(text, command.end())
+            if argument:  # ``\boxed 5``: the argument is the next token
+                contents.append(argument.group(1).rstrip(".,;}").strip())
+    return contents
+
+
+def _clean_fallback(raw: str) -> str | None:
+    """Turn the text after an "answer is" phrase into the answer itself."""
+    value = raw.strip().strip("*_ ").strip()
+    math = _LEADING_MATH.match(value)
+    if math:
+        return next(group for group in math.groups() if group is not None).strip() or None
+    end = _SENTENCE_END.search(value)
+    if end:
+        value = value[: end.start()]
+    value = value.strip().rstrip(",;:").strip("*_ ").strip("$").strip()
+    return value or None
+
+
+def extract_boxed(text: str, *, fallback: bool = True) -> str | None:
+    """Extract the final answer from a model's output.
+
+    Reasoning inside ``<think>...</think>`` is ignored (see
+    :func:`mappa_env.text.strip_think`). The answer is searched in this order; the
+    first rule that finds a non-empty answer wins:
+
+    1. The **last** ``\\boxed{...}`` or ``\\fbox{...}`` (also ``\\boxed {...}`` and
+       ``\\boxed 5``). Nested braces and escaped braces (``\\{``) are matched
+       properly; in ``\\boxed{\\boxed{5}}`` the inner box is the last one, giving
+       ``5``. Empty and unclosed boxes, and boxes that only wrap other boxes, are
+       skipped.
+    2. Only with ``fallback=True``: the last "final answer is X" / "final answer: X".
+    3. Only with ``fallback=True``: the last line that starts with "Answer:"
+       (markdown emphasis allowed, e.g. ``**Answer:** X``).
+    4. Only with ``fallback=True``: the last "the answer is X".
+
+    For the phrase fallbacks, X is the rest of the line: a leading math span
+    (``$...$``, ``\\(...\\)``, ``\\[...\\]``) is taken whole, otherwise X ends at
+    the first sentence-ending period, and emphasis markers and dollar signs around
+    it are removed.
+
+    Args:
+        text: A model's output.
+        fallback: Whether to use the phrase fallbacks (rules 2-4) when there is no box.
+
+    Returns:
+        The answer text, stripped, or None when nothing was found (also for
+        non-string input).
+    """
+    if not isinstance(text, str) or not text:
+        return None
+    visible = strip_think(text)
+    for content in reversed(_box_contents(visible)):
+        # A box around other boxes is judged by the inner ones, which start later.
+        if content and not _BOX_COMMAND.search(content):
+            return content
+    if not fallback:
+        return None
+    for pattern in (_FINAL_ANSWER, _ANSWER_LINE, _ANSWER_IS):
+        for found in reversed(list(pattern.finditer(visible))):
+            value = _clean_fallback(found.group("value"))
+            if value:
+                return value
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# Normalisation and the fast path
+# --------------------------------------------------------------------------------------
+
+_MATH_DELIMITERS = (("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)"), ("$", "$"))
+_REWRITES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), replacement)
+    for pattern, replacement in (
+        (r"\\[dt]frac(?![A-Za-z])", r"\\frac"),
+        (r"\\(?:left|right|bigl|bigr|Bigl|Bigr|big|Big|displaystyle)(?![A-Za-z])", ""),
+        (r"\\(?:quad|qquad)(?![A-Za-z])", " "),
+        (r"\\[,;:! ]", " "),
+        (r"~", " "),
+        (r"\\(?:cdot|times)(?![A-Za-z])|[×·]", "*"),
+        (r"\\div(?![A-Za-z])|÷", "/"),
+        (r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![A-Za-z])|\\circ(?![A-Za-z])|°", ""),
+        (r"\\degree(?![A-Za-z])", ""),
+        (r"\\%", "%"),
+        (r"\\\$|\$", ""),
+        (r"\{,\}", ","),
+        (r"[−–]", "-"),
+    )
+)
+_TEXT_COMMAND = re.compile(r"\\(?:text|textbf|textit|textrm|textnormal|mbox|mathrm|mathbf)\s*\{")
+_UNIT_TEXT = re.compile(r"^[A-Za-z][A-Za-z\s.]*$")
+_UNIT_POWER = re.compile(r"^\s*\^\s*(?:\{\s*[23]\s*\}|[23])")
+_UNIT_WORD_LIST = """
+cm mm m km in inch inches ft foot feet yd yard yards mi mile miles meter meters metre metres
+centimeter centimeters kilometer kilometers g gram grams kg kilogram kilograms lb lbs pound
+pounds oz ounce ounces s sec second seconds min minute minutes h hr hour hours day days week
+weeks month months year years dollar dollars cent cents degree degrees unit units sq square
+cubic ways people students
+"""
+_UNIT_WORDS = frozenset(_UNIT_WORD_LIST.split())
+_NUMBER_THEN_UNITS = re.compile(r"^(?P<number>[-+]?[\d.,/]+)\s*(?P<units>[A-Za-z][A-Za-z ]*)$")
+_ASSIGNMENT = re.compile(r"^\s*[A-Za-z\\][A-Za-z0-9\\_{}\s+\-*/()',]*=(?P<value>[^=<>]+)$")
+_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$", re.ASCII)
+_SPACE_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(?: \d{3})+(?:\.\d+)?$", re.ASCII)
+_SPACES = re.compile(r"\s+")
+_SPACE_NOT_BETWEEN_WORDS = re.compile(r"(?<![A-Za-z0-9]) | (?![A-Za-z0-9])")
+# ASCII digits only: other Unicode digits are left to the symbolic check.
+_INTEGER = re.compile(r"[+-]?\d+", re.ASCII)
+_DECIMAL = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+)", re.ASCII)
+_SLASH_FRACTION = re.compile(
+    r"(?P<sign>[+-]?)\(?(?P<num>[+-]?\d+)\)?/\(?(?P<den>[+-]?\d+)\)?", re.ASCII
+)
+_LATEX_FRACTION = re.compile(
+    r"(?P<sign>[+-]?)\\frac(?:\{(?P<num>[+-]?\d+)\}\{(?P<den>[+-]?\d+)\}|(?P<n1>\d)(?P<d1>\d))",
+    re.ASCII,
+)
+
+
+def _strip_delimiters(text: str) -> str:
+    """Remove one pair of enclosing math delimiters and a trailing period."""
+    value = text.strip()
+    changed = True
+    while changed:
+        changed = False
+        if value.endswith(".") and not _DECIMAL.fullmatch(value):
+            value, changed = value[:-1].rstrip(), True
+        for opening, closing in _MATH_DELIMITERS:
+            if (
+                len(value) >= len(opening) + len(closing)
+                and value.startswith(opening)
+                and value.endswith(closing)
+            ):
+                value, changed = value[len(opening) : len(value) - len(closing)].strip(), True
+                break
+    return value
+
+
+def _unwrap_text_commands(text: str) -> str:
+    r"""Replace ``\text{...}``-style groups by their content, dropping unit labels.
+
+    A group that holds only words and follows other content is a unit
+    (``5\text{ cm}``) and is dropped together with a following ``^2``/``^3``; any
+    other group is replaced by its content (``\text{yes}`` becomes ``yes``).
+    """
+    for _ in range(50):  # bounded: every pass removes one command
+        command = _TEXT_COMMAND.search(text)
+        if command is None:
+            return text
+        opening = command.end() - 1
+        close = _match_braces(text).get(opening)
+        if close is None:
+            return text[: command.start()] + text[command.end() :]
+        content = text[opening + 1 : close]
+        before, after = text[: command.start()], text[close + 1 :]
+        if before.strip() and _UNIT_TEXT.match(content.strip()):
+            text = before + _UNIT_POWER.sub("", after, count=1)
+        else:
+            text = before + content + after
+    return text
+
+
+def _drop_plain_units(text: str) -> str:
+    """Drop known unit words after a number: ``5 cm`` becomes ``5``."""
+    match = _NUMBER_THEN_UNITS.match(text)
+    if match and all(word.lower() in _UNIT_WORDS for word in match.group("units").split()):
+        return match.group("number")
+    return text
+
+
+def _normalize(text: str) -> str:
+    """Canonical string form of an answer for the fast path (not a full parser)."""
+    value = _strip_delimiters(text)
+    for pattern, replacement in _REWRITES:
+        value = pattern.sub(replacement, value)
+    value = _unwrap_text_commands(value)
+    value = _SPACES.sub(" ", value).strip()
+    assignment = _ASSIGNMENT.match(value)
+    if assignment and value.count("=") == 1:
+        value = assignment.group("value").strip()
+    value = _strip_delimiters(_drop_plain_units(value))
+    if _THOUSANDS.match(value):
+        value = value.replace(",", "")
+    elif _SPACE_THOUSANDS.match(value):
+        value = value.replace(" ", "")
+    # Keep a space only where it separates two words or numbers ("1 2" is not "12").
+    return _SPACE_NOT_BETWEEN_WORDS.sub("", value)
+
+
+@dataclass(frozen=True)
+class _Number:
+    """An exactly parsed number: its value, how many decimals it was written with."""
+
+    value: Fraction
+    decimals: int  # digits after the decimal point; 0 for integers and fractions
+    percent: bool  # written with a percent sign
+
+
+def _parse_number(text: str) -> _Number | None:
+    """Parse an integer, decimal, ``a/b`` or ``\\frac{a}{b}`` exactly, or return None."""
+    percent = text.endswith("%")
+    body = text[:-1].strip() if percent else text
+    if not body or len(body) > MAX_NUMBER_DIGITS:
+        return None
+    if _INTEGER.fullmatch(body):
+        return _Number(Fraction(int(body)), 0, percent)
+    if _DECIMAL.fullmatch(body):
+        return _Number(Fraction(body), len(body.split(".")[1]), percent)
+    for pattern in (_SLASH_FRACTION, _LATEX_FRACTION):
+        match = pattern.fullmatch(body)
+        if match:
+            numerator = int(match.group("num") or match.group("n1"))
+            denominator = int(match.group("den") or match.group("d1"))
+            if denominator == 0:
+                return None
+            value = Fraction(numerator, denominator)
+            return _Number(-value if match.group("sign") == "-" else value, 0, percent)
+    return None
+
+
+def _number_candidates(number: _Number) -> list[Fraction]:
+    """The values a written number may stand for: ``50%`` is 50 or 0.5."""
+    if number.percent:
+        return [number.value, number.value / 100]
+    return [number.value]
+
+
+def _numbers_equal(first: _Number, second: _Number) -> bool:
+    """Exact equality, or agreement to the places of a decimal written with >= 6 of them."""
+    for a in _number_candidates(first):
+        for b in _number_candidates(second):
+            if a == b:
+                return True
+            places = max(first.decimals, second.decimals)
+            if places >= 6 and round(a, places) == round(b, places):
+                return True
+    return False
+
+
+def _fast_compare(pred: str, truth: str) -> bool | None:
+    """Decide equality of two normalised answers cheaply, or return None when unsure."""
+    if pred == truth:
+        return True
+    pred_number, truth_number = _parse_number(pred), _parse_number(truth)
+    if pred_number is not None and truth_number is not None:
+        return _numbers_equal(pred_number, truth_number)
+    return None
+
+
+def _too_complex(text: str) -> bool:
+    """Cheap screen for shapes that only ever time out in sympy: deep nesting, power towers."""
+    if text.count("^") > MAX_POWERS:
+        return True
+    depth = 0
+    for char in text:
+        if char in "{([":
+            depth += 1
+            if depth > MAX_NESTING:
+                return True
+        elif char in "})]":
+            depth = max(depth - 1, 0)
+    return False
+
+
+def _symbolic_form(text: str) -> str:
+    """Light clean-up of an answer before math-verify parses it."""
+    value = _strip_delimiters(text).replace("\\$", "").replace("$", "").strip()
+    value = _THOUSANDS.sub(lambda m: m.group().replace(",", ""), value)
+    return f"${value}$"
+
+
+# --------------------------------------------------------------------------------------
+# Symbolic check in worker processes
+# --------------------------------------------------------------------------------------
+
+_MEMORY_ENV = "MAPPA_GRADER_WORKER_MEMORY_BYTES"
+_WORKER_BOOT = (
+    "from mappa_env.grading.math import _serve_symbolic_requests; _serve_symbolic_requests()"
+)
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def _verify_pair(gold_text: str, pred_text: str) -> bool:
+    """Run math-verify on one pair with its signal-based timeouts switched off."""
+    from math_verify import parse, verify
+
+    gold = parse(gold_text, parsing_timeout=None)
+    pred = parse(pred_text, parsing_timeout=None)
+    if not gold or not pred:
+        return False
+    return bool(verify(gold, pred, timeout_seconds=None))
+
+
+def _serve_symbolic_requests() -> None:
+    """Entry point of a worker process: answer JSON-line requests on stdin.
+
+    Each request is ``{"gold": str, "pred": str}``; each reply ``{"ok": bool}``, plus
+    ``"error"`` when math-verify raised. The first line written is ``{"ready": true}``.
+    """
+    protocol = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8", buffering=1)
+    # Anything else that prints (sympy, antlr) goes to stderr, away from the protocol.
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    sys.stdin.reconfigure(encoding="utf-8", errors="replace")
+    limit = int(os.environ.get(_MEMORY_ENV, "0") or 0)
+    if limit > 0:
+        try:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        except (ImportError, ValueError, OSError) as exc:
+            logger.warning("grader worker runs without a memory limit: %s", exc)
+    logging.getLogger("math_verify").setLevel(logging.CRITICAL)
+    _verify_pair("$1$", "$1$")  # import sympy/antlr now, not during the first timed request
+    protocol.write(json.dumps({"ready": True}) + "\n")
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+            reply = {"ok": _verify_pair(str(request["gold"]), str(request["pred"]))}
+        # The worker must survive any failure of parsing or sympy (including
+        # MemoryError and RecursionError); the reply records what happened.
+        except Exception as exc:  # noqa: BLE001
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        protocol.write(json.dumps(reply) + "\n")
+
+
+class _Worker:
+    """One worker process plus a thread that forwards its output lines to a queue."""
+
+    def __init__(self, memory_limit_bytes: int) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
+        env[_MEMORY_ENV] = str(memory_limit_bytes)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _WORKER_BOOT],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+            encoding="utf-8",
+            bufsize=1,
+        )
+        self.ready = False
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(
+            target=self._read_lines, name="mappa-grader-reader", daemon=True
+        )
+        self._reader.start()
+
+    def _read_lines(self) -> None:
+        stdout = self.process.stdout
+        if stdout is not None:
+            for line in stdout:
+                self._lines.put(line)
+        self._lines.put(None)  # end of output: the worker exited or was killed
+
+    def _next_reply(self, timeout_s: float) -> dict | None:
+        try:
+            line = self._lines.get(timeout=max(timeout_s, 0.0))
+        except queue.Empty:
+            return None
+        if line is None:
+            return None
+        try:
+            reply = json.loads(line)
+        except json.JSONDecodeError:
+            logger.warning("grader worker wrote a line that is not JSON: %r", line[:200])
+            return None
+        return reply if isinstance(reply, dict) else None
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Wait for the worker's start-up message; True when it is ready."""
+        if not self.ready:
+            reply = self._next_reply(timeout_s)
+            self.ready = bool(reply and reply.get("ready"))
+        return self.ready
+
+    def check(self, gold: str, pred: str, timeout_s: float) -> bool | None:
+        """Send one request; the verdict, or None when no reply came in ``timeout_s``."""
+        stdin = self.process.stdin
+        if stdin is None:
+            return None
+        try:
+            stdin.write(json.dumps({"gold": gold, "pred": pred}) + "\n")
+            stdin.flush()
+        except (BrokenPipeError, OSError, ValueError) as exc:
+            logger.warning("grader worker is gone: %s", exc)
+            return None
+        reply = self._next_reply(timeout_s)
+        if reply is None:
+            return None
+        if "error" in reply:
+            logger.debug("math-verify failed on %r vs %r: %s", pred, gold, reply["error"])
+        return bool(reply.get("ok"))
+
+    def kill(self) -> None:
+        """Stop the process and reap it."""
+        if self.process.poll() is None:
+            self.process.kill()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            logger.error("grader worker %d did not exit after SIGKILL", self.process.pid)
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError as exc:
+                    logger.debug("closing a grader worker pipe failed: %s", exc)
+
+
+class SymbolicChecker:
+    """Time-bounded math-verify checks that work from any thread.
+
+    Checks run in up to ``max_workers`` persistent worker processes, started on first
+    use. A check that does not finish within its time limit is abandoned: its worker
+    is killed and a replacement is started, so a runaway sympy computation can
+    neither hang the caller nor keep running. Results are cached (LRU).
+
+    The first check in a process also waits for a worker to start (about a second:
+    importing sympy); that start-up is bounded by ``startup_timeout_s`` and does not
+    count against a check's own time limit.
+
+    Args:
+        max_workers: Most worker processes alive at once; callers beyond that wait
+            for a free worker (up to ``acquire_timeout_s``).
+        memory_limit_bytes: Address-space limit of each worker (Linux/macOS); 0 for
+            none. Expressions that would need more fail inside the worker.
+        startup_timeout_s: Longest wait for a new worker to become ready.
+        acquire_timeout_s: Longest wait for a free worker when all are busy.
+        cache_size: Number of (prediction, truth) verdicts kept.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_workers: int = 2,
+        memory_limit_bytes: int = 1 << 30,
+        startup_timeout_s: float = 60.0,
+        acquire_timeout_s: float = 60.0,
+        cache_size: int = 4096,
+    ) -> None:
+        if max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
+        self.max_workers = max_workers
+        self.memory_limit_bytes = memory_limit_bytes
+        self.startup_timeout_s = startup_timeout_s
+        self.acquire_timeout_s = acquire_timeout_s
+        self.cache_size = cache_size
+        self.timeouts = 0
+        """How many checks were abandoned for running past their limit."""
+        self._condition = threading.Condition()
+        self._idle: list[_Worker] = []
+        self._live = 0
+        self._closed = False
+        self._pid = os.getpid()
+        self._cache: OrderedDict[tuple[str, str], bool] = OrderedDict()
+
+    def check(self, pred: str, truth: str, timeout_s: float) -> bool:
+        """Whether math-verify finds ``pred`` equivalent to ``truth`` within ``timeout_s``.
+
+        Args:
+            pred: Predicted answer, as LaTeX or plain text.
+            truth: Ground-truth answer.
+            timeout_s: Longest time to wait for the verdict once a worker is ready.
+
+        Returns:
+            The verdict; False on timeout, worker failure, or a closed checker.
+        """
+        key = (pred, truth)
+        with self._condition:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        worker = self._acquire()
+        if worker is None:
+            return False
+        verdict = worker.check(truth, pred, timeout_s)
+        if verdict is None:
+            with self._condition:
+                self.timeouts += 1
+            logger.warning(
+                "symbolic answer check gave no verdict within %.2fs; restarting its worker "
+                "(pred=%r, truth=%r)",
+                timeout_s,
+                pred[:80],
+                truth[:80],
+            )
+            self._discard(worker, replace=True)
+            verdict = False
+        else:
+            self._release(worker)
+        with self._condition:
+            self._cache[key] = verdict
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return verdict
+
+    def warm_up(self, workers: int = 1) -> None:
+        """Start up to ``workers`` worker processes now instead of on first use."""
+        started = []
+        with self._condition:
+            self._check_pid()
+            while self._live < min(workers, self.max_workers) and not self._closed:
+                worker = _Worker(self.memory_limit_bytes)
+                self._live += 1
+                started.append(worker)
+            self._idle.extend(started)
+
+    @property
+    def live_workers(self) -> int:
+        """Number of worker processes currently alive or starting."""
+        with self._condition:
+            return self._live
+
+    def close(self) -> None:
+        """Stop all idle workers; busy ones stop when their check returns."""
+        with self._condition:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._live -= len(idle)
+            self._condition.notify_all()
+        for worker in idle:
+            worker.kill()
+
+    def _check_pid(self) -> None:
+        # After os.fork the child must not talk to its parent's workers: forget them.
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._idle, self._live, self._cache = [], 0, OrderedDict()
+
+    def _acquire(self) -> _Worker | None:
+        deadline = time.monotonic() + self.acquire_timeout_s
+        with self._condition:
+            self._check_pid()
+            while True:
+                if self._closed:
+                    return None
+                if self._idle:
+                    worker = self._idle.pop()
+                    break
+                if self._live < self.max_workers:
+                    worker = _Worker(self.memory_limit_bytes)
+                    self._live += 1
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    logger.warning("no free grader worker within %.1fs", self.acquire_timeout_s)
+                    return None
+                self._condition.wait(remaining)
+        if worker.wait_ready(self.startup_timeout_s):
+            return worker
+        logger.error(
+            "grader worker did not start within %.1fs (is math-verify importable by %s?)",
+            self.startup_timeout_s,
+            sys.executable,
+        )
+        self._discard(worker, replace=False)
+        return None
+
+    def _release(self, worker: _Worker) -> None:
+        with self._condition:
+            if self._closed:
+                self._live -= 1
+            else:
+                self._idle.append(worker)
+                self._condition.notify()
+                return
+        worker.kill()
+
+    def _discard(self, worker: _Worker, *, replace: bool) -> None:
+        worker.kill()
+        with self._condition:
+            self._live -= 1
+            if replace and not self._closed:
+                # Start the replacement now so it is ready by the next check.
+                self._idle.append(_Worker(self.memory_limit_bytes))
+                self._live += 1
+            self._condition.notify()
+
+
+_default_checker: SymbolicChecker | None = None
+_default_lock = threading.Lock()
+
+
+def default_checker() -> SymbolicChecker:
+    """The process-wide :class:`SymbolicChecker` used when none is passed (created lazily)."""
+    global _default_checker
+    with _default_lock:
+        if _default_checker is None:
+            _default_checker = SymbolicChecker()
+            atexit.register(_default_checker.close)
+        return _default_checker
+
+
+def _forget_default_checker_after_fork() -> None:
+    global _default_checker, _default_lock
+    _default_checker = None
+    _default_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_default_checker_after_fork)
+
+
+# --------------------------------------------------------------------------------------
+# Public comparison API
+# --------------------------------------------------------------------------------------
+
+
+def _as_text(value: object) -> str | None:
+    """Accept strings and plain numbers (AMC files store 18.0); reject everything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float, Fraction)):
+        return str(value)
+    return value if isinstance(value, str) else None
+
+
+def _is_plain_integer(text: str) -> bool:
+    return len(text) <= MAX_NUMBER_DIGITS and _INTEGER.fullmatch(text.strip()) is not None
+
+
+def _final_form(text: str) -> str:
+    """The boxed part of an answer that still carries its box, else the text itself."""
+    if _BOX_COMMAND.search(text):
+        # A box that holds nothing (``\\boxed{}``) means no answer, not the literal text.
+        return extract_boxed(text, fallback=False) or ""
+    return text.strip()
+
+
+def answers_match(
+    pred: str,
+    truth: str,
+    *,
+    timeout_s: float = 2.0,
+    checker: SymbolicChecker | None = None,
+) -> bool:
+    """Whether a predicted final answer is mathematically equal to the ground truth.
+
+    Steps, cheapest first:
+
+    1. Both answers are normalised: a surrounding ``\\boxed{}`` is unpacked, math
+       delimiters and dollar signs removed, ``\\dfrac``/``\\tfrac`` become
+       ``\\frac``, ``\\left``/``\\right`` and LaTeX spacing dropped, ``\\cdot`` and
+       ``\\times`` become ``*``, degree marks (``^\\circ``) dropped, ``\\text{}``
+       /``\\mbox{}`` unwrapped, unit labels after a number dropped
+       (``5\\text{ cm}``, ``5 cm``), a leading ``x =`` dropped, thousands
+       separators removed (``1,000``), a trailing period removed.
+    2. Equal normalised strings match.
+    3. When both sides are plain numbers (integers, decimals, ``a/b``,
+       ``\\frac{a}{b}``) they are compared exactly as rationals, so ``023`` equals
+       ``23``, ``18.0`` equals ``18`` and ``0.75`` equals ``3/4``, while ``23`` vs
+       ``230`` and ``-5`` vs ``5`` do not match. A decimal written with six or more
+       places also matches a value that rounds to it (``0.333333`` vs ``1/3``).
+       Percentages: a side written with ``%`` may stand for the number shown or
+       for that number divided by 100, so ``50\\%`` matches both ``50`` and
+       ``0.5`` (the same convention as math-verify), while ``50`` vs ``0.5``
+       does not match.
+    4. Otherwise math-verify decides (``\\sqrt{2}``, ``\\pi``, powers, tuples,
+       intervals, sets, ...), in a worker process, waiting at most ``timeout_s``
+       (see :class:`SymbolicChecker`). Answers longer than
+       :data:`MAX_ANSWER_CHARS`, nested deeper than :data:`MAX_NESTING` or with
+       more than :data:`MAX_POWERS` powers skip this step (and do not match).
+
+    Safe to call from any thread and from inside a running event loop (it blocks
+    for at most about ``timeout_s``; see :func:`answers_match_async`). Never raises
+    on malformed input.
+
+    Args:
+        pred: The predicted answer (a bare answer, or text whose box holds it).
+        truth: The ground-truth answer. Plain ints and floats are accepted too.
+        timeout_s: Longest wait for the symbolic check; 0 skips it.
+        checker: Symbolic checker to use; the process-wide default when None.
+
+    Returns:
+        True when the answers are judged equal; False otherwise, including for
+        non-string input, empty answers and checks that ran out of time.
+    """
+    pred_text, truth_text = _as_text(pred), _as_text(truth)
+    if pred_text is None or truth_text is None:
+        return False
+    # Plain integers (every AIME answer) need nothing else: "023" equals "23".
+    if _is_plain_integer(pred_text) and _is_plain_integer(truth_text):
+        return int(pred_text) == int(truth_text)
+    try:
+        # Plain numbers ("18.0", "3/4") skip normalisation too.
+        pred_number, truth_number = (
+            _parse_number(pred_text.strip()),
+            _parse_number(truth_text.strip()),
+        )
+        if pred_number is not None and truth_number is not None:
+            return _numbers_equal(pred_number, truth_number)
+        pred_text, truth_text = _final_form(pred_text), _final_form(truth_text)
+        if not pred_text or not truth_text:
+            return False
+        pred_norm, truth_norm = _normalize(pred_text), _normalize(truth_text)
+        if not pred_norm or not truth_norm:
+            return False
+        verdict = _fast_compare(pred_norm, truth_norm)
+    except (ValueError, ArithmeticError, RecursionError, MemoryError) as exc:
+        logger.debug("fast answer comparison failed: %s", exc)
+        return False
+    if verdict is not None:
+        return verdict
+    if timeout_s <= 0 or max(len(pred_text), len(truth_text)) > MAX_ANSWER_CHARS:
+        return False
+    if _too_complex(pred_text) or _too_complex(truth_text):
+        return False
+    checker = checker or default_checker()
+    return checker.check(_symbolic_form(pred_text), _symbolic_form(truth_text), timeout_s)
+
+
+def answers_match_any(
+    pred: str,
+    truths: Iterable[str],
+    *,
+    timeout_s: float = 2.0,
+    checker: SymbolicChecker | None = None,
+) -> bool:
+    """Whether ``pred`` matches any of several accepted answers.
+
+    Some problems accept more than one answer (see the ``accepted_answers`` entry
+    of :class:`mappa_env.tasks.MathTask` metadata).
+
+    Args:
+        pred: The predicted answer.
+        truths: Accepted answers.
+        timeout_s: Longest wait for each symbolic check.
+        checker: Symbolic checker to use; the process-wide default when None.
+
+    Returns:
+        True when one of ``truths`` matches.
+    """
+    return any(answers_match(pred, truth, timeout_s=timeout_s, checker=checker) for truth in truths)
+
+
+async def answers_match_async(
+    pred: str,
+    truth: str,
+    *,
+    timeout_s: float = 2.0,
+    checker: SymbolicChecker | None = None,
+) -> bool:
+    """:func:`answers_match` run in a thread, so an event loop keeps serving others.
+
+    Args:
+        pred: The predicted answer.
+        truth: The ground-truth answer.
+        timeout_s: Longest wait for the symbolic check.
+        checker: Symbolic checker to use; the process-wide default when None.
+
+    Returns:
+        Same as :func:`answers_match`.
+    """
+    return await asyncio.to_thread(answers_match, pred, truth, timeout_s=timeout_s, checker=checker)

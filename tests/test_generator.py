@@ -1,0 +1,300 @@
+"""Tests for the seeded math problem generator (mappa_env.tasks.generator).
+
+Every kind's answers are recomputed here by brute force (enumeration, grid dynamic
+programming, trial division, a numeric solver), independently of the generator's
+own formulas.
+"""
+
+from __future__ import annotations
+
+import re
+from itertools import combinations
+
+import numpy as np
+import pytest
+import sympy
+
+from mappa_env.tasks import KINDS, MathTask, generate_math_tasks
+
+# --------------------------------------------------------------------------------------
+# Brute-force reference computations, one per kind
+# --------------------------------------------------------------------------------------
+
+
+def euclid_gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a - (a // b) * b
+    return abs(a)
+
+
+def square_and_multiply(base: int, exponent: int, modulus: int) -> int:
+    result, base = 1, base % modulus
+    for bit in bin(exponent)[2:]:
+        result = result * result % modulus
+        if bit == "1":
+            result = result * base % modulus
+    return result
+
+
+def brute_arithmetic(p: dict) -> int:
+    if p["template"] == "stock":
+        received = 0
+        for _day in range(p["days"]):
+            received += p["crates"] * p["boxes"] * p["items"]
+        return received - p["shipped"]
+    if p["template"] == "savings":
+        saved, weekly = 0, p["first"]
+        for _ in range(p["weeks"]):
+            saved += weekly
+            weekly += p["increase"]
+        return saved
+    return p["adults"] * p["adult_price"] + p["children"] * p["child_price"] - p["costs"]
+
+
+def brute_divisor_sum(p: dict) -> int:
+    n, total, d = p["n"], 0, 1
+    while d * d <= n:
+        if n % d == 0:
+            total += d + (n // d if d * d != n else 0)
+        d += 1
+    return total % p["modulus"] if p["modulus"] else total
+
+
+def brute_modular_power(p: dict) -> int:
+    if p["exponent"] <= 5_000:
+        return p["base"] ** p["exponent"] % p["modulus"]
+    return square_and_multiply(p["base"], p["exponent"], p["modulus"])
+
+
+def brute_gcd_lcm(p: dict) -> int:
+    if p["question"] == "gcd":
+        return euclid_gcd(*p["numbers"])
+    if p["question"] == "lcm":
+        a, b, c = p["numbers"]
+        multiple = a
+        while multiple % b or multiple % c:
+            multiple += a
+        return multiple
+    n = p["n"]
+    return sum(euclid_gcd(k, n) for k in range(1, n + 1))
+
+
+def brute_prime_count(p: dict) -> int:
+    return int(sympy.primepi(p["high"]) - sympy.primepi(p["low"] - 1))
+
+
+def brute_digit_count(p: dict) -> int:
+    count = 0
+    for n in range(1, p["limit"] + 1):
+        text = str(n)
+        digit_sum = sum(map(int, text))
+        has_digit = str(p["digit"]) in text
+        if p["condition"] == "digit_sum":
+            count += digit_sum % p["modulus"] == 0
+        elif p["condition"] == "avoid_digit":
+            count += not has_digit
+        else:
+            count += has_digit and digit_sum % p["modulus"] == 0
+    return count
+
+
+def brute_lattice_paths(p: dict) -> int:
+    width, height, blocked = p["width"], p["height"], {tuple(b) for b in p["blocked"]}
+    ways = [[0] * (height + 1) for _ in range(width + 1)]
+    for x in range(width + 1):
+        for y in range(height + 1):
+            if (x, y) in blocked:
+                continue
+            if x == 0 and y == 0:
+                ways[x][y] = 1
+            else:
+                ways[x][y] = (ways[x - 1][y] if x else 0) + (ways[x][y - 1] if y else 0)
+    total = ways[width][height]
+    return total % p["modulus"] if p["modulus"] else total
+
+
+def brute_subset_sum(p: dict) -> int:
+    elements, modulus = p["elements"], p["modulus"]
+    if len(elements) <= 12:
+        return sum(
+            sum(subset) % modulus == 0
+            for size in range(len(elements) + 1)
+            for subset in combinations(elements, size)
+        )
+    sums = np.zeros(1, dtype=np.int64)  # all 2^n subset sums, built by doubling
+    for element in elements:
+        sums = np.concatenate([sums, sums + element])
+    return int(np.count_nonzero(sums % modulus == 0))
+
+
+def brute_polynomial_roots(p: dict) -> int:
+    coefficients = p["coefficients"]
+
+    def value(x: int) -> int:
+        result = 0
+        for c in coefficients:
+            result = result * x + c
+        return result
+
+    constant = abs(coefficients[-1])
+    divisors = {d for d in range(1, int(constant**0.5) + 2) if constant % d == 0}
+    divisors |= {constant // d for d in divisors}
+    roots = sorted(r for d in divisors for r in (d, -d) if value(r) == 0)
+    assert len(roots) == len(coefficients) - 1, "not all roots are distinct integers"
+    if p["question"] == "sum_of_squares":
+        return sum(r * r for r in roots)
+    if p["question"] == "sum_of_abs":
+        return sum(abs(r) for r in roots)
+    return roots[-1] - roots[0]
+
+
+def brute_series_sum(p: dict) -> int:
+    total = sum(
+        k for k in range(1, p["limit"]) if (k % p["a"] == 0 or k % p["b"] == 0) and k % p["c"]
+    )
+    return total % p["modulus"] if p["modulus"] else total
+
+
+def brute_linear_system(p: dict) -> int:
+    matrix, rhs = np.array(p["matrix"], dtype=float), np.array(p["rhs"], dtype=float)
+    solution = [round(v) for v in np.linalg.solve(matrix, rhs)]
+    assert [sum(a * v for a, v in zip(row, solution)) for row in p["matrix"]] == p["rhs"]
+    if p["question"] == "product":
+        return int(np.prod(solution))
+    return sum(i * v for i, v in enumerate(solution, 1))
+
+
+BRUTE_FORCE = {
+    "arithmetic": brute_arithmetic,
+    "divisor_sum": brute_divisor_sum,
+    "modular_power": brute_modular_power,
+    "gcd_lcm": brute_gcd_lcm,
+    "prime_count": brute_prime_count,
+    "digit_count": brute_digit_count,
+    "lattice_paths": brute_lattice_paths,
+    "subset_sum": brute_subset_sum,
+    "polynomial_roots": brute_polynomial_roots,
+    "series_sum": brute_series_sum,
+    "linear_system": brute_linear_system,
+}
+
+
+def numbers_in(text: str) -> set[int]:
+    """Integers written in ``text``, with their signs."""
+    return {int(n) for n in re.findall(r"-?\d+", text)}
+
+
+def magnitudes_in(text: str) -> set[int]:
+    """Integers written in ``text`` with and without a leading minus sign."""
+    return {abs(n) for n in numbers_in(text)} | numbers_in(text)
+
+
+def params_shown(task: MathTask) -> set[int]:
+    """Integers of the problem's parameters that the prompt must state."""
+    p, kind = task.metadata["params"], task.metadata["kind"]
+    if kind == "arithmetic":
+        return {v for k, v in p.items() if k != "template"}
+    if kind == "divisor_sum":
+        return {p["n"]}
+    if kind in ("modular_power", "series_sum"):
+        return {v for v in p.values() if isinstance(v, int)}
+    if kind == "gcd_lcm":
+        return set(p.get("numbers", [])) | ({p["n"]} if "n" in p else set())
+    if kind == "prime_count":
+        return {p["low"], p["high"]}
+    if kind == "digit_count":
+        return {p["limit"]}
+    if kind == "lattice_paths":
+        return {p["width"], p["height"], *(c for point in p["blocked"] for c in point)}
+    if kind == "subset_sum":
+        return {*p["elements"], p["modulus"]}
+    if kind == "polynomial_roots":
+        return {abs(c) for c in p["coefficients"][1:] if abs(c) > 1}
+    return {abs(v) for row in p["matrix"] for v in row if abs(v) > 1} | set(p["rhs"])
+
+
+# --------------------------------------------------------------------------------------
+# Tests
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("difficulty", [1, 2, 3])
+def test_answers_agree_with_brute_force(kind, difficulty):
+    for seed in (0, 1, 2):
+        (task,) = generate_math_tasks(1, seed=seed, kinds=[kind], difficulty=difficulty)
+        expected = BRUTE_FORCE[kind](task.metadata["params"])
+        assert task.answer == str(expected), (task.id, task.prompt)
+        missing = params_shown(task) - magnitudes_in(task.prompt)
+        assert not missing, f"{task.id}: prompt does not state {missing}: {task.prompt}"
+
+
+def test_same_seed_same_tasks_and_prefix_stability():
+    first = generate_math_tasks(40, seed=7)
+    assert first == generate_math_tasks(40, seed=7)
+    assert first[:10] == generate_math_tasks(10, seed=7)
+    other = generate_math_tasks(40, seed=8)
+    assert [t.prompt for t in first] != [t.prompt for t in other]
+
+
+def test_ids_and_metadata():
+    tasks = generate_math_tasks(25, seed=3)
+    assert [t.id for t in tasks] == [f"gen-s3-{i:05d}" for i in range(25)]
+    kinds = list(KINDS)
+    for index, task in enumerate(tasks):
+        meta = task.metadata
+        assert meta["kind"] == kinds[index % len(kinds)]
+        assert meta["category"] == KINDS[meta["kind"]][0]
+        assert meta["difficulty"] in (1, 2, 3)
+        assert meta["needs_code"] is (meta["difficulty"] == 3)
+        assert meta["source"] == "generator"
+        assert meta["seed"] == 3
+    assert {t.metadata["difficulty"] for t in tasks} == {1, 2, 3}
+
+
+@pytest.mark.parametrize(("difficulty", "level"), [("easy", 1), ("medium", 2), ("hard", 3), (2, 2)])
+def test_fixed_difficulty(difficulty, level):
+    tasks = generate_math_tasks(22, seed=0, difficulty=difficulty)
+    assert {t.metadata["difficulty"] for t in tasks} == {level}
+
+
+def test_answers_are_integers_and_prompts_hide_them():
+    for task in generate_math_tasks(440, seed=11):
+        assert re.fullmatch(r"-?\d+", task.answer), task.answer
+        assert "answer" not in task.prompt.lower()
+        if len(task.answer) >= 2:
+            assert int(task.answer) not in numbers_in(task.prompt), (task.id, task.prompt)
+
+
+def test_hard_problems_need_large_enumeration_or_arithmetic():
+    tasks = generate_math_tasks(110, seed=5, difficulty="hard")
+    for task in tasks:
+        p, kind = task.metadata["params"], task.metadata["kind"]
+        if kind == "prime_count":
+            assert p["high"] - p["low"] >= 20_000
+        elif kind == "digit_count":
+            assert p["limit"] >= 20_000
+        elif kind == "subset_sum":
+            assert 2 ** len(p["elements"]) >= 65_536
+        elif kind == "series_sum":
+            assert p["limit"] >= 100_000
+        elif kind == "modular_power":
+            assert p["exponent"] >= 10**9
+        elif kind == "divisor_sum":
+            assert p["n"] >= 10**8
+
+
+def test_kind_selection_and_invalid_arguments():
+    tasks = generate_math_tasks(6, seed=1, kinds=["subset_sum", "prime_count"])
+    assert [t.metadata["kind"] for t in tasks] == ["subset_sum", "prime_count"] * 3
+    assert generate_math_tasks(0) == []
+    with pytest.raises(ValueError, match="unknown kinds"):
+        generate_math_tasks(3, kinds=["geometry"])
+    with pytest.raises(ValueError, match="unknown kinds"):
+        generate_math_tasks(3, kinds=[])
+    with pytest.raises(ValueError, match="difficulty"):
+        generate_math_tasks(3, difficulty="extreme")
+    with pytest.raises(ValueError, match="difficulty"):
+        generate_math_tasks(3, difficulty=4)
+    with pytest.raises(ValueError, match="n must be"):
+        generate_math_tasks(-1)
