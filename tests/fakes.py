@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import os
 import time
 import traceback
 from pathlib import Path
@@ -35,11 +36,15 @@ class InProcessSandbox:
         out, err = io.StringIO(), io.StringIO()
         start = time.perf_counter()
         error = None
+        previous = os.getcwd()
+        os.chdir(self._workdir)  # run "in" the workspace, as a real sandbox does
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 exec(compile(code, "<cell>", "exec"), self.namespace)
             except Exception as exc:  # noqa: BLE001 - the code under test may raise anything
                 error = ExecError(type(exc).__name__, str(exc), traceback.format_exc())
+            finally:
+                os.chdir(previous)
         return ExecResult(
             stdout=out.getvalue(),
             stderr=err.getvalue(),

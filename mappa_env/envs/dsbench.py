@@ -11,6 +11,7 @@ the task's own metric.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import shutil
@@ -442,22 +443,21 @@ class DSBenchEnv(PipelineEnv):
         return {"exists": exists, "size": path.stat().st_size if exists else 0}
 
     def _score_submission(self) -> Any:
-        from mappa_env.dsbench.metrics import Score, score_submission
+        from mappa_env.dsbench.metrics import score_submission
 
         path = self.workdir / "submission.csv"
-        metric = self.task.metric
-        if not path.is_file():
-            return Score(success=False, metric=metric, reason="submission.csv was not written")
-        size = path.stat().st_size
+        task = self.task
+        targets = list(task.target_columns)
+        size = path.stat().st_size if path.is_file() else 0
         if size > MAX_SUBMISSION_BYTES:
-            return Score(
-                success=False,
-                metric=metric,
-                reason=f"submission.csv is {size} bytes, over the {MAX_SUBMISSION_BYTES} limit",
+            # Not read at all; scoring an empty frame still fills the baseline and range.
+            score = score_submission(
+                pd.DataFrame(), self._answers, task.metric, task.id_column, targets
             )
-        return score_submission(
-            path, self._answers, metric, self.task.id_column, list(self.task.target_columns)
-        )
+            reason = f"submission.csv is {size} bytes, over the {MAX_SUBMISSION_BYTES} limit"
+            return dataclasses.replace(score, reason=reason)
+        # A missing file is scored too: the failure then carries the baseline and range.
+        return score_submission(path, self._answers, task.metric, task.id_column, targets)
 
     async def episode_outcome(self) -> dict[str, Any]:
         """Score ``submission.csv`` against the hidden answers with the task's metric."""

@@ -1,0 +1,265 @@
+"""DSBench-v0: conformance, scripted scikit-learn pipelines, blame, and agents' garbage."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+from pettingzoo.test import api_test, parallel_api_test, seed_test
+
+import mappa_env
+from mappa_env.envs import dsbench as dsbench_env
+from mappa_env.envs.dsbench import DSBenchEnv
+from tests.fakes import InProcessSandbox
+
+
+def make_env(**options) -> DSBenchEnv:
+    options.setdefault("sandbox", InProcessSandbox)
+    options.setdefault("task_ids", ["iris", "diabetes"])
+    return mappa_env.make("DSBench-v0", **options)
+
+
+def code(text: str) -> str:
+    return f"Here is my code.\n```python\n{text}\n```"
+
+
+def engineer(task) -> str:
+    target = task.target_columns[0]
+    return code(
+        "import pandas as pd, pickle\n"
+        "train = pd.read_csv('train.csv'); test = pd.read_csv('test.csv')\n"
+        f"X_train = train.drop(columns=['{target}', '{task.id_column}'])\n"
+        f"y_train = train['{target}']\n"
+        f"X_test = test.drop(columns=['{task.id_column}'])\n"
+        "pickle.dump(X_train, open('X_train.pkl', 'wb'))\n"
+        "pickle.dump(y_train, open('y_train.pkl', 'wb'))\n"
+        "pickle.dump(X_test, open('X_test.pkl', 'wb'))\n"
+        "print(X_train.shape, X_test.shape)"
+    )
+
+
+def modeler(task) -> str:
+    estimator = (
+        "RandomForestClassifier(n_estimators=50, random_state=0)"
+        if task.task_type == "classification"
+        else "RandomForestRegressor(n_estimators=50, random_state=0)"
+    )
+    return code(
+        "import pickle\n"
+        "from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor\n"
+        "from sklearn.model_selection import cross_val_score\n"
+        "X = pickle.load(open('X_train.pkl', 'rb')); y = pickle.load(open('y_train.pkl', 'rb'))\n"
+        f"model = {estimator}\n"
+        "print('CV score:', cross_val_score(model, X, y, cv=3).mean())\n"
+        "model.fit(X, y)\n"
+        "pickle.dump(model, open('model.pkl', 'wb'))"
+    )
+
+
+def analyst(task, shuffle: bool = False) -> str:
+    target = task.target_columns[0]
+    order = ".sample(frac=1, random_state=3)" if shuffle else ""
+    return code(
+        "import pickle, pandas as pd\n"
+        "model = pickle.load(open('model.pkl', 'rb'))\n"
+        "X_test = pickle.load(open('X_test.pkl', 'rb'))\n"
+        "test = pd.read_csv('test.csv')\n"
+        f"sub = pd.DataFrame({{'{task.id_column}': test['{task.id_column}'], "
+        f"'{target}': model.predict(X_test)}}){order}\n"
+        "sub.to_csv('submission.csv', index=False)\n"
+        "print(len(sub))"
+    )
+
+
+def play(env: DSBenchEnv, script: dict[str, list[str]], task_id: str) -> None:
+    env.reset(options={"task_id": task_id})
+    queues = {a: list(v) for a, v in script.items()}
+    for agent in env.agent_iter():
+        _, _, terminated, truncated, _ = env.last()
+        env.step(None if terminated or truncated else queues[agent].pop(0))
+
+
+def good_script(task, shuffle=False):
+    return {
+        "data_engineer": [engineer(task), "Saved X_train.pkl, y_train.pkl and X_test.pkl."],
+        "modeler": [modeler(task), "Saved model.pkl (random forest)."],
+        "analyst": [analyst(task, shuffle), "Wrote submission.csv."],
+    }
+
+
+@pytest.fixture(scope="module")
+def env():
+    environment = make_env()
+    yield environment
+    environment.close()
+
+
+def by_task(env, task_id):
+    return next(t for t in env.tasks if t.id == task_id)
+
+
+# ---------------------------------------------------------------- scripted episodes
+
+
+@pytest.mark.parametrize("task_id", ["iris", "diabetes"])
+def test_scripted_pipeline_solves_builtin_tasks(env, task_id):
+    task = by_task(env, task_id)
+    play(env, good_script(task), task_id)
+    outcome = env.state()["outcome"]
+    assert outcome["success"] is True, outcome
+    if task_id == "iris":
+        assert outcome["metric"] == "accuracy"
+        assert outcome["value"] > 0.8
+    else:
+        assert outcome["metric"] == "rmse"
+        assert outcome["value"] < 0.5 * task.target_range
+    rewards = {(r.agent, r.turn): r.reward for r in env.transcript}
+    assert rewards[("data_engineer", 0)] == 0.9
+    assert rewards[("modeler", 0)] == 0.9
+    assert rewards[("analyst", 0)] >= 0.6
+    assert all(r.verdict.valid for r in env.transcript)
+
+
+def test_shuffled_submission_scores_identically(env):
+    task = by_task(env, "iris")
+    play(env, good_script(task), "iris")
+    straight = env.state()["outcome"]["value"]
+    play(env, good_script(task, shuffle=True), "iris")
+    assert env.state()["outcome"]["value"] == straight
+
+
+def test_observations_list_files_and_upstream_messages(env):
+    task = by_task(env, "iris")
+    env.reset(options={"task_id": "iris"})
+    first = env.observe("data_engineer")["messages"][1]["content"]
+    assert "train.csv" in first
+    assert "test_answer" not in first
+    env.step(engineer(task))
+    env.step("Saved the three pickles.")
+    modeler_prompt = env.observe("modeler")["messages"][1]["content"]
+    assert "X_train.pkl" in modeler_prompt
+    assert "Saved the three pickles." in modeler_prompt
+    info = env.infos["data_engineer"]
+    assert {f["name"] for f in info["files"]} >= {"X_train.pkl", "y_train.pkl", "X_test.pkl"}
+    assert info["artifacts"]["X_train.pkl"]["loads"] is True
+
+
+def test_hidden_answers_never_reach_the_workspace(env):
+    env.reset(options={"task_id": "iris"})
+    names = {p.name for p in env.workdir.rglob("*")}
+    assert names == {"train.csv", "test.csv", "sample_submission.csv"}
+    answers = pd.read_csv(by_task(env, "iris").answers_path)
+    test = pd.read_csv(env.workdir / "test.csv")
+    assert "species" not in test.columns
+    assert len(answers) == len(test)
+
+
+# ---------------------------------------------------------------- blame and failures
+
+
+def test_missing_upstream_artifact_blames_upstream(env):
+    task = by_task(env, "iris")
+    script = {
+        "data_engineer": ["I looked at the data; nothing saved."],
+        "modeler": [modeler(task), "Could not train."],
+        "analyst": [analyst(task), "No model."],
+    }
+    play(env, script, "iris")
+    rewards = {(r.agent, r.turn): r.reward for r in env.transcript}
+    assert rewards[("data_engineer", 0)] == 0.1
+    assert rewards[("modeler", 0)] == 0.5  # FileNotFoundError caused upstream
+    assert rewards[("analyst", 0)] == 0.5
+    outcome = env.state()["outcome"]
+    assert outcome["success"] is False
+    assert outcome["reward"] == 0.0
+    assert outcome["fair_value"] == 0.5  # a failed run counts as accuracy 0.5
+
+
+BAD_ANALYSTS = {
+    "extra_rows": "sub = pd.concat([sub, sub.head(3).assign(id=-1)])",
+    "missing_ids": "sub = sub.head(5)",
+    "nan_values": "sub['species'] = None",
+    "wrong_column": "sub = sub.rename(columns={'species': 'label'})",
+}
+
+
+@pytest.mark.parametrize("damage", sorted(BAD_ANALYSTS))
+def test_bad_submissions_fail_clearly(env, damage):
+    task = by_task(env, "iris")
+    script = good_script(task)
+    script["analyst"][0] = script["analyst"][0].replace(
+        "sub.to_csv", BAD_ANALYSTS[damage] + "\nsub.to_csv"
+    )
+    play(env, script, "iris")
+    outcome = env.state()["outcome"]
+    assert outcome["success"] is False
+    assert outcome["reason"]
+    assert env.transcript[-2].reward <= 0.2
+
+
+def test_garbage_files_and_deleted_inputs_do_not_crash(env, monkeypatch):
+    task = by_task(env, "iris")
+    script = {
+        "data_engineer": [
+            code(
+                "import os, pickle\n"
+                "pickle.dump('not a frame', open('X_train.pkl', 'wb'))\n"
+                "open('y_train.pkl', 'wb').write(b'\\x80\\x04garbage')\n"
+                "os.remove('train.csv')"
+            ),
+            "Done.",
+        ],
+        "modeler": [modeler(task), "Failed."],
+        "analyst": [code("open('submission.csv', 'wb').write(b'\\xff\\xfe\\x00 not csv')"), "x"],
+    }
+    play(env, script, "iris")
+    info = env.transcript[0].tool.extra["artifacts"]
+    assert info["y_train.pkl"]["loads"] is False
+    assert env.state()["outcome"]["success"] is False
+    monkeypatch.setattr(dsbench_env, "MAX_SUBMISSION_BYTES", 10)
+    play(env, good_script(task), "iris")
+    assert "limit" in env.state()["outcome"]["reason"]
+
+
+def test_turn_limit_and_code_free_handover(env):
+    task = by_task(env, "iris")
+    env.reset(options={"task_id": "iris"})
+    for _ in range(4):
+        assert env.agent_selection == "data_engineer"
+        env.step(code("x = 1"))
+    assert env.agent_selection == "modeler"
+    env.step("nothing to do")
+    assert env.agent_selection == "analyst"
+    assert task.id == "iris"
+
+
+# ---------------------------------------------------------------- PettingZoo conformance
+
+
+def test_pettingzoo_api_and_seed_tests():
+    env = make_env(sandbox=None)
+    api_test(env, num_cycles=60)
+    env.close()
+    seed_test(lambda: make_env(sandbox=None), num_cycles=10)
+    par = mappa_env.make_parallel("DSBench-v0", sandbox=None, task_ids=["iris"])
+    parallel_api_test(par, num_cycles=30)
+    par.close()
+
+
+def test_invalid_reward_is_nan_only_with_a_failing_coach():
+    env = make_env(sandbox=None, reward_mode="outcome", coach=None)
+    env.reset(options={"task_id": "iris"})
+    env.step("hello")
+    assert env.rewards["data_engineer"] == 0.0
+    assert not math.isnan(env.rewards["data_engineer"])
+    env.close()
+
+
+@pytest.mark.slow
+def test_real_jupyter_episode(tmp_path):
+    env = mappa_env.make("DSBench-v0", task_ids=["iris"], sandbox="jupyter")
+    task = env.tasks[0]
+    play(env, good_script(task), "iris")
+    assert env.state()["outcome"]["success"] is True
+    env.close()
