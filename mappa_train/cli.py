@@ -1,0 +1,103 @@
+"""``mappa train``: every :class:`~mappa_train.config.TrainConfig` field is a flag."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import itertools
+import json
+import typing
+from typing import Any
+
+from mappa_train.config import TrainConfig
+
+
+def _field_docs() -> dict[str, str]:
+    """Field docstrings (the string literal under each field) from the class source."""
+    import inspect
+
+    source = inspect.getsource(TrainConfig)
+    tree = ast.parse(source)
+    docs: dict[str, str] = {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    for node, nxt in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _parse_value(text: str) -> Any:
+    """JSON when it parses (numbers, lists, dicts, null, booleans), else the string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def add_train_parser(commands: Any) -> argparse.ArgumentParser:
+    """Add the ``train`` sub-command to ``commands`` (an argparse sub-parsers object)."""
+    parser = commands.add_parser(
+        "train",
+        help="train a multiagent system with per-action coach rewards (REINFORCE++)",
+        description="Fields of TrainConfig as flags; --config reads a YAML/JSON file first.",
+    )
+    parser.add_argument("--config", default=None, help="YAML or JSON file of config fields")
+    docs = _field_docs()
+    hints = typing.get_type_hints(TrainConfig)
+    for field in dataclasses.fields(TrainConfig):
+        flag = "--" + field.name.replace("_", "-")
+        default = (
+            field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
+        )
+        help_text = f"{docs.get(field.name, '')} (default: {default!r})"
+        if hints[field.name] is bool:
+            parser.add_argument(
+                flag,
+                dest=field.name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=help_text,
+            )
+        else:
+            parser.add_argument(
+                flag, dest=field.name, type=_parse_value, default=None, help=help_text
+            )
+    parser.set_defaults(handler=run_train)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The config of a ``mappa train`` invocation: file values, then flags."""
+    overrides = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(TrainConfig)
+        if getattr(args, f.name, None) is not None
+    }
+    if args.config:
+        return TrainConfig.from_file(args.config, **overrides)
+    if "system" in overrides and not isinstance(overrides["system"], (str, dict)):
+        overrides["system"] = str(overrides["system"])
+    return TrainConfig.from_dict(overrides)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Run ``mappa train`` and print where the results are."""
+    from mappa_train.trainer import Trainer
+
+    config = config_from_args(args)
+    trainer = Trainer(config)
+    history = trainer.train()
+    last = history[-1] if history else {}
+    print(
+        f"trained {trainer.step} steps; metrics: {trainer.metrics_path}; "
+        f"checkpoints: {trainer.checkpoint_root}; last success rate "
+        f"{last.get('rollout/success_rate')}"
+    )
+    return 0

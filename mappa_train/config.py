@@ -1,0 +1,222 @@
+"""Training configuration: one dataclass, a docstring per field, the paper's defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class TrainConfig:
+    """Settings of a MAPPA training run (REINFORCE++ with per-action coach rewards).
+
+    Defaults follow the paper's MathChat runs where one exists; ``mappa train --help``
+    and YAML files override any field.
+    """
+
+    # ------------------------------------------------------------------ what to train
+    env: str = "MathChat-v0"
+    """Environment id (``MathChat-v0`` or ``DSBench-v0``)."""
+
+    env_options: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for the training environment (``tasks``, ``turns``, ...)."""
+
+    eval_env_options: dict[str, Any] | None = None
+    """Keyword arguments of the held-out evaluation environment (its ``tasks``);
+    ``None`` reuses ``env_options``."""
+
+    system: str | dict[str, str] = "smollm2-135m"
+    """Initial model of every agent (``smollm2-135m``, an HF id or local path), or a
+    mapping agent -> model. Each agent gets its own trainable copy and its own frozen
+    reference (the initial weights)."""
+
+    coach: str = "rules"
+    """Coach spec: ``rules`` (offline) or ``llm:<litellm model>``."""
+
+    # ------------------------------------------------------------------ rollouts
+    steps: int = 128
+    """Rollout + update steps (the paper: 128 for MathChat, 8 passes over 512 prompts)."""
+
+    prompts_per_step: int = 32
+    """Tasks sampled per step (32 for MathChat, 16 for DSBench in the reference code)."""
+
+    samples_per_prompt: int = 2
+    """Episodes per task per step (2 in the reference code)."""
+
+    concurrency: int = 64
+    """Episodes in flight during rollouts."""
+
+    max_new_tokens: int = 4096
+    """Tokens per action (the paper's budget; lower it for CPU runs)."""
+
+    temperature: float = 1.0
+    """Rollout sampling temperature (1.0: logprobs of the sampler equal the model's)."""
+
+    top_p: float = 1.0
+    """Rollout nucleus sampling mass."""
+
+    # ------------------------------------------------------------------ the algorithm
+    credit_mode: str = "process"
+    """Reward of each action: ``process`` (coach, the paper), ``outcome``, ``mixed``,
+    ``backprop`` (see :mod:`mappa_train.algorithms.credit`)."""
+
+    outcome_weight: float = 0.5
+    """Weight of the outcome in ``mixed`` credit."""
+
+    backprop_decay: float = 0.5
+    """Decay of the passed-back outcome error per action in ``backprop`` credit."""
+
+    advantage_estimator: str = "reinforce_pp"
+    """``reinforce_pp`` (batch whitening, the paper), ``grpo`` or ``rloo`` (group baselines,
+    meaningful only for agents whose samples share prompts)."""
+
+    normalize_scope: str = "agent"
+    """Whitening scope of REINFORCE++ advantages: ``agent`` (each agent's tokens, as the
+    reference code) or ``all`` (all agents' tokens together)."""
+
+    kl_coef: float = 0.01
+    """``beta``: weight of the per-token KL penalty to the reference model."""
+
+    kl_estimator: str = "k1"
+    """KL estimator: ``k1`` (the paper), ``k2`` or ``k3``."""
+
+    gamma: float = 1.0
+    """Discount factor of token returns."""
+
+    clip_eps: float = 0.2
+    """PPO clip range."""
+
+    clip_eps_high: float | None = None
+    """Upper clip range (``None``: same as ``clip_eps``)."""
+
+    mask_truncated: bool = True
+    """Leave responses cut by ``max_new_tokens`` (no EOS) out of the loss, as the paper
+    does: their reward judges an unfinished answer."""
+
+    # ------------------------------------------------------------------ optimisation
+    lr: float = 1e-6
+    """Learning rate (Adam)."""
+
+    adam_betas: tuple[float, float] = (0.9, 0.95)
+    """Adam betas."""
+
+    weight_decay: float = 0.0
+    """Decoupled weight decay."""
+
+    grad_clip: float = 1.0
+    """Global gradient-norm clip."""
+
+    warmup_ratio: float = 0.03
+    """Share of optimizer steps spent in linear warm-up before the cosine decay."""
+
+    train_batch_size: int = 16
+    """Actions per optimizer step (per agent); a step's rollouts are used once (one epoch)."""
+
+    micro_batch_size: int = 4
+    """Actions per forward/backward pass (gradient accumulation up to ``train_batch_size``)."""
+
+    logprob_chunk_size: int = 1024
+    """Response positions per output-head chunk when computing log-probs."""
+
+    gradient_checkpointing: bool = True
+    """Recompute decoder activations in the backward pass to save memory."""
+
+    dtype: str = "auto"
+    """Model dtype: ``auto`` (bf16 on CUDA, fp32 on CPU), ``bfloat16``, ``float32``."""
+
+    device: str = "auto"
+    """Torch device (``auto``: CUDA when available)."""
+
+    # ------------------------------------------------------------------ evaluation, logging
+    eval_every: int = 0
+    """Evaluate on held-out tasks every this many steps (0: never; also at the end if > 0)."""
+
+    eval_episodes: int = 32
+    """Episodes per evaluation."""
+
+    eval_temperature: float = 0.6
+    """Evaluation sampling temperature (0.6 in the paper)."""
+
+    save_every: int = 10
+    """Write a checkpoint every this many steps (0: only at the end)."""
+
+    keep_checkpoints: int = 2
+    """Complete checkpoints kept on disk (older ones are removed)."""
+
+    output_dir: str = "runs/train"
+    """Where metrics, checkpoints and plots go."""
+
+    tensorboard: bool = True
+    """Also log metrics to TensorBoard (needs the ``tensorboard`` package)."""
+
+    wandb_project: str | None = None
+    """Log to this Weights & Biases project (needs ``wandb``); ``None`` disables."""
+
+    progress: bool = True
+    """Show a progress bar over steps."""
+
+    seed: int = 0
+    """Seeds task sampling, rollouts and mini-batch order; a resumed run continues exactly."""
+
+    def __post_init__(self) -> None:
+        choices = {
+            "credit_mode": ("process", "outcome", "mixed", "backprop"),
+            "advantage_estimator": ("reinforce_pp", "grpo", "rloo"),
+            "normalize_scope": ("agent", "all"),
+            "kl_estimator": ("k1", "k2", "k3"),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        positive = (
+            "steps",
+            "prompts_per_step",
+            "samples_per_prompt",
+            "concurrency",
+            "max_new_tokens",
+            "train_batch_size",
+            "micro_batch_size",
+        )
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.micro_batch_size > self.train_batch_size:
+            raise ValueError("micro_batch_size must not exceed train_batch_size")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+        self.adam_betas = tuple(self.adam_betas)  # YAML gives lists
+
+    @classmethod
+    def from_file(cls, path: str | Path, **overrides: Any) -> TrainConfig:
+        """Read a YAML or JSON file of field values, then apply ``overrides``.
+
+        Raises:
+            ValueError: Naming unknown fields.
+        """
+        text = Path(path).read_text()
+        if str(path).endswith((".yaml", ".yml")):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            data = json.loads(text)
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """Build from a dict, rejecting unknown keys with the list of known ones."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown config fields {unknown}; known fields: {sorted(known)}")
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (JSON/YAML-serialisable)."""
+        data = dataclasses.asdict(self)
+        data["adam_betas"] = list(self.adam_betas)
+        return data

@@ -1,0 +1,124 @@
+"""Token log-probabilities of sampled responses, without full-vocabulary float32 logits.
+
+A causal LM's logits for a batch are ``[B, L, V]``: for a 50k vocabulary and long
+responses, materialising them in float32 dominates training memory. Here the decoder
+runs once, and the output head plus log-softmax run over chunks of response positions
+only, each chunk under activation checkpointing, so at most ``chunk_size x V`` float32
+logits exist at any time, in the forward and in the backward pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+
+@dataclass
+class PackedBatch:
+    """Prompt + response rows, right-padded, ready for a forward pass.
+
+    Attributes:
+        input_ids: ``[B, L]`` prompt ids followed by response ids, then padding.
+        attention_mask: ``[B, L]`` 1 on real tokens.
+        response_mask: ``[B, T]`` 1 on response tokens (``T`` = longest response).
+        response_ids: ``[B, T]`` response ids (padding 0).
+        prompt_lengths: Prompt length of each row.
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    response_mask: Tensor
+    response_ids: Tensor
+    prompt_lengths: list[int]
+
+    def to(self, device: Any) -> PackedBatch:
+        """The same batch on ``device``."""
+        return PackedBatch(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.response_mask.to(device),
+            self.response_ids.to(device),
+            self.prompt_lengths,
+        )
+
+
+def pack(
+    prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int
+) -> PackedBatch:
+    """Concatenate each prompt with its exact sampled response and right-pad the batch."""
+    if len(prompts) != len(responses):
+        raise ValueError(f"{len(prompts)} prompts for {len(responses)} responses")
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    width = max(lengths)
+    resp_width = max(len(r) for r in responses)
+    rows = len(prompts)
+    input_ids = torch.full((rows, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((rows, width), dtype=torch.long)
+    response_ids = torch.zeros((rows, resp_width), dtype=torch.long)
+    response_mask = torch.zeros((rows, resp_width), dtype=torch.float32)
+    for i, (prompt, response) in enumerate(zip(prompts, responses)):
+        ids = list(prompt) + list(response)
+        input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention[i, : len(ids)] = 1
+        if response:
+            response_ids[i, : len(response)] = torch.tensor(list(response), dtype=torch.long)
+            response_mask[i, : len(response)] = 1.0
+    return PackedBatch(input_ids, attention, response_mask, response_ids, [len(p) for p in prompts])
+
+
+def _chunk_logprobs(
+    hidden: Tensor, head_weight: Tensor, head_bias: Tensor | None, targets: Tensor
+) -> Tensor:
+    logits = torch.nn.functional.linear(hidden, head_weight, head_bias).float()
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def response_logprobs(
+    model: Any, batch: PackedBatch, chunk_size: int = 1024, temperature: float = 1.0
+) -> Tensor:
+    """Log-probs of each response token under ``model``: ``[B, T]`` (0 on padding).
+
+    The logit at position ``p`` predicts token ``p + 1``, so a response starting at
+    prompt length ``n`` is scored by the hidden states ``n - 1 .. n + T - 2``.
+
+    Args:
+        model: A transformers causal LM (with ``get_decoder()`` and an output head).
+        batch: Packed prompt + response rows.
+        chunk_size: Response positions per output-head chunk.
+        temperature: Divide logits by this before the log-softmax (1.0 = the model).
+
+    Returns:
+        ``[B, T]`` float32 log-probs; gradients flow when called with grad enabled.
+    """
+    decoder = model.get_decoder()
+    head = model.get_output_embeddings()
+    hidden = decoder(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask
+    ).last_hidden_state
+    rows, resp_width = batch.response_ids.shape
+    index = torch.zeros((rows, resp_width), dtype=torch.long, device=hidden.device)
+    for i, start in enumerate(batch.prompt_lengths):
+        positions = torch.arange(start - 1, start - 1 + resp_width, device=hidden.device)
+        index[i] = positions.clamp(max=hidden.shape[1] - 1)
+    selected = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
+    flat_hidden = selected.reshape(-1, hidden.shape[-1])
+    flat_targets = batch.response_ids.reshape(-1).to(hidden.device)
+    weight = head.weight if temperature == 1.0 else head.weight / temperature
+    bias = getattr(head, "bias", None)
+    if bias is not None and temperature != 1.0:
+        bias = bias / temperature
+    pieces = []
+    for start in range(0, flat_hidden.shape[0], chunk_size):
+        h = flat_hidden[start : start + chunk_size]
+        y = flat_targets[start : start + chunk_size]
+        if torch.is_grad_enabled():
+            pieces.append(checkpoint(_chunk_logprobs, h, weight, bias, y, use_reentrant=False))
+        else:
+            pieces.append(_chunk_logprobs(h, weight, bias, y))
+    logprobs = torch.cat(pieces).reshape(rows, resp_width)
+    return logprobs * batch.response_mask.to(logprobs.device)

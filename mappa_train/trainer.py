@@ -1,0 +1,680 @@
+"""The MAPPA trainer: rollouts with the batched runner, one REINFORCE++ update per agent.
+
+Each agent has its own trainable model, optimizer, learning-rate schedule and frozen
+reference model (its initial weights). A step:
+
+1. **Rollouts.** ``prompts_per_step x samples_per_prompt`` episodes run through
+   :class:`~mappa_agents.runner.RolloutRunner` with the agents' current weights (the
+   policies wrap the very modules being trained, so updated weights are used at once).
+2. **Credit.** Each action's reward comes from its coach score, the episode outcome, or
+   both (:mod:`mappa_train.algorithms.credit`). Actions cut by the length limit and
+   actions whose coach verdict is invalid are masked out and counted.
+3. **Update.** Per agent, on its own actions: old and reference log-probs of the exact
+   sampled ids, REINFORCE++ advantages (:mod:`mappa_train.algorithms.reinforce_pp`),
+   then one pass of PPO-clipped mini-batch updates.
+4. Metrics (JSONL, TensorBoard), periodic held-out evaluation, atomic checkpoints.
+
+The rollout phase only needs an object that turns agents' prompts into generations with
+exact ids, so a distributed mode can swap the runner's policies for remote rollout
+engines (e.g. vLLM actors on Ray) and the learners for remote workers without touching
+the algorithm functions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mappa_agents.policy import SamplingParams
+from mappa_agents.report import summarize
+from mappa_agents.runner import RolloutRunner, derive_seed
+from mappa_agents.system import AgentSystem, parse_system_spec
+from mappa_agents.trajectory import ActionSample, EpisodeResult, save_jsonl
+from mappa_train import checkpoint as ckpt
+from mappa_train.algorithms.baselines import broadcast_to_tokens, grpo_advantages, rloo_advantages
+from mappa_train.algorithms.credit import episode_action_rewards
+from mappa_train.algorithms.reinforce_pp import (
+    clip_fraction,
+    discounted_returns,
+    kl_penalty,
+    ppo_clip_loss,
+    token_rewards,
+    whiten,
+)
+from mappa_train.config import TrainConfig
+from mappa_train.logprobs import pack, response_logprobs
+
+logger = logging.getLogger(__name__)
+
+EnvFactory = Callable[[], Any]
+
+
+@dataclass
+class AgentLearner:
+    """Everything that trains one agent."""
+
+    agent: str
+    model: Any
+    ref_model: Any
+    tokenizer: Any
+    optimizer: torch.optim.Optimizer
+    policy: Any
+    source: str
+
+
+@dataclass
+class _Prepared:
+    """One agent's usable actions as padded tensors (CPU)."""
+
+    samples: list[ActionSample]
+    rewards: torch.Tensor
+    old_logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor
+    mask: torch.Tensor
+    masked_length: int = 0
+    masked_invalid: int = 0
+    advantages: torch.Tensor | None = None
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+def warmup_cosine(total_steps: int, warmup_ratio: float) -> Callable[[int], float]:
+    """Learning-rate multiplier: linear warm-up, then cosine decay to 0 over ``total_steps``.
+
+    ``f(s) = (s + 1) / w`` for ``s < w = ceil(warmup_ratio * total)``, else
+    ``0.5 * (1 + cos(pi * (s - w) / (total - w)))``.
+    """
+    warmup = max(1, math.ceil(warmup_ratio * total_steps)) if warmup_ratio > 0 else 0
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        span = max(1, total_steps - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup) / span)))
+
+    return factor
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when available, else ``cpu``."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    """``auto`` -> bfloat16 on CUDA, float32 elsewhere."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    try:
+        return getattr(torch, dtype)
+    except AttributeError:
+        raise ValueError(f"unknown dtype {dtype!r}; use auto, bfloat16, float16, float32") from None
+
+
+class Trainer:
+    """Trains a multiagent system on a pipeline environment with per-action rewards.
+
+    Args:
+        config: The run's settings.
+        env_factory: Makes a training environment; default ``mappa_env.make(config.env,
+            coach=config.coach, **config.env_options)``.
+        eval_env_factory: Makes a held-out evaluation environment; default as above with
+            ``config.eval_env_options``.
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        env_factory: EnvFactory | None = None,
+        eval_env_factory: EnvFactory | None = None,
+    ) -> None:
+        import mappa_env
+
+        self.config = config
+        self.out = Path(config.output_dir)
+        self.checkpoint_root = self.out / "checkpoints"
+        self.env_factory = env_factory or (
+            lambda: mappa_env.make(config.env, coach=config.coach, **config.env_options)
+        )
+        eval_options = (
+            config.env_options if config.eval_env_options is None else config.eval_env_options
+        )
+        self.eval_env_factory = eval_env_factory or (
+            lambda: mappa_env.make(config.env, coach=config.coach, **eval_options)
+        )
+        probe = self.env_factory()
+        self.agents: list[str] = list(probe.possible_agents)
+        self.task_ids: list[str] = [t.id for t in getattr(probe, "tasks", [])]
+        probe.close()
+        if not self.task_ids:
+            raise ValueError("the training environment exposes no tasks to sample from")
+        probe = self.eval_env_factory()
+        self.eval_task_ids: list[str] = [t.id for t in getattr(probe, "tasks", [])]
+        probe.close()
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.learners: dict[str, AgentLearner] = {}
+        # The learning rate is a function of the rollout step (no scheduler state to save).
+        self.lr_factor = warmup_cosine(config.steps, config.warmup_ratio)
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+        self._tb: Any = None
+        self._wandb: Any = None
+
+    # ------------------------------------------------------------------ setup
+
+    def _load_model(self, source: str) -> Any:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=self.dtype)
+        return model.to(self.device)
+
+    def setup(self) -> None:
+        """Load models (or resume from the latest complete checkpoint) and optimizers."""
+        from transformers import AutoTokenizer
+
+        from mappa_agents.hf import HFPolicy
+        from mappa_agents.models import resolve_model
+
+        config = self.config
+        torch.manual_seed(config.seed)
+        np.random.seed(config.seed % (2**32))
+        specs = parse_system_spec(config.system, self.agents)
+        resume_from = ckpt.latest_checkpoint(self.checkpoint_root)
+        for agent in self.agents:
+            source = str(resolve_model(specs[agent]))
+            weights = str(resume_from / "agents" / agent) if resume_from else source
+            model = self._load_model(weights)
+            if config.gradient_checkpointing:
+                model.gradient_checkpointing_enable(
+                    gradient_checkpointing_kwargs={"use_reentrant": False}
+                )
+            model.config.use_cache = True  # generation needs the cache; training ignores it
+            ref = self._load_model(source)  # the initial weights, frozen
+            ref.eval()
+            ref.requires_grad_(False)
+            tokenizer = AutoTokenizer.from_pretrained(source)
+            optimizer = torch.optim.AdamW(
+                model.parameters(),
+                lr=config.lr,
+                betas=tuple(config.adam_betas),
+                weight_decay=config.weight_decay,
+            )
+            policy = HFPolicy(model, tokenizer, name=f"{agent}:{Path(source).name}")
+            self.learners[agent] = AgentLearner(
+                agent, model, ref, tokenizer, optimizer, policy, source
+            )
+        if resume_from is not None:
+            ckpt.load_optimizer_states(resume_from, self.learners)
+            state = ckpt.load_trainer_state(resume_from)
+            self.step = int(state["step"])
+            self._truncate_metrics(self.step)
+            logger.info("resumed from %s at step %d", resume_from, self.step)
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.json").write_text(
+            json.dumps(config.to_dict(), indent=2, default=str) + "\n"
+        )
+
+    # ------------------------------------------------------------------ the loop
+
+    def train(self) -> list[dict[str, Any]]:
+        """Run (or resume) training to ``config.steps``; returns the metric history."""
+        config = self.config
+        if not self.learners:
+            self.setup()
+        self._open_loggers()
+        bar = self._progress(config.steps, self.step)
+        try:
+            while self.step < config.steps:
+                metrics = self.train_step()
+                if config.eval_every and (
+                    self.step % config.eval_every == 0 or self.step == config.steps
+                ):
+                    metrics.update(self.evaluate())
+                self._log(metrics)
+                if (config.save_every and self.step % config.save_every == 0) or (
+                    self.step == config.steps
+                ):
+                    self.save()
+                if bar is not None:
+                    bar.set_postfix(
+                        reward=f"{metrics.get('rollout/mean_reward', float('nan')):.3f}",
+                        success=f"{metrics.get('rollout/success_rate', 0.0):.2f}",
+                        refresh=False,
+                    )
+                    bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+            self._close_loggers()
+        self._plot()
+        return self.history
+
+    def sample_task_ids(self, step: int) -> list[str]:
+        """Tasks of ``step``: passes over the task list, each pass in a seeded order."""
+        n = len(self.task_ids)
+        chosen = []
+        for j in range(self.config.prompts_per_step):
+            index = step * self.config.prompts_per_step + j
+            epoch, offset = divmod(index, n)
+            order = np.random.default_rng(
+                derive_seed(self.config.seed, "epoch", epoch)
+            ).permutation(n)
+            chosen.append(self.task_ids[int(order[offset])])
+        return chosen
+
+    def rollout(self, step: int) -> list[EpisodeResult]:
+        """Run the step's episodes with the current weights."""
+        config = self.config
+        for learner in self.learners.values():
+            learner.model.eval()
+        system = AgentSystem({a: learner.policy for a, learner in self.learners.items()})
+        sampling = SamplingParams(
+            max_new_tokens=config.max_new_tokens,
+            temperature=config.temperature,
+            top_p=config.top_p,
+        )
+        options = [
+            {"task_id": task_id}
+            for task_id in self.sample_task_ids(step)
+            for _ in range(config.samples_per_prompt)
+        ]
+        runner = RolloutRunner(
+            self.env_factory,
+            system,
+            sampling,
+            concurrency=config.concurrency,
+            seed=derive_seed(config.seed, "rollout", step),
+            progress=False,
+        )
+        return runner.run(len(options), options)
+
+    def train_step(self) -> dict[str, Any]:
+        """One rollout + update step; returns its metrics."""
+        started = time.perf_counter()
+        episodes = self.rollout(self.step)
+        rollout_s = time.perf_counter() - started
+        samples = [a for e in episodes for a in e.actions]
+        save_jsonl(self.out / "rollouts" / f"step-{self.step:06d}.jsonl", samples)
+        rewards = self._action_rewards(episodes)
+
+        train_started = time.perf_counter()
+        prepared = {
+            agent: self._prepare(
+                [s for s in samples if s.agent == agent], rewards, self.learners[agent]
+            )
+            for agent in self.agents
+        }
+        self._advantages(prepared)
+        metrics: dict[str, Any] = {"step": self.step + 1}
+        lr = self.config.lr * self.lr_factor(self.step)
+        for learner in self.learners.values():
+            for group in learner.optimizer.param_groups:
+                group["lr"] = lr
+        tokens_trained = 0
+        for agent, prep in prepared.items():
+            stats = self._update(self.learners[agent], prep)
+            tokens_trained += int(stats.pop("tokens", 0))
+            for key, value in stats.items():
+                metrics[f"{agent}/{key}"] = value
+        train_s = time.perf_counter() - train_started
+        response_tokens = sum(len(s.response_ids) for s in samples)
+        report = summarize(episodes)
+        valid_rewards = [r for r in rewards.values() if r is not None]
+        metrics.update(
+            {
+                "rollout/episodes": len(episodes),
+                "rollout/success_rate": report["success_rate"],
+                "rollout/mean_reward": float(np.mean(valid_rewards)) if valid_rewards else None,
+                "rollout/invalid_coach_rate": report["invalid_coach_rate"],
+                "rollout/seconds": rollout_s,
+                "rollout/response_tokens": response_tokens,
+                "rollout/tokens_per_s": response_tokens / rollout_s if rollout_s > 0 else None,
+                "train/seconds": train_s,
+                "train/tokens": tokens_trained,
+                "train/tokens_per_s": tokens_trained / train_s if train_s > 0 else None,
+                "lr": lr,
+            }
+        )
+        for agent, stats in report["per_agent"].items():
+            metrics[f"{agent}/tool_call_rate"] = stats["tool_call_rate"]
+            metrics[f"{agent}/mean_response_tokens"] = stats["mean_response_tokens"]
+        self.step += 1
+        return metrics
+
+    # ------------------------------------------------------------------ pieces of a step
+
+    def _action_rewards(self, episodes: Sequence[EpisodeResult]) -> dict[int, float | None]:
+        """Reward per action (keyed by ``id(sample)``) under the configured credit mode."""
+        config = self.config
+        rewards: dict[int, float | None] = {}
+        for episode in episodes:
+            scores = [
+                (a.coach or {}).get("reward") if (a.coach or {}).get("valid") else None
+                for a in episode.actions
+            ]
+            outcome = float(episode.outcome.get("reward", 0.0))
+            values = episode_action_rewards(
+                scores,
+                outcome,
+                config.credit_mode,
+                outcome_weight=config.outcome_weight,
+                backprop_decay=config.backprop_decay,
+            )
+            for action, value in zip(episode.actions, values):
+                rewards[id(action)] = value
+        return rewards
+
+    @torch.no_grad()
+    def _logprobs(self, model: Any, rows: Sequence[ActionSample], pad_id: int) -> torch.Tensor:
+        width = max(len(s.response_ids) for s in rows)
+        out = torch.zeros((len(rows), width))
+        step = self.config.micro_batch_size
+        for start in range(0, len(rows), step):
+            chunk = rows[start : start + step]
+            batch = pack([s.prompt_ids for s in chunk], [s.response_ids for s in chunk], pad_id)
+            values = response_logprobs(
+                model, batch.to(self.device), chunk_size=self.config.logprob_chunk_size
+            ).cpu()
+            out[start : start + len(chunk), : values.shape[1]] = values
+        return out
+
+    def _prepare(
+        self, samples: list[ActionSample], rewards: dict[int, float | None], learner: AgentLearner
+    ) -> _Prepared:
+        usable, cut, invalid = [], 0, 0
+        for sample in samples:
+            if not sample.response_ids or len(sample.logprobs) != len(sample.response_ids):
+                invalid += 1  # an untrainable generation (no exact ids)
+            elif sample.finish_reason == "length" and self.config.mask_truncated:
+                cut += 1
+            elif rewards.get(id(sample)) is None:
+                invalid += 1
+            else:
+                usable.append(sample)
+        if not usable:
+            empty = torch.zeros((0, 1))
+            return _Prepared([], torch.zeros(0), empty, empty, empty, cut, invalid)
+        pad_id = learner.policy.pad_token_id
+        learner.model.eval()
+        old = self._logprobs(learner.model, usable, pad_id)
+        ref = self._logprobs(learner.ref_model, usable, pad_id)
+        mask = torch.zeros_like(old)
+        for i, sample in enumerate(usable):
+            mask[i, : len(sample.response_ids)] = 1.0
+        values = torch.tensor([float(rewards[id(s)]) for s in usable])
+        return _Prepared(usable, values, old, ref, mask, cut, invalid)
+
+    def _advantages(self, prepared: dict[str, _Prepared]) -> None:
+        """Fill ``advantages`` of every agent (whitening per agent or across agents)."""
+        config = self.config
+        returns: dict[str, torch.Tensor] = {}
+        for agent, prep in prepared.items():
+            if not prep.samples:
+                continue
+            kl = kl_penalty(prep.old_logprobs, prep.ref_logprobs, config.kl_estimator)
+            prep.stats["kl"] = float((kl * prep.mask).sum() / prep.mask.sum())
+            if config.advantage_estimator == "reinforce_pp":
+                rewards = token_rewards(prep.rewards, kl, prep.mask, config.kl_coef)
+                returns[agent] = discounted_returns(rewards, prep.mask, config.gamma)
+            else:
+                groups = [tuple(s.prompt_ids) for s in prep.samples]
+                estimator = (
+                    grpo_advantages if config.advantage_estimator == "grpo" else rloo_advantages
+                )
+                group_adv, singletons = estimator(prep.rewards, groups)
+                prep.advantages = broadcast_to_tokens(group_adv, prep.mask)
+                prep.stats["group_singletons"] = singletons
+        if config.advantage_estimator != "reinforce_pp":
+            return
+        if config.normalize_scope == "agent":
+            for agent, values in returns.items():
+                prepared[agent].advantages = whiten(values, prepared[agent].mask)
+            return
+        # Across all agents: whiten the union of every agent's valid tokens.
+        width = max(v.shape[1] for v in returns.values())
+        stacked = torch.cat([_pad_to(v, width) for v in returns.values()])
+        masks = torch.cat([_pad_to(prepared[a].mask, width) for a in returns])
+        whitened = whiten(stacked, masks)
+        row = 0
+        for agent, values in returns.items():
+            n, w = values.shape
+            prepared[agent].advantages = whitened[row : row + n, :w]
+            row += n
+
+    def _update(self, learner: AgentLearner, prep: _Prepared) -> dict[str, float]:
+        config = self.config
+        stats: dict[str, float] = {
+            "actions": float(len(prep.samples)),
+            "masked_length": float(prep.masked_length),
+            "masked_invalid": float(prep.masked_invalid),
+            **prep.stats,
+        }
+        if not prep.samples:
+            return stats
+        stats["mean_reward"] = float(prep.rewards.mean())
+        model = learner.model
+        model.train()
+        pad_id = learner.policy.pad_token_id
+        order = np.random.default_rng(
+            derive_seed(config.seed, "minibatch", self.step, learner.agent)
+        ).permutation(len(prep.samples))
+        losses, clips, norms, tokens = [], [], [], 0
+        for start in range(0, len(order), config.train_batch_size):
+            members = [int(i) for i in order[start : start + config.train_batch_size]]
+            total = float(prep.mask[members].sum())
+            learner.optimizer.zero_grad(set_to_none=True)
+            for mstart in range(0, len(members), config.micro_batch_size):
+                micro = members[mstart : mstart + config.micro_batch_size]
+                rows = [prep.samples[i] for i in micro]
+                width = max(len(s.response_ids) for s in rows)
+                batch = pack(
+                    [s.prompt_ids for s in rows], [s.response_ids for s in rows], pad_id
+                ).to(self.device)
+                logp = response_logprobs(model, batch, chunk_size=config.logprob_chunk_size)
+                old = prep.old_logprobs[micro, :width].to(self.device)
+                adv = prep.advantages[micro, :width].to(self.device)
+                mask = prep.mask[micro, :width].to(self.device)
+                loss = ppo_clip_loss(logp, old, adv, mask, config.clip_eps, config.clip_eps_high)
+                if config.advantage_estimator != "reinforce_pp" and config.kl_coef:
+                    ref = prep.ref_logprobs[micro, :width].to(self.device)
+                    kl = kl_penalty(logp, ref, "k3")
+                    loss = loss + config.kl_coef * (kl * mask).sum() / mask.sum().clamp(min=1)
+                weight = float(mask.sum()) / max(total, 1.0)
+                (loss * weight).backward()
+                losses.append(float(loss.detach()) * weight)
+                clips.append(
+                    float(clip_fraction(logp, old, mask, config.clip_eps, config.clip_eps_high))
+                )
+                tokens += sum(len(s.prompt_ids) + len(s.response_ids) for s in rows)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            norms.append(float(norm))
+            learner.optimizer.step()
+        model.eval()
+        stats.update(
+            {
+                "loss": float(np.sum(losses)) / max(1, len(norms)),
+                "clip_fraction": float(np.mean(clips)),
+                "grad_norm": float(np.mean(norms)),
+                "optimizer_steps": float(len(norms)),
+                "tokens": float(tokens),
+            }
+        )
+        return stats
+
+    # ------------------------------------------------------------------ evaluation
+
+    def evaluate(self) -> dict[str, Any]:
+        """Held-out evaluation: success rate (rule-graded), tool use and lengths per agent."""
+        config = self.config
+        if not self.eval_task_ids:
+            return {}
+        for learner in self.learners.values():
+            learner.model.eval()
+        system = AgentSystem({a: learner.policy for a, learner in self.learners.items()})
+        sampling = SamplingParams(
+            max_new_tokens=config.max_new_tokens, temperature=config.eval_temperature
+        )
+        options = [
+            {"task_id": self.eval_task_ids[i % len(self.eval_task_ids)]}
+            for i in range(config.eval_episodes)
+        ]
+        runner = RolloutRunner(
+            self.eval_env_factory,
+            system,
+            sampling,
+            concurrency=config.concurrency,
+            seed=derive_seed(config.seed, "eval", self.step),
+            progress=False,
+        )
+        started = time.perf_counter()
+        episodes = runner.run(len(options), options)
+        report = summarize(episodes, wall_time_s=time.perf_counter() - started)
+        metrics: dict[str, Any] = {
+            "eval/success_rate": report["success_rate"],
+            "eval/mean_outcome_reward": report["mean_outcome_reward"],
+        }
+        for agent, stats in report["per_agent"].items():
+            metrics[f"eval/{agent}/tool_call_rate"] = stats["tool_call_rate"]
+            metrics[f"eval/{agent}/mean_response_tokens"] = stats["mean_response_tokens"]
+            metrics[f"eval/{agent}/mean_coach_score"] = stats["mean_coach_score"]
+        return metrics
+
+    # ------------------------------------------------------------------ persistence, logs
+
+    def save(self) -> Path:
+        """Write a complete checkpoint of the current step."""
+        return ckpt.save_checkpoint(
+            self.checkpoint_root,
+            self.step,
+            self.learners,
+            {"step": self.step, "config": self.config.to_dict()},
+            keep=self.config.keep_checkpoints,
+        )
+
+    @property
+    def metrics_path(self) -> Path:
+        """The JSONL file of per-step metrics."""
+        return self.out / "metrics.jsonl"
+
+    def _truncate_metrics(self, step: int) -> None:
+        # Steps after the checkpoint will be redone: drop their lines so none is doubled.
+        if not self.metrics_path.exists():
+            return
+        kept = []
+        for line in self.metrics_path.read_text().splitlines():
+            if line.strip() and json.loads(line).get("step", 0) <= step:
+                kept.append(line)
+        self.metrics_path.write_text("".join(k + "\n" for k in kept))
+        self.history = [json.loads(k) for k in kept]
+
+    def _log(self, metrics: dict[str, Any]) -> None:
+        clean = {k: _plain(v) for k, v in metrics.items()}
+        self.history.append(clean)
+        with self.metrics_path.open("a") as handle:
+            handle.write(json.dumps(clean) + "\n")
+        if self._tb is not None:
+            for key, value in clean.items():
+                if isinstance(value, (int, float)) and value is not None and key != "step":
+                    self._tb.add_scalar(key, value, clean["step"])
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(clean, step=clean["step"])
+        logger.info("step %s: %s", clean["step"], {k: clean[k] for k in list(clean)[:8]})
+
+    def _open_loggers(self) -> None:
+        if self.config.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                logger.warning("tensorboard is not installed: metrics go to metrics.jsonl only")
+            else:
+                self._tb = SummaryWriter(log_dir=str(self.out / "tensorboard"))
+        if self.config.wandb_project:
+            from mappa_env._optional import require
+
+            wandb = require("wandb", "agents", purpose="Weights & Biases logging")
+            self._wandb = wandb.init(
+                project=self.config.wandb_project, config=self.config.to_dict(), resume="allow"
+            )
+
+    def _close_loggers(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+    def _progress(self, total: int, initial: int) -> Any:
+        if not self.config.progress:
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(
+            total=total, initial=initial, desc="train steps", unit="step", dynamic_ncols=True
+        )
+
+    def _plot(self) -> Path | None:
+        """Training curves: rewards per agent, success, tool use, response lengths."""
+        if not self.history:
+            return None
+        from mappa_env._optional import require
+
+        matplotlib = require("matplotlib", "agents", purpose="training plots")
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        steps = [m["step"] for m in self.history]
+        fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+        panels = [
+            (axes[0, 0], "mean_reward", "mean action reward"),
+            (axes[0, 1], "tool_call_rate", "tool-call rate"),
+            (axes[1, 0], "mean_response_tokens", "response tokens"),
+        ]
+        for ax, key, title in panels:
+            for agent in self.agents:
+                ys = [m.get(f"{agent}/{key}") for m in self.history]
+                ax.plot(steps, [math.nan if y is None else y for y in ys], label=agent)
+            ax.set_title(title)
+            ax.set_xlabel("step")
+            ax.legend(fontsize=8)
+        ax = axes[1, 1]
+        ax.plot(steps, [m.get("rollout/success_rate") for m in self.history], label="rollout")
+        evals = [
+            (m["step"], m["eval/success_rate"]) for m in self.history if "eval/success_rate" in m
+        ]
+        if evals:
+            ax.plot(*zip(*evals), marker="o", label="held-out eval")
+        ax.set_title("success rate")
+        ax.set_xlabel("step")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = self.out / "training.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
+
+
+def _pad_to(values: torch.Tensor, width: int) -> torch.Tensor:
+    if values.shape[1] == width:
+        return values
+    pad = torch.zeros((values.shape[0], width - values.shape[1]), dtype=values.dtype)
+    return torch.cat([values, pad], dim=1)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
