@@ -9,7 +9,7 @@ import argparse
 import statistics
 import time
 
-from _common import print_table, write_results
+from benchmarks._common import print_table, write_results
 
 from mappa_env.grading import SymbolicChecker, answers_match
 from mappa_env.tasks import find_bench_dir, load_math_tasks
