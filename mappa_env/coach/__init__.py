@@ -13,14 +13,20 @@ from mappa_env.coach.base import (
     SCORE_MAX,
     Coach,
     CoachRequest,
+    CoachStop,
     CoachVerdict,
     FileInfo,
     RevealPolicy,
 )
+from mappa_env.coach.cache import CachedVerdict, CoachCache, CoachCacheMiss
+from mappa_env.coach.ledger import CoachLedger
+from mappa_env.coach.parsing import parse_reply
 from mappa_env.coach.rules import RulesCoach
+from mappa_env.coach.templates import TEMPLATE_VERSION, CoachTemplates
 
 if TYPE_CHECKING:
     from mappa_env.coach.llm import LLMCoach
+    from mappa_env.coach.report import CoachReport, coach_report
 
 
 def make_coach(spec: Coach | str, **options: Any) -> Coach:
@@ -56,22 +62,37 @@ def make_coach(spec: Coach | str, **options: Any) -> Coach:
 
 
 def __getattr__(name: str) -> Any:
-    # LLMCoach lives behind the optional `llm` extra: import it only when asked for.
+    # LLMCoach uses the optional `llm` extra and the report imports scikit-learn:
+    # import them only when asked for.
     if name == "LLMCoach":
         from mappa_env.coach.llm import LLMCoach
 
         return LLMCoach
+    if name in ("coach_report", "CoachReport"):
+        from mappa_env.coach import report
+
+        return getattr(report, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
     "SCORE_MAX",
+    "TEMPLATE_VERSION",
+    "CachedVerdict",
     "Coach",
+    "CoachCache",
+    "CoachCacheMiss",
+    "CoachLedger",
+    "CoachReport",
     "CoachRequest",
+    "CoachStop",
+    "CoachTemplates",
     "CoachVerdict",
     "FileInfo",
     "LLMCoach",
     "RevealPolicy",
     "RulesCoach",
+    "coach_report",
     "make_coach",
+    "parse_reply",
 ]

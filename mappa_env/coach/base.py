@@ -19,6 +19,15 @@ RevealPolicy = Literal["never", "last_agent", "always"]
 """
 
 
+class CoachStop(Exception):
+    """Raised by a coach to stop the run rather than return an invalid verdict.
+
+    Environments turn any other exception from a coach into an invalid verdict (a
+    coach bug must not lose the episode), but re-raise these: e.g. a replaying coach
+    meeting an uncached action, where going on would silently change an experiment.
+    """
+
+
 @dataclass(frozen=True)
 class FileInfo:
     """A file in an episode's workspace, as shown to agents and coaches.

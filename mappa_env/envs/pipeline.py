@@ -26,7 +26,14 @@ from typing import Any, ClassVar, Literal
 import gymnasium
 from pettingzoo import AECEnv
 
-from mappa_env.coach.base import Coach, CoachRequest, CoachVerdict, FileInfo, RevealPolicy
+from mappa_env.coach.base import (
+    Coach,
+    CoachRequest,
+    CoachStop,
+    CoachVerdict,
+    FileInfo,
+    RevealPolicy,
+)
 from mappa_env.envs._sync import SyncRunner
 from mappa_env.sandbox.base import ExecResult
 from mappa_env.spaces import UnicodeText, make_observation, text_observation_space
@@ -520,6 +527,8 @@ class PipelineEnv(AECEnv):
         )
         try:
             return await self.coach.ascore(request)
+        except CoachStop:
+            raise
         except Exception as exc:  # a coach bug must not lose the episode
             logger.exception("coach %s raised while scoring %s", self.coach.name, record.agent)
             return CoachVerdict.invalid(

@@ -1,0 +1,825 @@
+"""The LLM coach: any chat model litellm can reach scores each action from 0 to 10.
+
+Failures never turn into rewards. A transient API error (rate limit, 5xx, timeout,
+dropped connection) is retried a bounded number of times with exponential backoff and
+jitter inside a per-verdict deadline; a non-transient one (bad key, bad request, unknown
+model) fails at once. A reply without a usable score gets one format-correction
+follow-up. Whatever still fails becomes an *invalid* verdict (``valid=False``, no score,
+the error recorded, attempts counted) that callers mask out of training.
+
+All API calls of one coach object run on one private event loop in a daemon thread.
+That gives every caller the same concurrency limit and per-minute budgets (whatever
+thread or event loop it calls from), keeps litellm's loop-bound HTTP clients on a loop
+that lives as long as the coach, and lets the blocking :meth:`LLMCoach.score` work even
+inside a running event loop (a notebook cell).
+
+litellm is imported only when the first verdict is requested, so ``import
+mappa_env.coach.llm`` and prompt building work without the ``llm`` extra.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import math
+import os
+import random
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal, TypeVar
+from urllib.parse import parse_qsl
+
+from mappa_env._optional import require
+from mappa_env.coach.base import CoachRequest, CoachVerdict
+from mappa_env.coach.cache import CachedVerdict, CoachCache, CoachCacheMiss, cache_key
+from mappa_env.coach.ledger import CoachLedger, LedgerEntry
+from mappa_env.coach.parsing import parse_reply, visible_text
+from mappa_env.coach.templates import VERDICT_JSON_SCHEMA, CoachTemplates
+from mappa_env.text import truncate_middle
+
+logger = logging.getLogger(__name__)
+
+StructuredOutput = Literal["auto", "json", "text"]
+"""How the coach asks for its verdict:
+
+- ``"json"``: ``response_format`` with a JSON schema (analysis, score);
+- ``"text"``: analysis then a final ``PROCESS_SCORE: <score>`` line;
+- ``"auto"``: ``"json"`` when litellm reports the model supports response schemas.
+"""
+
+_T = TypeVar("_T")
+
+# HTTP statuses worth retrying besides 5xx: request timeout, conflict, too early, rate limit.
+_TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
+# Slack over the per-call timeout given to litellm before our own guard cancels the call.
+_TIMEOUT_GRACE_S = 5.0
+# Modules whose exceptions are API failures (turned into verdicts), not programming errors.
+_API_STACK = ("litellm", "openai", "httpx", "httpcore", "aiohttp", "anthropic", "google")
+
+
+def _import_litellm() -> ModuleType:
+    # Without this, litellm downloads a price list when imported.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    return require("litellm", "llm", purpose="the LLM coach")
+
+
+def is_transient_error(exc: BaseException) -> bool:
+    """Whether an API error is worth retrying.
+
+    Transient: timeouts, connection errors, HTTP 408/409/425/429 and 5xx. Everything
+    else (401, 403, 400, 404, context too long, unsupported parameters) is not: retrying
+    cannot fix it.
+
+    Args:
+        exc: The exception raised by the API call.
+
+    Returns:
+        True for errors that a later attempt may not meet.
+    """
+    if isinstance(exc, (TimeoutError, ConnectionError)):
+        return True
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int):
+        return status in _TRANSIENT_STATUS or status >= 500
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(names & {"APIConnectionError", "APITimeoutError", "Timeout", "RateLimitError"})
+
+
+def _from_api_stack(exc: BaseException) -> bool:
+    if isinstance(exc, (TimeoutError, OSError)):
+        return True
+    return any(cls.__module__.split(".")[0] in _API_STACK for cls in type(exc).__mro__)
+
+
+def _describe(exc: BaseException) -> str:
+    message = str(exc).strip() or repr(exc)
+    return f"{type(exc).__name__}: {truncate_middle(message, 500)}"
+
+
+class _MinuteRateLimiter:
+    """Requests- and tokens-per-minute budgets over a sliding window.
+
+    Lives on the coach's event loop (no locking needed). Token use is reserved with an
+    estimate before a call and settled with the real count after it.
+    """
+
+    def __init__(self, requests: int | None, tokens: int | None, *, window_s: float = 60.0) -> None:
+        self.requests = requests
+        self.tokens = tokens
+        self.window_s = window_s
+        self._events: deque[list[float]] = deque()  # [time, tokens] per call
+
+    async def acquire(self, tokens_estimate: int) -> list[float]:
+        """Wait until a call of ``tokens_estimate`` tokens fits both budgets."""
+        while True:
+            now = time.monotonic()
+            while self._events and self._events[0][0] <= now - self.window_s:
+                self._events.popleft()
+            used_tokens = sum(e[1] for e in self._events)
+            fits_requests = self.requests is None or len(self._events) < self.requests
+            # A single call larger than the whole budget still runs once the window is empty.
+            fits_tokens = (
+                self.tokens is None
+                or not self._events
+                or used_tokens + tokens_estimate <= self.tokens
+            )
+            if fits_requests and fits_tokens:
+                event = [now, float(tokens_estimate)]
+                self._events.append(event)
+                return event
+            await asyncio.sleep(max(self._events[0][0] + self.window_s - now, 0.001))
+
+    @staticmethod
+    def settle(event: list[float], tokens_used: int) -> None:
+        """Replace a call's token estimate by its real count."""
+        event[1] = float(tokens_used)
+
+
+class _BackgroundLoop:
+    """An event loop running in a daemon thread, started on first use."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            # A dead thread means a stopped loop or a forked child process: start afresh.
+            if self._loop is None or self._thread is None or not self._thread.is_alive():
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name=self._name, daemon=True)
+                thread.start()
+                self._loop, self._thread = loop, thread
+            return self._loop
+
+    def in_loop_thread(self) -> bool:
+        return self._thread is not None and threading.current_thread() is self._thread
+
+    def submit(self, coro: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop())
+
+    def close(self) -> None:
+        with self._lock:
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is None or thread is None or loop.is_closed():
+            return
+        if thread.is_alive():
+            # Cancel what still runs there (e.g. litellm's logging worker) so nothing is
+            # destroyed while pending, then stop the loop.
+            try:
+                asyncio.run_coroutine_threadsafe(_cancel_other_tasks(), loop).result(timeout=5)
+            except (concurrent.futures.TimeoutError, RuntimeError) as exc:
+                logger.debug("coach loop did not wind down cleanly: %r", exc)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=5)
+        if not thread.is_alive():
+            loop.close()
+
+
+async def _cancel_other_tasks() -> None:
+    current = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@dataclass
+class _Bill:
+    """What one verdict has cost so far, and how long it may still take."""
+
+    deadline_s: float
+    started: float = field(default_factory=time.monotonic)
+    queued_s: float = 0.0  # time spent waiting for a concurrency slot or rate budget
+    attempts: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    last_error: str | None = None
+
+    def remaining_s(self) -> float:
+        """Deadline left; waiting in the local queue does not count against it."""
+        return self.deadline_s - (time.monotonic() - self.started - self.queued_s)
+
+
+class _VerdictFailure(Exception):
+    """Internal: the verdict cannot be produced; carries the error kind for the ledger."""
+
+    def __init__(self, kind: str, message: str, analysis: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.analysis = analysis
+
+
+class LLMCoach:
+    """A coach backed by any chat model litellm supports.
+
+    Implements the :class:`~mappa_env.coach.base.Coach` protocol. One object may be
+    shared by many episodes, threads and event loops; its concurrency limit and rate
+    budgets are shared by all of them.
+
+    Args:
+        model: litellm model name, e.g. ``"gemini/gemini-2.5-flash"``,
+            ``"openai/gpt-4.1-mini"``, or ``"openai/<name>"`` with ``api_base`` for any
+            OpenAI-compatible server (vLLM, llama.cpp, ...).
+        api_base: Base URL of the server (``None``: the provider's default).
+        api_key: API key (``None``: litellm reads the provider's environment variable).
+        temperature: Sampling temperature; 0 as in the paper.
+        max_tokens: Largest reply. Reasoning models spend thinking tokens from it too.
+        timeout_s: Limit on one API call.
+        max_retries: Retries of a call after transient errors (so at most
+            ``max_retries + 1`` calls per reply).
+        deadline_s: Limit on the coach's own work for one verdict, all calls, retries
+            and backoff included (time queued behind ``max_concurrency`` or the rate
+            budgets does not count).
+        max_concurrency: Calls in flight at once, across all users of this object.
+        requests_per_minute: Request budget over a sliding minute (``None``: unlimited).
+        tokens_per_minute: Token budget (prompt estimate + ``max_tokens`` reserved per
+            call, settled with the real usage) over a sliding minute.
+        structured_output: See :data:`StructuredOutput`.
+        templates: Prompt templates, or a rubric override (``{agent: rubric}`` or
+            ``{env_id: {agent: rubric}}``) applied to the default templates.
+        cache: A :class:`~mappa_env.coach.cache.CoachCache` or a path to one. Valid
+            verdicts are stored; a repeated request returns the stored verdict with
+            ``cached=True`` and costs nothing.
+        replay: Never call the model: a request missing from the cache raises
+            :class:`~mappa_env.coach.cache.CoachCacheMiss`. Needs ``cache``.
+        ledger: Where each verdict's tokens, cost, latency and attempts are recorded
+            (default: a new :class:`~mappa_env.coach.ledger.CoachLedger`).
+        format_retries: Follow-up requests after a reply without a usable score.
+        backoff_initial_s: First retry delay (doubles per retry, plus jitter).
+        backoff_max_s: Largest retry delay.
+        **litellm_options: Passed to ``litellm.acompletion`` (e.g. ``reasoning_effort``,
+            ``seed``, ``extra_headers``, ``mock_response``); they enter the cache key.
+
+    Raises:
+        ValueError: On an invalid setting.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_base: str | None = None,
+        api_key: str | None = None,
+        temperature: float = 0.0,
+        max_tokens: int = 2048,
+        timeout_s: float = 120.0,
+        max_retries: int = 6,
+        deadline_s: float = 600.0,
+        max_concurrency: int = 32,
+        requests_per_minute: int | None = None,
+        tokens_per_minute: int | None = None,
+        structured_output: StructuredOutput = "auto",
+        templates: CoachTemplates | Mapping[str, Any] | None = None,
+        cache: CoachCache | str | Path | None = None,
+        replay: bool = False,
+        ledger: CoachLedger | None = None,
+        format_retries: int = 1,
+        backoff_initial_s: float = 1.0,
+        backoff_max_s: float = 30.0,
+        **litellm_options: Any,
+    ) -> None:
+        if not model:
+            raise ValueError("model must be a non-empty litellm model name")
+        if structured_output not in ("auto", "json", "text"):
+            raise ValueError(
+                f"structured_output must be 'auto', 'json' or 'text', got {structured_output!r}"
+            )
+        for label, value in (
+            ("max_tokens", max_tokens),
+            ("timeout_s", timeout_s),
+            ("deadline_s", deadline_s),
+            ("max_concurrency", max_concurrency),
+        ):
+            if not value > 0:
+                raise ValueError(f"{label} must be > 0, got {value}")
+        for label, value in (
+            ("max_retries", max_retries),
+            ("format_retries", format_retries),
+            ("backoff_initial_s", backoff_initial_s),
+            ("backoff_max_s", backoff_max_s),
+        ):
+            if value < 0:
+                raise ValueError(f"{label} must be >= 0, got {value}")
+        for label, value in (
+            ("requests_per_minute", requests_per_minute),
+            ("tokens_per_minute", tokens_per_minute),
+        ):
+            if value is not None and value <= 0:
+                raise ValueError(f"{label} must be > 0 or None, got {value}")
+        if replay and cache is None:
+            raise ValueError("replay=True needs a cache to replay from")
+
+        self.model = model
+        self.api_base = api_base
+        self.api_key = api_key
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.deadline_s = deadline_s
+        self.max_concurrency = max_concurrency
+        self.requests_per_minute = requests_per_minute
+        self.tokens_per_minute = tokens_per_minute
+        self.structured_output: StructuredOutput = structured_output
+        self.format_retries = format_retries
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.replay = replay
+        self.litellm_options = dict(litellm_options)
+        if isinstance(templates, CoachTemplates):
+            self.templates = templates
+        elif templates is None:
+            self.templates = CoachTemplates()
+        else:
+            self.templates = CoachTemplates().with_rubrics(templates)
+        self._owns_cache = cache is not None and not isinstance(cache, CoachCache)
+        self.cache = CoachCache(cache) if self._owns_cache else cache  # type: ignore[arg-type]
+        self.ledger = ledger if ledger is not None else CoachLedger()
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
+        self._runner = _BackgroundLoop(name=f"coach-{self.model}")
+        # Wind the loop down when the coach is collected or the interpreter exits.
+        self._finalizer = weakref.finalize(self, self._runner.close)
+        self._runtime_lock = threading.Lock()
+        self._litellm: ModuleType | None = None
+        self._structured: bool | None = None
+        # Loop-bound primitives are created on the loop that uses them (see _primitives).
+        self._primitives_loop: asyncio.AbstractEventLoop | None = None
+        self._semaphore: asyncio.Semaphore | None = None
+        self._limiter: _MinuteRateLimiter | None = None
+
+    # ----------------------------------------------------------------- construction
+
+    @classmethod
+    def from_spec(cls, spec: str, **overrides: Any) -> LLMCoach:
+        """Build a coach from a string such as ``"llm:gemini/gemini-2.5-flash"``.
+
+        A query suffix sets options: ``"llm:openai/qwen?api_base=http://host:8000/v1&
+        temperature=0.2&max_concurrency=8"``. Numbers and booleans are converted;
+        ``reasoning_effort``, ``seed``, ``top_p`` and ``api_version`` go to litellm.
+
+        Args:
+            spec: ``"llm:<model>[?key=value&...]"`` (the ``llm:`` prefix is optional).
+            **overrides: Keyword arguments that win over the spec's options.
+
+        Returns:
+            The coach.
+
+        Raises:
+            ValueError: On an empty model or an unknown option.
+        """
+        body = spec[len("llm:") :] if spec.startswith("llm:") else spec
+        model, _, query = body.partition("?")
+        options: dict[str, Any] = {}
+        for key, raw in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
+            if key not in _SPEC_OPTIONS:
+                raise ValueError(
+                    f"unknown coach option {key!r} in {spec!r}; known: {sorted(_SPEC_OPTIONS)}"
+                )
+            options[key] = _SPEC_OPTIONS[key](raw)
+        options.update(overrides)
+        return cls(model, **options)
+
+    # ----------------------------------------------------------------- protocol
+
+    @property
+    def name(self) -> str:
+        """``"llm:<model>"``."""
+        return f"llm:{self.model}"
+
+    def score(self, request: CoachRequest) -> CoachVerdict:
+        """Judge one action, blocking until the verdict is ready.
+
+        Safe from any thread, including one running an event loop (the work runs on
+        the coach's own loop).
+
+        Args:
+            request: The action to judge.
+
+        Returns:
+            The verdict (``valid=False`` with ``error`` set when no score was obtained).
+
+        Raises:
+            CoachCacheMiss: In replay mode, when the request is not cached.
+        """
+        if self._runner.in_loop_thread():
+            raise RuntimeError("LLMCoach.score() called from the coach's own loop; await ascore()")
+        return self._runner.submit(self._judge(request)).result()
+
+    async def ascore(self, request: CoachRequest) -> CoachVerdict:
+        """Judge one action without blocking the caller's event loop.
+
+        Args:
+            request: The action to judge.
+
+        Returns:
+            The verdict (``valid=False`` with ``error`` set when no score was obtained).
+
+        Raises:
+            CoachCacheMiss: In replay mode, when the request is not cached.
+        """
+        if self._runner.in_loop_thread():
+            return await self._judge(request)
+        return await asyncio.wrap_future(self._runner.submit(self._judge(request)))
+
+    # ----------------------------------------------------------------- public helpers
+
+    def uses_structured_output(self) -> bool:
+        """Whether replies are requested as JSON through ``response_format``.
+
+        ``"auto"`` asks litellm (and so imports it) on the first call.
+        """
+        if self._structured is None:
+            if self.structured_output == "auto":
+                litellm = self._litellm_module()
+                self._structured = bool(litellm.supports_response_schema(model=self.model))
+            else:
+                self._structured = self.structured_output == "json"
+        return self._structured
+
+    def build_messages(self, request: CoachRequest) -> list[dict[str, str]]:
+        """The chat messages sent to the model for ``request``."""
+        return self.templates.render(request, structured=self.uses_structured_output())
+
+    def request_params(self) -> dict[str, Any]:
+        """Sampling and request parameters of every call (they enter the cache key)."""
+        params: dict[str, Any] = {
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            **self.litellm_options,
+        }
+        if self.uses_structured_output():
+            params["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "coach_verdict",
+                    "schema": dict(VERDICT_JSON_SCHEMA),
+                    "strict": True,
+                },
+            }
+        return params
+
+    def cache_key(self, request: CoachRequest) -> str:
+        """The cache key of ``request`` under this coach's settings."""
+        return cache_key(
+            self.model, self.build_messages(request), self.request_params(), self.templates.version
+        )
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Totals over every verdict so far (``ledger.summary()``)."""
+        return self.ledger.summary()
+
+    def close(self) -> None:
+        """Stop the coach's event-loop thread and close a cache it opened from a path.
+
+        Calls made later start a new loop; a cache closed here cannot be used again.
+        """
+        self._runner.close()
+        if self._owns_cache and self.cache is not None:
+            self.cache.close()
+
+    def __enter__(self) -> LLMCoach:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Threads, loops and loop-bound primitives stay behind; the copy makes its own.
+        state = self.__dict__.copy()
+        for key in (
+            "_runner",
+            "_finalizer",
+            "_runtime_lock",
+            "_litellm",
+            "_primitives_loop",
+            "_semaphore",
+            "_limiter",
+        ):
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_runtime()
+
+    def __repr__(self) -> str:
+        return (
+            f"LLMCoach(model={self.model!r}, api_base={self.api_base!r}, "
+            f"max_concurrency={self.max_concurrency}, cache={self.cache!r})"
+        )
+
+    # ----------------------------------------------------------------- internals
+
+    def _litellm_module(self) -> ModuleType:
+        if self._litellm is None:
+            self._litellm = _import_litellm()
+        return self._litellm
+
+    def _primitives(self) -> tuple[asyncio.Semaphore, _MinuteRateLimiter | None]:
+        loop = asyncio.get_running_loop()
+        with self._runtime_lock:
+            if self._primitives_loop is not loop or self._semaphore is None:
+                self._semaphore = asyncio.Semaphore(self.max_concurrency)
+                self._limiter = None
+                if self.requests_per_minute or self.tokens_per_minute:
+                    self._limiter = _MinuteRateLimiter(
+                        self.requests_per_minute, self.tokens_per_minute
+                    )
+                self._primitives_loop = loop
+            return self._semaphore, self._limiter
+
+    async def _judge(self, request: CoachRequest) -> CoachVerdict:
+        started = time.perf_counter()
+        structured = self.uses_structured_output()
+        messages = self.templates.render(request, structured=structured)
+        params = self.request_params()
+        key = cache_key(self.model, messages, params, self.templates.version)
+
+        if self.cache is not None:
+            hit = await asyncio.to_thread(self.cache.get, key)
+            if hit is not None:
+                verdict = CoachVerdict(
+                    score=hit.score,
+                    valid=True,
+                    analysis=hit.analysis,
+                    coach=self.name,
+                    latency_s=time.perf_counter() - started,
+                    attempts=0,
+                    cached=True,
+                )
+                self._record(request, verdict, None)
+                return verdict
+            if self.replay:
+                raise CoachCacheMiss(
+                    f"no cached verdict for agent {request.agent!r} on task "
+                    f"{request.task_id!r} (key {key[:16]}); replay mode never calls the model. "
+                    "Run once without replay=True to fill the cache."
+                )
+
+        bill = _Bill(deadline_s=self.deadline_s)
+        try:
+            score, analysis, reply = await self._converse(messages, params, structured, bill)
+        except _VerdictFailure as failure:
+            verdict = CoachVerdict.invalid(
+                failure.message,
+                analysis=failure.analysis or failure.message,
+                coach=self.name,
+                latency_s=time.perf_counter() - started,
+                cost_usd=bill.cost_usd,
+                prompt_tokens=bill.prompt_tokens,
+                completion_tokens=bill.completion_tokens,
+                attempts=bill.attempts,
+            )
+            logger.warning(
+                "coach %s: invalid verdict for %s/%s (%s after %d calls): %s",
+                self.name,
+                request.task_id,
+                request.agent,
+                failure.kind,
+                bill.attempts,
+                failure.message,
+            )
+            self._record(request, verdict, failure.kind)
+            return verdict
+
+        verdict = CoachVerdict(
+            score=score,
+            valid=True,
+            analysis=analysis,
+            coach=self.name,
+            latency_s=time.perf_counter() - started,
+            cost_usd=bill.cost_usd,
+            prompt_tokens=bill.prompt_tokens,
+            completion_tokens=bill.completion_tokens,
+            attempts=bill.attempts,
+        )
+        if self.cache is not None:
+            entry = CachedVerdict(
+                score=score,
+                analysis=analysis,
+                reply=reply,
+                coach=self.name,
+                prompt_tokens=bill.prompt_tokens,
+                completion_tokens=bill.completion_tokens,
+                cost_usd=bill.cost_usd,
+                attempts=bill.attempts,
+            )
+            await asyncio.to_thread(self.cache.put, key, entry)
+        self._record(request, verdict, None)
+        return verdict
+
+    async def _converse(
+        self,
+        messages: list[dict[str, str]],
+        params: dict[str, Any],
+        structured: bool,
+        bill: _Bill,
+    ) -> tuple[float, str, str]:
+        """Ask, and on an unusable reply ask again once with the problem quoted."""
+        conversation = list(messages)
+        error = "no reply"
+        reply = ""
+        for round_index in range(self.format_retries + 1):
+            response = await self._call_with_retries(conversation, params, bill)
+            choices = getattr(response, "choices", None) or []
+            message = getattr(choices[0], "message", None) if choices else None
+            reply = getattr(message, "content", None) or ""
+            parsed = parse_reply(reply)
+            if parsed.ok and parsed.score is not None:
+                return parsed.score, parsed.analysis, reply
+            error = parsed.error or "unusable reply"
+            if choices and getattr(choices[0], "finish_reason", None) == "length":
+                error += f" (the reply was cut at max_tokens={self.max_tokens})"
+            bill.last_error = error
+            logger.info("coach %s: unusable reply (%s)", self.name, error)
+            if round_index < self.format_retries:
+                quoted = visible_text(reply) or "(empty reply)"
+                limit = self.templates.limits.previous_reply
+                correction = self.templates.correction(error, structured=structured)
+                conversation += [
+                    {"role": "assistant", "content": truncate_middle(quoted, limit)},
+                    {"role": "user", "content": correction},
+                ]
+        replies = self.format_retries + 1
+        shown = truncate_middle(reply, 2_000) if reply else "(empty)"
+        raise _VerdictFailure(
+            "format",
+            f"no usable score after {replies} replies: {error}",
+            analysis=f"no usable score after {replies} replies: {error}\n\nLast reply:\n{shown}",
+        )
+
+    async def _call_with_retries(
+        self, conversation: list[dict[str, str]], params: dict[str, Any], bill: _Bill
+    ) -> Any:
+        tenacity = require("tenacity", "llm", purpose="the LLM coach's retries")
+
+        def wait(retry_state: Any) -> float:
+            # Doubling delay plus random jitter (spreads out retries of many episodes),
+            # never sleeping past the deadline.
+            exponent = max(retry_state.attempt_number - 1, 0)
+            delay = min(self.backoff_initial_s * 2.0**exponent, self.backoff_max_s)
+            delay += random.uniform(0.0, self.backoff_initial_s)
+            return max(0.0, min(delay, bill.remaining_s()))
+
+        def log_retry(retry_state: Any) -> None:
+            logger.warning(
+                "coach %s: transient error on call %d, retrying in %.2fs: %s",
+                self.name,
+                retry_state.attempt_number,
+                retry_state.next_action.sleep if retry_state.next_action else 0.0,
+                bill.last_error,
+            )
+
+        retrying = tenacity.AsyncRetrying(
+            stop=tenacity.stop_after_attempt(self.max_retries + 1)
+            | (lambda _state: bill.remaining_s() <= 0),
+            wait=wait,
+            retry=tenacity.retry_if_exception(is_transient_error),
+            before_sleep=log_retry,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._call_once(conversation, params, bill)
+        except _VerdictFailure:
+            raise
+        except Exception as exc:  # API errors of any provider end here, bugs re-raise
+            if not _from_api_stack(exc):
+                raise
+            message = _describe(exc)
+            if bill.remaining_s() <= 0:
+                raise _VerdictFailure(
+                    "deadline",
+                    f"deadline_s={self.deadline_s:g} passed after {bill.attempts} calls; "
+                    f"last error: {message}",
+                ) from exc
+            if is_transient_error(exc):
+                raise _VerdictFailure(
+                    "transient",
+                    f"transient API error persisted through {bill.attempts} calls: {message}",
+                ) from exc
+            logger.error("coach %s: non-retryable API error: %s", self.name, message)
+            raise _VerdictFailure("fatal", f"non-retryable API error: {message}") from exc
+        raise AssertionError("tenacity ended without a result or an exception")
+
+    async def _call_once(
+        self, conversation: list[dict[str, str]], params: dict[str, Any], bill: _Bill
+    ) -> Any:
+        litellm = self._litellm_module()
+        semaphore, limiter = self._primitives()
+        queued_from = time.monotonic()
+        async with semaphore:
+            event = None
+            if limiter is not None:
+                estimate = sum(len(m["content"]) for m in conversation) // 4 + self.max_tokens
+                event = await limiter.acquire(estimate)
+            bill.queued_s += time.monotonic() - queued_from
+            remaining = bill.remaining_s()
+            if remaining <= 0:
+                raise _VerdictFailure(
+                    "deadline",
+                    f"deadline_s={self.deadline_s:g} passed after {bill.attempts} calls; "
+                    f"last error: {bill.last_error}",
+                )
+            call_timeout = min(self.timeout_s, remaining)
+            bill.attempts += 1
+            try:
+                response = await asyncio.wait_for(
+                    litellm.acompletion(
+                        model=self.model,
+                        messages=conversation,
+                        api_base=self.api_base,
+                        api_key=self.api_key,
+                        timeout=call_timeout,
+                        max_retries=0,  # retries are ours, bounded and logged
+                        **params,
+                    ),
+                    timeout=call_timeout + _TIMEOUT_GRACE_S,
+                )
+            except Exception as exc:  # recorded, then classified by the caller
+                bill.last_error = _describe(exc)
+                raise
+        usage = getattr(response, "usage", None)
+        prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
+        completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
+        bill.prompt_tokens += prompt_tokens
+        bill.completion_tokens += completion_tokens
+        cost = (getattr(response, "_hidden_params", None) or {}).get("response_cost")
+        if isinstance(cost, (int, float)) and math.isfinite(cost):
+            bill.cost_usd += float(cost)
+        if limiter is not None and event is not None:
+            limiter.settle(event, prompt_tokens + completion_tokens)
+        return response
+
+    def _record(self, request: CoachRequest, verdict: CoachVerdict, kind: str | None) -> None:
+        self.ledger.record(
+            LedgerEntry(
+                agent=request.agent,
+                env_id=request.env_id,
+                task_id=request.task_id,
+                coach=verdict.coach,
+                valid=verdict.valid,
+                cached=verdict.cached,
+                attempts=verdict.attempts,
+                prompt_tokens=verdict.prompt_tokens,
+                completion_tokens=verdict.completion_tokens,
+                cost_usd=verdict.cost_usd,
+                latency_s=verdict.latency_s,
+                error_kind=kind,
+                error=verdict.error,
+            )
+        )
+
+
+def _parse_bool(raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {raw!r}")
+
+
+def _optional_int(raw: str) -> int | None:
+    return None if raw.strip().lower() in ("", "none") else int(raw)
+
+
+_SPEC_OPTIONS: dict[str, Any] = {
+    "api_base": str,
+    "api_key": str,
+    "temperature": float,
+    "max_tokens": int,
+    "timeout_s": float,
+    "max_retries": int,
+    "deadline_s": float,
+    "max_concurrency": int,
+    "requests_per_minute": _optional_int,
+    "tokens_per_minute": _optional_int,
+    "structured_output": str,
+    "cache": str,
+    "replay": _parse_bool,
+    "format_retries": int,
+    "backoff_initial_s": float,
+    "backoff_max_s": float,
+    "reasoning_effort": str,
+    "seed": int,
+    "top_p": float,
+    "api_version": str,
+}

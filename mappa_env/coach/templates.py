@@ -1,0 +1,547 @@
+"""Prompt templates and per-role rubrics for the LLM coach.
+
+A :class:`CoachTemplates` object turns a :class:`~mappa_env.coach.base.CoachRequest`
+into chat messages: a system prompt that sets the scale, and one user message with the
+task, the system and role descriptions, the agent's exact input, its output, the tool
+result, workspace files (DSBench), the reference answer when the environment reveals it,
+the analyst's measured outcome, the rubric for this role, and the reply format.
+
+Templates are versioned: :attr:`CoachTemplates.version` enters the coach's cache key, so
+changing a template (or overriding a rubric, which changes the version automatically)
+never reuses verdicts produced under the old wording.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+from mappa_env.coach.base import SCORE_MAX, CoachRequest, FileInfo
+from mappa_env.coach.parsing import SCORE_KEY
+from mappa_env.text import truncate_middle
+
+#: Version of the built-in template set. Bump it whenever any wording below changes.
+TEMPLATE_VERSION = "mappa-coach-v1"
+
+MATHCHAT = "MathChat-v0"
+DSBENCH = "DSBench-v0"
+
+SYSTEM_PROMPT = f"""\
+You are the coach of a team of language-model agents that solve a task together, each \
+agent doing one part and handing its work to the next. You judge ONE action of ONE \
+agent: the message it just produced, together with what running its code produced.
+
+Score the action from 0 to {SCORE_MAX:g}:
+- 0-2: harmful, empty, off-task, or broken in a way that derails the team;
+- 3-4: a serious error, or the agent's job is mostly not done;
+- 5-6: partly done: useful work with clear mistakes or gaps;
+- 7-8: the job is done well, with minor issues;
+- 9-10: exemplary: correct, complete, efficient, and easy for the next agent to use.
+
+Principles:
+- Judge only what this agent controls. If it failed because an earlier agent did not \
+leave what it needed (a missing file, a wrong intermediate result), that failure \
+belongs to the earlier agent; judge how well this agent handled the situation.
+- Base your judgement on evidence: the tool output shows what the code really did. \
+Claims that the tool output contradicts count against the agent.
+- Apply the same standard to every kind of task. Do not score one task type higher \
+than another for work of the same quality.
+- Length is not quality: a short correct action beats a long padded one.
+"""
+
+TEXT_REPLY_FORMAT = f"""\
+Reply with a short analysis (a few sentences: what the agent did, what was right, what \
+was wrong), then end with a final line of exactly this form, with a number from 0 to \
+{SCORE_MAX:g}:
+{SCORE_KEY}: <score>"""
+
+JSON_REPLY_FORMAT = f"""\
+Reply with a JSON object only, of the form \
+{{"analysis": "<a few sentences: what the agent did, what was right, what was wrong>", \
+"score": <number from 0 to {SCORE_MAX:g}>}}. Write the analysis before deciding the score."""
+
+CORRECTION_PROMPT = """\
+Your previous reply could not be used: {error}.
+Do not change your judgement; restate it in the required format.
+{reply_format}"""
+
+#: JSON schema for providers that support structured output (``response_format``).
+VERDICT_JSON_SCHEMA: Mapping[str, Any] = MappingProxyType(
+    {
+        "type": "object",
+        "properties": {
+            "analysis": {"type": "string"},
+            # No minimum/maximum: not every provider's schema dialect accepts them, and
+            # the parser rejects out-of-range scores anyway.
+            "score": {"type": "number"},
+        },
+        "required": ["analysis", "score"],
+        "additionalProperties": False,
+    }
+)
+
+_MATHCHAT_RUBRICS = {
+    "problem_solver": """\
+The problem solver drafts a step-by-step solution in text (it runs no code).
+- Reasoning must be mathematically sound: valid steps, correct algebra and arithmetic, \
+no unjustified leaps, cases handled.
+- It must reach a concrete final answer (a specific value), not just a plan.
+- Its work should be easy for the code executor to check: clear intermediate results.
+- When a reference answer is shown, a wrong final answer caps the score at 4 however \
+polished the reasoning; a correct answer reached by sound reasoning scores 8 or more.""",
+    "code_executor": """\
+The code executor checks or computes the answer with Python; its code was run and the \
+tool result is shown. Judge the action on that tool result, not on what the agent claims.
+- Code must run: a traceback or timeout caused by its own code is a serious fault.
+- The code should compute the answer or independently check the solver's answer (brute \
+force, exact arithmetic, simulation), and its printed output must show the result.
+- Reading the output correctly matters: claiming a result the output does not show, or \
+ignoring a contradiction with the solver, counts against it.
+- An action with no code block ends its turn: that is right only when a previous run \
+already established the answer; otherwise judge it as not doing the job.
+- When a reference answer is shown, output that computes the correct value is strong \
+evidence of good work; output that confirms a wrong answer is a fault.""",
+    "verifier": """\
+The verifier gives the team's final answer as \\boxed{answer}.
+- Exactly one boxed final answer must be present; a missing or ambiguous box scores at \
+most 2.
+- The answer should follow from the evidence (solver's reasoning, code output); noticing \
+and fixing an upstream error is excellent work.
+- When a reference answer is shown: a boxed answer equal to it (mathematically \
+equivalent forms count) scores 8 or more; a wrong boxed answer scores at most 2.""",
+}
+
+_DSBENCH_BLAME = """\
+Blame rule: if this agent's work failed because an earlier agent did not leave an \
+artifact it needed (a missing or broken file), do not penalise it for that failure; judge \
+whether it detected the problem, reported it clearly, and recovered sensibly where it could."""
+
+_DSBENCH_RUBRICS = {
+    "data_engineer": """\
+The data engineer prepares data for modelling in the shared workspace. It must leave \
+X_train.pkl, y_train.pkl and X_test.pkl (plus any fitted transformers) and a short \
+preprocessing summary.
+- The files must exist at the end of its turn (see the workspace file list), with \
+matching rows and columns between train and test features.
+- The target must be separated from the features, with no target leakage and no id \
+column used as a feature.
+- Missing values and categorical columns must be handled; test data must be \
+transformed with the transformers fitted on the training data.
+- Code errors in the tool output that it left unresolved count against it; files \
+promised but absent from the workspace are a serious fault (downstream agents need them).""",
+    "modeler": f"""\
+The modeler trains a model on the data engineer's files and must leave model.pkl and \
+print cross-validation metrics.
+- The model and validation should suit the task type and the task's metric (e.g. a \
+classifier with probabilities for ROC-AUC, a regressor for RMSE).
+- model.pkl must exist at the end of its turn; cross-validation scores must appear in \
+the tool output (not only be claimed).
+- Sensible choices (a strong baseline such as gradient boosting, reasonable \
+hyperparameters, no training on test data) matter more than elaborate ones.
+{_DSBENCH_BLAME}""",
+    "analyst": f"""\
+The analyst predicts on the test set with the saved model and must write \
+submission.csv in the format of sample_submission.csv: the id column and the target \
+column(s), one row per test row.
+- submission.csv must exist and be scorable; predictions must come from the model (not \
+constants or copied samples) and be of the right kind (labels or probabilities as the \
+metric needs).
+- When an outcome section is shown, it reports how the submission actually scored; the \
+score cap given there is binding.
+- With no scorable submission, the analyst's own failure scores low.
+{_DSBENCH_BLAME}""",
+}
+
+#: Built-in rubrics, by environment id and agent id.
+DEFAULT_RUBRICS: Mapping[str, Mapping[str, str]] = MappingProxyType(
+    {
+        MATHCHAT: MappingProxyType(_MATHCHAT_RUBRICS),
+        DSBENCH: MappingProxyType(_DSBENCH_RUBRICS),
+    }
+)
+
+#: Used for agents without a specific rubric.
+GENERAL_RUBRIC = """\
+Judge whether the action does this agent's job as its role describes, correctly and \
+completely, using the tool output as evidence, and whether it leaves the next agent \
+what it needs."""
+
+# Classification metrics on [0, 1] (higher is better) to which the spec's caps apply.
+_CLASSIFICATION_CAP_METRICS = frozenset(
+    {"accuracy", "acc", "roc_auc", "auc", "rocauc", "roc-auc", "balanced_accuracy"}
+)
+# (lower bound, cap): the first row whose bound the value reaches gives the cap.
+_CLASSIFICATION_CAPS = ((0.85, 9), (0.75, 8), (0.65, 6), (0.55, 4), (-math.inf, 3))
+# (upper bound in % of target range, cap) for regression RMSE.
+_REGRESSION_CAPS = ((10.0, 9), (25.0, 8), (50.0, 6), (math.inf, 4))
+
+
+@dataclass(frozen=True)
+class OutcomeCap:
+    """A cap on the analyst's score derived from the measured outcome.
+
+    Attributes:
+        cap: Highest score the analyst may get.
+        reason: One line explaining the cap, shown to the coach.
+    """
+
+    cap: int
+    reason: str
+
+
+def analyst_outcome_cap(outcome: Mapping[str, Any], task_type: str | None) -> OutcomeCap | None:
+    """The spec's cap on the analyst's score, from a DSBench outcome.
+
+    Classification (accuracy or ROC-AUC): >= 0.85 -> 9, 0.75-0.85 -> 8, 0.65-0.75 -> 6,
+    0.55-0.65 -> 4, below -> 3. Regression (RMSE as % of the target range): < 10% -> 9,
+    10-25% -> 8, 25-50% -> 6, above -> 4. An explicit ``cap`` in the outcome (computed
+    by the environment) takes precedence.
+
+    Args:
+        outcome: The outcome mapping (a DSBench submission score, plus the environment's
+            ``metadata["outcome_cap"]`` as ``cap`` when given). Keys read: ``cap``
+            (int), ``success`` (bool), ``metric`` (str), ``value`` (float),
+            ``rmse_pct_range`` (float, RMSE as % of the target range) and
+            ``target_range`` (float, to compute it from an RMSE ``value``).
+        task_type: ``"classification"`` or ``"regression"`` (else no cap).
+
+    Returns:
+        The cap, or ``None`` when the outcome says nothing the spec's table covers.
+    """
+    if outcome.get("cap") is not None:
+        return OutcomeCap(int(outcome["cap"]), "cap set by the environment from the outcome")
+    if outcome.get("success") is False:
+        return None
+    metric = str(outcome.get("metric") or "").lower()
+    value = _as_float(outcome.get("value"))
+    if task_type == "classification" and metric in _CLASSIFICATION_CAP_METRICS:
+        if value is None:
+            return None
+        cap = next(c for bound, c in _CLASSIFICATION_CAPS if value >= bound)
+        return OutcomeCap(cap, f"{metric} = {value:.4g}")
+    if task_type == "regression":
+        pct = _as_float(outcome.get("rmse_pct_range"))
+        target_range = _as_float(outcome.get("target_range"))
+        if pct is None and metric in ("rmse", "mcrmse") and value is not None and target_range:
+            pct = 100.0 * value / target_range
+        if pct is None:
+            return None
+        cap = next(c for bound, c in _REGRESSION_CAPS if pct < bound)
+        return OutcomeCap(cap, f"RMSE = {pct:.3g}% of the target range")
+    return None
+
+
+@dataclass(frozen=True)
+class PromptLimits:
+    """Largest number of characters kept from each part of the prompt.
+
+    Long parts are cut from the middle (head and tail kept) with
+    :func:`mappa_env.text.truncate_middle`, so a traceback at the end survives.
+
+    Attributes:
+        task: The task statement.
+        description: The system description and the role description, each.
+        agent_input: All of the agent's input messages together.
+        action: The agent's output.
+        tool_output: The rendered tool result.
+        ground_truth: The reference answer.
+        files: The file manifests, each.
+        previous_reply: The coach's own reply quoted back in a format correction.
+    """
+
+    task: int = 6_000
+    description: int = 3_000
+    agent_input: int = 12_000
+    action: int = 12_000
+    tool_output: int = 8_000
+    ground_truth: int = 2_000
+    files: int = 3_000
+    previous_reply: int = 4_000
+
+
+@dataclass(frozen=True)
+class CoachTemplates:
+    """The prompts an :class:`~mappa_env.coach.llm.LLMCoach` sends.
+
+    Attributes:
+        version: Identifies this template set; part of the coach's cache key.
+        system_prompt: The system message (scale and principles).
+        rubrics: Rubric text by environment id, then agent id.
+        general_rubric: Rubric for agents with no entry in ``rubrics``.
+        text_reply_format: Reply instructions when the model answers in text.
+        json_reply_format: Reply instructions when structured (JSON) output is used.
+        correction_prompt: Follow-up message after an unusable reply; ``{error}`` and
+            ``{reply_format}`` are filled in.
+        limits: Character budget per prompt part.
+    """
+
+    version: str = TEMPLATE_VERSION
+    system_prompt: str = SYSTEM_PROMPT
+    rubrics: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: DEFAULT_RUBRICS)
+    general_rubric: str = GENERAL_RUBRIC
+    text_reply_format: str = TEXT_REPLY_FORMAT
+    json_reply_format: str = JSON_REPLY_FORMAT
+    correction_prompt: str = CORRECTION_PROMPT
+    limits: PromptLimits = field(default_factory=PromptLimits)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Read-only mappings do not pickle; rebuild them from plain dicts.
+        rubrics = {env: dict(roles) for env, roles in self.rubrics.items()}
+        return (_rebuild_templates, (self.version, self.system_prompt, rubrics, self._rest()))
+
+    def _rest(self) -> dict[str, Any]:
+        return {
+            "general_rubric": self.general_rubric,
+            "text_reply_format": self.text_reply_format,
+            "json_reply_format": self.json_reply_format,
+            "correction_prompt": self.correction_prompt,
+            "limits": self.limits,
+        }
+
+    def with_rubrics(
+        self, rubrics: Mapping[str, str] | Mapping[str, Mapping[str, str]]
+    ) -> CoachTemplates:
+        """A copy with some rubrics replaced, under a new version string.
+
+        Args:
+            rubrics: Either ``{agent: rubric}`` (applied to every environment that has
+                that agent, or to all environments for a new agent id) or
+                ``{env_id: {agent: rubric}}``.
+
+        Returns:
+            New templates whose ``version`` is this one plus a hash of the overrides.
+        """
+        merged = {env: dict(roles) for env, roles in self.rubrics.items()}
+        nested = all(isinstance(v, Mapping) for v in rubrics.values())
+        if nested:
+            for env_id, roles in rubrics.items():
+                merged.setdefault(env_id, {}).update(roles)  # type: ignore[arg-type]
+        else:
+            for agent, text in rubrics.items():
+                # A known agent id is replaced where it lives; a new one applies everywhere.
+                targets = [env for env, roles in merged.items() if agent in roles] or ["*"]
+                for env_id in targets:
+                    merged.setdefault(env_id, {})[agent] = str(text)
+        digest = hashlib.sha256(json.dumps(rubrics, sort_keys=True).encode()).hexdigest()[:10]
+        return replace(self, rubrics=_freeze(merged), version=f"{self.version}+rubrics-{digest}")
+
+    def rubric_for(self, env_id: str, agent: str) -> str:
+        """The rubric text for ``agent`` in ``env_id`` (the general rubric if none)."""
+        for key in (env_id, "*"):
+            roles = self.rubrics.get(key, {})
+            if agent in roles:
+                return roles[agent]
+        return self.general_rubric
+
+    def reply_format(self, *, structured: bool) -> str:
+        """The reply instructions for text or structured (JSON) output."""
+        return self.json_reply_format if structured else self.text_reply_format
+
+    def render(self, request: CoachRequest, *, structured: bool = False) -> list[dict[str, str]]:
+        """Chat messages asking the coach to judge ``request``.
+
+        Args:
+            request: The action to judge.
+            structured: Ask for the JSON reply format instead of the text one.
+
+        Returns:
+            ``[system message, user message]``.
+        """
+        return [
+            {"role": "system", "content": self.system_prompt},
+            {"role": "user", "content": self.render_user(request, structured=structured)},
+        ]
+
+    def render_user(self, request: CoachRequest, *, structured: bool = False) -> str:
+        """The user message of :meth:`render`."""
+        lim = self.limits
+        sections: list[tuple[str, str]] = [
+            ("Task", truncate_middle(request.task, lim.task)),
+            ("The team", truncate_middle(request.system_description, lim.description)),
+            (
+                f"The agent being judged: {request.agent} ({_position(request)})",
+                truncate_middle(request.role_description, lim.description),
+            ),
+        ]
+        facts = _facts(request.metadata)
+        if facts:
+            sections.append(("Task facts", facts))
+        sections += [
+            (
+                "What the agent saw (its exact input messages)",
+                truncate_middle(_render_messages(request.agent_input), lim.agent_input),
+            ),
+            (
+                "What the agent produced (its action)",
+                truncate_middle(request.action, lim.action) or "(empty output)",
+            ),
+            ("Tool result of this action", _tool_section(request, lim.tool_output)),
+        ]
+        if request.upstream_files:
+            sections.append(
+                (
+                    "Files saved by earlier agents",
+                    truncate_middle(_render_files(request.upstream_files), lim.files),
+                )
+            )
+        if request.files or request.env_id == DSBENCH:
+            sections.append(
+                (
+                    "Files in the workspace after this action",
+                    truncate_middle(_render_files(request.files), lim.files),
+                )
+            )
+        if request.ground_truth is not None:
+            sections.append(
+                (
+                    "Reference answer (hidden from the agents)",
+                    truncate_middle(request.ground_truth, lim.ground_truth),
+                )
+            )
+        checks = _artifact_section(request.metadata)
+        if checks:
+            sections.append(("Checks of the files this agent makes or needs", checks))
+        outcome = request.metadata.get("outcome")
+        if isinstance(outcome, Mapping):
+            if request.metadata.get("outcome_cap") is not None:
+                outcome = {**outcome, "cap": request.metadata["outcome_cap"]}
+            sections.append(
+                ("Measured outcome", _outcome_section(outcome, request.metadata.get("task_type")))
+            )
+        sections += [
+            (f"Rubric for the {request.agent}", self.rubric_for(request.env_id, request.agent)),
+            ("Reply format", self.reply_format(structured=structured)),
+        ]
+        return "\n\n".join(f"## {title}\n{body}" for title, body in sections)
+
+    def correction(self, error: str, *, structured: bool) -> str:
+        """The follow-up message asking for a reply in the right format.
+
+        Args:
+            error: What was wrong with the previous reply (quoted to the model).
+            structured: Whether the JSON reply format is in use.
+
+        Returns:
+            The message text.
+        """
+        return self.correction_prompt.format(
+            error=error, reply_format=self.reply_format(structured=structured)
+        )
+
+
+def _freeze(rubrics: Mapping[str, Mapping[str, str]]) -> Mapping[str, Mapping[str, str]]:
+    return MappingProxyType({env: MappingProxyType(dict(roles)) for env, roles in rubrics.items()})
+
+
+def _rebuild_templates(
+    version: str, system_prompt: str, rubrics: dict[str, dict[str, str]], rest: dict[str, Any]
+) -> CoachTemplates:
+    return CoachTemplates(
+        version=version, system_prompt=system_prompt, rubrics=_freeze(rubrics), **rest
+    )
+
+
+def _position(request: CoachRequest) -> str:
+    parts = [f"turn {request.turn + 1}"]
+    if request.is_last_agent:
+        parts.append("the final agent")
+    return ", ".join(parts)
+
+
+def _facts(metadata: Mapping[str, Any]) -> str:
+    lines = []
+    for key, label in (("task_type", "task type"), ("metric", "metric")):
+        if metadata.get(key) is not None:
+            lines.append(f"- {label}: {metadata[key]}")
+    return "\n".join(lines)
+
+
+def _render_messages(messages: Sequence[Mapping[str, str]]) -> str:
+    if not messages:
+        return "(no input messages recorded)"
+    blocks = []
+    for message in messages:
+        content = message.get("content", "")
+        if not isinstance(content, str):
+            content = json.dumps(content, ensure_ascii=False)
+        blocks.append(f"[{message.get('role', 'unknown')}]\n{content}")
+    return "\n\n".join(blocks)
+
+
+def _tool_section(request: CoachRequest, max_chars: int) -> str:
+    if request.tool_output:
+        return truncate_middle(request.tool_output, max_chars)
+    if request.tool_result is not None:
+        rendered = json.dumps(dict(request.tool_result), ensure_ascii=False, default=str)
+        return truncate_middle(rendered, max_chars)
+    return "(no code was run in this action)"
+
+
+def _render_files(files: Sequence[FileInfo]) -> str:
+    if not files:
+        return "(none)"
+    return "\n".join(f"- {f.name} ({_human_size(f.size)})" for f in files)
+
+
+def _human_size(size: int) -> str:
+    if size < 1024:
+        return f"{size} B"
+    value = size / 1024
+    for unit in ("KB", "MB"):
+        if value < 1024:
+            return f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GB"
+
+
+def _artifact_section(metadata: Mapping[str, Any]) -> str:
+    lines = []
+    artifacts = metadata.get("artifacts")
+    if isinstance(artifacts, Mapping):
+        for name, facts in artifacts.items():
+            if isinstance(facts, Mapping):
+                described = ", ".join(f"{key}={value}" for key, value in facts.items())
+            else:
+                described = str(facts)
+            lines.append(f"- {name}: {truncate_middle(described, 300)}")
+    missing = metadata.get("missing_upstream")
+    if missing:
+        names = ", ".join(str(name) for name in missing)
+        lines.append(
+            f"- Needed from earlier agents but missing or unusable: {names}. Failures caused "
+            "by these belong to the earlier agents (blame rule)."
+        )
+    return "\n".join(lines)
+
+
+def _outcome_section(outcome: Mapping[str, Any], task_type: Any) -> str:
+    lines = []
+    if outcome.get("success") is False:
+        reason = outcome.get("reason") or "no reason given"
+        lines.append(f"- The submission could not be scored: {reason}.")
+    for key in ("metric", "value", "rmse_pct_range", "normalized"):
+        if outcome.get(key) is not None:
+            lines.append(f"- {key}: {_fmt(outcome[key])}")
+    cap = analyst_outcome_cap(outcome, task_type if isinstance(task_type, str) else None)
+    if cap is not None:
+        lines.append(
+            f"- Score cap from this outcome: at most {cap.cap} ({cap.reason}). "
+            "Do not exceed it, whatever the quality of the code."
+        )
+    return "\n".join(lines) or "(outcome recorded without details)"
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _as_float(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
