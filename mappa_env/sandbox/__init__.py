@@ -1,0 +1,30 @@
+"""Sandboxes: where agents' Python code runs.
+
+- :class:`Sandbox` / :class:`SandboxFactory` are the protocols; :class:`ExecResult` and
+  :class:`ExecError` describe what one piece of code did.
+- :class:`JupyterSandbox` runs code in a Jupyter kernel confined by :class:`SandboxLimits`
+  (time, memory, CPU, files, processes, output size; a scrubbed environment).
+- :class:`KernelPool` keeps kernels started in the background and hands them out, so an
+  episode does not wait for a kernel start.
+
+Importing this package is cheap: jupyter-client is imported when a kernel first starts.
+"""
+
+from __future__ import annotations
+
+from mappa_env.sandbox.base import ExecError, ExecResult, Sandbox, SandboxFactory
+from mappa_env.sandbox.jupyter import JupyterSandbox, SandboxError
+from mappa_env.sandbox.limits import SandboxLimits, kernel_environment
+from mappa_env.sandbox.pool import KernelPool
+
+__all__ = [
+    "ExecError",
+    "ExecResult",
+    "JupyterSandbox",
+    "KernelPool",
+    "Sandbox",
+    "SandboxError",
+    "SandboxFactory",
+    "SandboxLimits",
+    "kernel_environment",
+]

@@ -1,0 +1,342 @@
+"""The kernel process: launch under limits, connect, wait until ready, stop.
+
+Used by :mod:`mappa_env.sandbox.jupyter`; nothing here decides what a call's result is.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from queue import Empty
+from typing import Any
+
+from mappa_env.sandbox import _process
+from mappa_env.sandbox.limits import SandboxLimits
+from mappa_env.text import truncate_middle
+
+logger = logging.getLogger(__name__)
+
+#: Kernel options: no history database (dozens of kernels would contend for one SQLite
+#: file in the user's home) and no colour codes in tracebacks.
+_KERNEL_ARGS = ("--HistoryManager.enabled=False", "--InteractiveShell.colors=nocolor")
+#: A request socket whose connection dropped would otherwise block a send forever.
+_SEND_TIMEOUT_MS = 5_000
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (a kernel could not start, or it was used after close).
+
+    Code that misbehaves never raises this: its failures come back as results.
+    """
+
+
+@functools.cache
+def launcher_source() -> str:
+    """Source of the kernel launcher, passed to the interpreter with ``-c``."""
+    return (Path(__file__).with_name("_launcher.py")).read_text(encoding="utf-8")
+
+
+@functools.cache
+def _zmq_context(max_message_bytes: int) -> Any:
+    """A ZeroMQ context whose sockets refuse messages above ``max_message_bytes``.
+
+    Shared by all sandboxes with the same limit (a context per kernel would cost an I/O
+    thread each). Setting the option on the context applies it before each socket
+    connects, which is when ZeroMQ reads it.
+    """
+    import zmq
+
+    context = zmq.Context()
+    context.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+    context.setsockopt(zmq.LINGER, 0)
+    context.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
+    return context
+
+
+@functools.cache
+def _manager_class() -> type:
+    """KernelManager that launches our limited command instead of an installed kernel spec.
+
+    An installed ``python3`` kernel spec may point at another interpreter; the sandbox
+    must run this interpreter (``sys.executable``) through its launcher.
+    """
+    from jupyter_client import KernelManager
+
+    class _SandboxKernelManager(KernelManager):
+        def __init__(self, *, sandbox_spec: Any, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self._sandbox_spec = sandbox_spec
+
+        @property
+        def kernel_spec(self) -> Any:
+            return self._sandbox_spec
+
+    return _SandboxKernelManager
+
+
+@dataclass
+class Kernel:
+    """One running kernel process with its manager and client."""
+
+    manager: Any
+    process: subprocess.Popen
+    runtime_dir: Path
+    client: Any = None
+    monitors: list[Any] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def connect(self) -> None:
+        """(Re)create the client's shell and iopub sockets, watched for disconnection.
+
+        ZeroMQ ends a connection for good when a message exceeds ``MAXMSGSIZE`` (it
+        counts as a protocol error, which is never retried), so recovering from an
+        oversized message means new sockets.
+        """
+        import zmq
+        from jupyter_client.session import Session
+
+        self.disconnect()
+        # A fresh session gives the shell socket a new identity: a reply still addressed
+        # to the old one (possibly the oversized message) is then dropped by the kernel
+        # instead of being delivered to, and ending, the new connection.
+        session = Session(
+            key=self.manager.session.key,
+            signature_scheme=self.manager.session.signature_scheme,
+        )
+        self.client = self.manager.client(context=self.manager.context, session=session)
+        self.client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
+        self.monitors = [
+            channel.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            for channel in (self.client.shell_channel, self.client.iopub_channel)
+        ]
+
+    def disconnect(self) -> None:
+        """Close the client's sockets and their monitors."""
+        if self.client is not None:
+            # Monitoring must stop before the monitor sockets close: ZeroMQ's I/O thread
+            # blocks sending an event to a monitor socket that has no reader any more.
+            for channel in (self.client.shell_channel, self.client.iopub_channel):
+                if channel.socket is not None and self.monitors:
+                    channel.socket.disable_monitor()
+        for monitor in self.monitors:
+            monitor.close(linger=0)
+        self.monitors = []
+        if self.client is not None:
+            self.client.stop_channels()
+            self.client = None
+
+    def connection_lost(self) -> bool:
+        """True when the shell or iopub connection dropped since the last check."""
+        lost = False
+        for monitor in self.monitors:
+            while monitor.poll(0):
+                monitor.recv_multipart()
+                lost = True
+        return lost
+
+    def exit_status(self) -> int | None:
+        """``Popen.returncode`` semantics (negative: killed by that signal), or None.
+
+        Unlike ``Popen.poll`` this does not reap a dead kernel: until it is reaped its
+        pid, which is also its process-group id, cannot be taken by an unrelated
+        process, so killing the group stays safe.
+        """
+        if self.process.returncode is not None:
+            return self.process.returncode
+        if not hasattr(os, "waitid"):
+            return self.process.poll()
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return self.process.poll()
+        if info is None:
+            return None
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+    def alive(self) -> bool:
+        return self.exit_status() is None
+
+    def wait_exit(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the kernel to end, without reaping it."""
+        deadline = time.monotonic() + timeout
+        while self.alive():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def fault_report(self, max_chars: int = 4000) -> str:
+        """Fatal-error traceback the kernel wrote when it crashed (may be empty)."""
+        try:
+            text = (self.runtime_dir / "fault.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return truncate_middle(text.strip(), max_chars)
+
+
+def start_kernel(cwd: Path, limits: SandboxLimits, env: dict[str, str]) -> Kernel:
+    """Launch a kernel in ``cwd`` under ``limits`` and wait until it answers.
+
+    Raises:
+        SandboxError: If the kernel does not start or answer within the start timeout.
+    """
+    import zmq
+    from jupyter_client.kernelspec import KernelSpec
+
+    started = time.monotonic()
+    runtime_dir = Path(tempfile.mkdtemp(prefix="mappa-kernel-"))
+    spec = {
+        "rlimits": limits.rlimits(),
+        "subreaper": True,
+        "fault_log": str(runtime_dir / "fault.log"),
+        "startup_error_log": str(runtime_dir / "startup-error.log"),
+    }
+    argv = [
+        sys.executable,
+        "-c",
+        launcher_source(),
+        json.dumps(spec),
+        "-f",
+        "{connection_file}",
+        *_KERNEL_ARGS,
+    ]
+    kernel_spec = KernelSpec(
+        argv=argv, display_name="mappa sandbox", language="python", interrupt_mode="signal"
+    )
+    context = _zmq_context(limits.max_message_bytes)
+    # IPC sockets in a private directory: no TCP port races between kernels started at
+    # the same moment by other processes, and nothing listening on the network.
+    use_ipc = os.name == "posix"
+    manager = _manager_class()(
+        sandbox_spec=kernel_spec,
+        transport="ipc" if use_ipc else "tcp",
+        ip=str(runtime_dir / "kernel") if use_ipc else "127.0.0.1",
+        connection_file=str(runtime_dir / "connection.json"),
+        context=context,
+    )
+    try:
+        manager.start_kernel(
+            cwd=str(cwd), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+    except (OSError, RuntimeError) as exc:
+        shutil.rmtree(runtime_dir, ignore_errors=True)
+        raise SandboxError(f"could not launch the kernel process: {exc}") from exc
+    kernel = Kernel(manager, manager.provisioner.process, runtime_dir)
+    try:
+        kernel.connect()
+        wait_until_ready(kernel, started + limits.start_timeout_s)
+    except zmq.ZMQError as exc:
+        stop_kernel(kernel)
+        raise SandboxError(f"could not connect to the kernel: {exc}") from exc
+    except SandboxError:
+        stop_kernel(kernel)
+        raise
+    logger.debug(
+        "kernel started: pid %d in %s (%.3f s)", kernel.pid, cwd, time.monotonic() - started
+    )
+    return kernel
+
+
+def wait_until_ready(kernel: Kernel, deadline: float) -> None:
+    """Block until the kernel answers ``kernel_info`` on shell *and* iopub.
+
+    Seeing the request's ``idle`` status on iopub proves the subscription is live, so no
+    output of the first call can be lost. (jupyter-client's ``wait_for_ready`` spends a
+    fixed 0.2-0.4 s flushing iopub; this returns as soon as both answers are in.)
+    """
+    import zmq
+
+    client = kernel.client
+    shell, iopub = client.shell_channel, client.iopub_channel
+    poller = zmq.Poller()
+    poller.register(shell.socket, zmq.POLLIN)
+    poller.register(iopub.socket, zmq.POLLIN)
+    while True:
+        msg_id = client.kernel_info()
+        replied = idle = False
+        retry_at = time.monotonic() + 1.0
+        while not idle:
+            now = time.monotonic()
+            if not kernel.alive():
+                raise SandboxError(_start_failure(kernel))
+            if now >= deadline:
+                raise SandboxError(
+                    f"kernel pid {kernel.pid} did not answer within the start timeout"
+                )
+            if now >= retry_at:
+                break  # resend: a reply or status published before we subscribed is lost
+            for socket, _ in poller.poll(50):
+                channel = shell if socket is shell.socket else iopub
+                message = channel.get_msg(timeout=0)
+                if message["parent_header"].get("msg_id") != msg_id:
+                    continue
+                if channel is shell:
+                    replied = True
+                    retry_at = min(retry_at, time.monotonic() + 0.2)
+                elif message["msg_type"] == "status":
+                    idle = message["content"]["execution_state"] == "idle"
+        if replied and idle:
+            return
+        if idle:  # the reply is on its way; take it so it does not linger
+            try:
+                shell.get_msg(timeout=0.5)
+            except Empty:
+                pass
+            return
+
+
+def _start_failure(kernel: Kernel) -> str:
+    status = kernel.exit_status()
+    detail = ""
+    try:
+        detail = (kernel.runtime_dir / "startup-error.log").read_text(errors="replace").strip()
+    except OSError:
+        pass
+    message = f"the kernel process exited during start ({describe_exit(status)})"
+    return f"{message}:\n{truncate_middle(detail, 4000)}" if detail else message
+
+
+def stop_kernel(kernel: Kernel) -> None:
+    """Kill the kernel and its process tree, close its sockets, delete its files."""
+    _process.kill_tree(kernel.process)
+    close_kernel_files(kernel)
+
+
+def close_kernel_files(kernel: Kernel) -> None:
+    """Close the sockets of a killed kernel and delete its runtime directory."""
+    import zmq
+
+    try:
+        kernel.disconnect()
+        kernel.manager.cleanup_resources()
+    except (OSError, RuntimeError, zmq.ZMQError) as exc:
+        # Closing sockets of a dead kernel can fail at interpreter exit; the files are
+        # removed below regardless.
+        logger.debug("closing kernel %d resources: %s", kernel.pid, exc)
+    shutil.rmtree(kernel.runtime_dir, ignore_errors=True)
+    logger.debug("kernel stopped: pid %d", kernel.pid)
+
+
+def describe_exit(status: int | None) -> str:
+    if status is None:
+        return "still running"
+    if status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        return f"killed by {name}"
+    return f"exit status {status}"

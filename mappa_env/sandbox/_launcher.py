@@ -1,0 +1,95 @@
+"""Start an IPython kernel after fencing its process in with resource limits.
+
+The sandbox runs this file's source with ``python -c <source> <spec-json> <kernel args>``
+rather than ``python -m``: the kernel's working directory is the agents' workspace, so
+nothing here may depend on the project being importable from there, and importing no
+``mappa_env`` module keeps the kernel's start fast.
+
+The spec is a JSON object:
+
+- ``rlimits``: ``{"RLIMIT_DATA": [soft, hard], ...}``; ``-1`` means unlimited. Limits are
+  only ever lowered: a value above the current hard limit is clamped to it, because an
+  unprivileged process may not raise its hard limit and the kernel must still start.
+- ``subreaper``: on Linux, make the kernel the reaper of its orphaned descendants, so that
+  a process which detaches from its parent (a daemon, ``setsid``) stays in the kernel's
+  process tree where the sandbox can count and kill it.
+- ``fault_log``: file that receives fatal-error tracebacks (segfault, abort), read by the
+  sandbox when the kernel dies.
+- ``startup_error_log``: file that receives the traceback when the kernel cannot start.
+
+The kernel's own stderr goes to ``/dev/null``: the kernel copies everything agents write to
+file descriptor 2 there, so a file would grow without bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import traceback
+
+_PR_SET_CHILD_SUBREAPER = 36  # from <linux/prctl.h>
+
+
+def _clamp(value: int, ceiling: int) -> int:
+    """Return ``value`` lowered to ``ceiling``; either may be ``RLIM_INFINITY``."""
+    if ceiling == resource.RLIM_INFINITY:
+        return value
+    if value == resource.RLIM_INFINITY:
+        return ceiling
+    return min(value, ceiling)
+
+
+def apply_rlimits(rlimits: dict[str, list[int]]) -> None:
+    """Lower this process's resource limits to ``rlimits`` (never raise them)."""
+    for name, (soft, hard) in rlimits.items():
+        which = getattr(resource, name)
+        _, current_hard = resource.getrlimit(which)
+        new_hard = _clamp(resource.RLIM_INFINITY if hard < 0 else hard, current_hard)
+        new_soft = _clamp(resource.RLIM_INFINITY if soft < 0 else soft, new_hard)
+        resource.setrlimit(which, (new_soft, new_hard))
+
+
+def become_subreaper() -> bool:
+    """Adopt orphaned descendants (Linux only); return whether it worked."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def main() -> None:
+    """Apply the spec in ``sys.argv[1]``, then run the kernel with the remaining arguments."""
+    spec = json.loads(sys.argv.pop(1))
+    fault_log = None
+    if spec.get("fault_log"):
+        import faulthandler
+
+        # Kept open for the life of the process: faulthandler writes to its descriptor.
+        fault_log = open(spec["fault_log"], "w")  # noqa: SIM115
+        faulthandler.enable(file=fault_log, all_threads=True)
+    try:
+        apply_rlimits(spec.get("rlimits", {}))
+        if spec.get("subreaper"):
+            become_subreaper()
+        # ``python -c`` puts the working directory first on sys.path; the kernel adds it
+        # back itself after its imports, so a workspace file cannot shadow them.
+        if sys.path and sys.path[0] in ("", os.getcwd()):
+            del sys.path[0]
+        from ipykernel.kernelapp import IPKernelApp
+
+        app = IPKernelApp.instance()
+        app.initialize()
+    except BaseException:
+        if spec.get("startup_error_log"):
+            with open(spec["startup_error_log"], "w") as log:
+                traceback.print_exc(file=log)
+        raise
+    app.start()
+
+
+if __name__ == "__main__":
+    main()

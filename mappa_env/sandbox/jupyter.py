@@ -1,0 +1,821 @@
+"""A sandbox backed by a Jupyter kernel (ipykernel) with hard resource limits.
+
+One :class:`JupyterSandbox` owns one IPython kernel process running in a workspace
+directory. State persists across calls, like a notebook. Whatever the code does (raise,
+loop forever, exhaust memory, fork without end, kill its own process) comes back as an
+:class:`~mappa_env.sandbox.base.ExecResult`; the sandbox restarts the kernel when it
+has to and says so with ``restarted=True``.
+
+Example:
+    >>> with JupyterSandbox() as sandbox:  # doctest: +SKIP
+    ...     sandbox.run("x = 6 * 7")
+    ...     print(sandbox.run("x").stdout)
+    42
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import re
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from queue import Empty
+from typing import Any
+
+from mappa_env.sandbox import _process
+from mappa_env.sandbox._kernel import (
+    Kernel,
+    SandboxError,
+    close_kernel_files,
+    describe_exit,
+    start_kernel,
+    stop_kernel,
+    wait_until_ready,
+)
+from mappa_env.sandbox.base import ExecError, ExecResult
+from mappa_env.sandbox.limits import SandboxLimits, kernel_environment
+from mappa_env.text import truncate_middle
+
+logger = logging.getLogger(__name__)
+
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+#: Wait this long after ``idle`` for the shell reply before giving up on it.
+_REPLY_WAIT_S = 1.0
+#: After the shell reply, wait this long for iopub's ``idle`` before deciding it was lost.
+_IOPUB_AFTER_REPLY_S = 0.5
+_MAX_TRACEBACK_CHARS = 20_000
+#: How long close() waits for a call running in another thread to give up the kernel.
+_CLOSE_WAIT_S = 10.0
+
+
+def strip_ansi(text: str) -> str:
+    """Remove terminal colour/cursor escape sequences from ``text``."""
+    return _ANSI_ESCAPE.sub("", text)
+
+
+# --------------------------------------------------------------------------------------
+# Output collection
+# --------------------------------------------------------------------------------------
+
+
+class _BoundedText:
+    """Collects streamed text keeping the head and a rolling tail of at most ``limit`` each.
+
+    Memory stays bounded however much is appended, so ``while True: print(...)`` cannot
+    exhaust this process; :meth:`text` then cuts to ``limit`` from the middle.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._head = ""
+        self._tail: list[str] = []
+        self._tail_chars = 0
+        self.total_chars = 0
+
+    def append(self, text: str) -> None:
+        if not text:
+            return
+        self.total_chars += len(text)
+        if len(self._head) < self._limit:
+            room = self._limit - len(self._head)
+            self._head += text[:room]
+            text = text[room:]
+            if not text:
+                return
+        self._tail.append(text)
+        self._tail_chars += len(text)
+        if self._tail_chars > 2 * self._limit:
+            kept = "".join(self._tail)[-self._limit :]
+            self._tail = [kept]
+            self._tail_chars = len(kept)
+
+    def text(self) -> tuple[str, bool]:
+        """Return the collected text, cut to the limit, and whether it was cut."""
+        full = self._head + "".join(self._tail)
+        if self.total_chars <= self._limit:
+            return full, False
+        marker = f"\n...[output cut from the middle: {self.total_chars} characters in all]...\n"
+        return truncate_middle(full, self._limit, marker=marker), True
+
+
+# --------------------------------------------------------------------------------------
+# Workspace tracking
+# --------------------------------------------------------------------------------------
+
+_FileStamp = tuple[int, int, int]
+
+
+def _snapshot(root: str, cap: int) -> dict[str, _FileStamp] | None:
+    """Map each file under ``root`` to (mtime, size, inode); None when over ``cap`` entries.
+
+    Symbolic links are not followed (a link to ``/`` would make the scan unbounded);
+    ``__pycache__`` directories are skipped.
+    """
+    stamps: dict[str, _FileStamp] = {}
+    entries = 0
+    prefix = len(root) + 1
+    stack = [root]
+    while stack:
+        try:
+            iterator = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with iterator:
+            for entry in iterator:
+                entries += 1
+                if entries > cap:
+                    return None
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        if entry.name != "__pycache__":
+                            stack.append(entry.path)
+                        continue
+                    stat = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                stamps[entry.path[prefix:]] = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+    return stamps
+
+
+def _changed_files(
+    before: dict[str, _FileStamp] | None, after: dict[str, _FileStamp] | None
+) -> tuple[str, ...]:
+    if before is None or after is None:
+        return ()
+    return tuple(sorted(path for path, stamp in after.items() if before.get(path) != stamp))
+
+
+# --------------------------------------------------------------------------------------
+# One call
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class _CallOutcome:
+    """What the kernel reported for one execute request, before restart handling."""
+
+    stdout: _BoundedText
+    stderr: _BoundedText
+    error: ExecError | None = None
+    timed_out: bool = False
+    interrupted_traceback: str = ""
+    kill_reason: str | None = None  # set when the kernel must be killed and restarted
+    kill_error: ExecError | None = None
+    asked_exit: bool = False
+    died: bool = False
+    output_lost: bool = False
+    closed: bool = False
+
+
+# --------------------------------------------------------------------------------------
+# Sandbox
+# --------------------------------------------------------------------------------------
+
+
+class _Resources:
+    """Everything a sandbox must release; shared with its finalizer and watcher thread.
+
+    Kept apart from :class:`JupyterSandbox` so that neither ``weakref.finalize`` nor the
+    background watcher holds a reference to the sandbox (which would keep it alive).
+    """
+
+    def __init__(self, owned_dir: Path | None) -> None:
+        self.lock = threading.Lock()  # serialises calls (and restarts) on the kernel
+        self.state_lock = threading.Lock()  # guards kernel / closed against close()
+        self.kernel: Kernel | None = None
+        self.closed = False
+        self.owned_dir = owned_dir
+        self.executor: ThreadPoolExecutor | None = None
+        self.watcher: threading.Thread | None = None
+        self.stop_watch = threading.Event()
+        self.pending_notice = ""
+
+    def release(self) -> None:
+        with self.state_lock:
+            if self.closed:
+                return
+            self.closed = True
+            kernel, self.kernel = self.kernel, None
+            executor, self.executor = self.executor, None
+        self.stop_watch.set()
+        if kernel is not None:
+            # Killing is safe from any thread; closing the sockets is not while a call in
+            # another thread polls them, so wait for it to notice (it checks every tick).
+            _process.kill_tree(kernel.process)
+            acquired = self.lock.acquire(timeout=_CLOSE_WAIT_S)
+            if not acquired:
+                logger.warning("closing kernel %d while a call still uses it", kernel.pid)
+            try:
+                close_kernel_files(kernel)
+            finally:
+                if acquired:
+                    self.lock.release()
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+        if self.owned_dir is not None:
+            shutil.rmtree(self.owned_dir, ignore_errors=True)
+
+
+class JupyterSandbox:
+    """Runs Python in a Jupyter kernel confined by :class:`SandboxLimits`.
+
+    The kernel starts on the first :meth:`run` (or :meth:`start`), with its working
+    directory in :attr:`workdir`. Several sandboxes may share one workdir (agents hand
+    each other files that way); a sandbox deletes only a directory it created itself.
+
+    Calls are serialised: two threads calling :meth:`run` on one sandbox take turns.
+    :meth:`close` (also called on garbage collection and at interpreter exit) kills the
+    kernel together with every process it started.
+
+    Besides the code's own exceptions, ``ExecResult.error.name`` may be one of:
+    ``TimeoutError`` (the wall-clock limit interrupted the code), ``KernelDied`` (the
+    process crashed, was killed or exited), ``CPUTimeLimitExceeded``,
+    ``ProcessLimitExceeded``, ``SandboxClosed`` (closed from another thread while the
+    code ran) and ``SandboxError`` (the kernel could not be reached or restarted).
+
+    Needs a POSIX system (Linux or macOS): the limits use ``resource``; on Linux the
+    process tree is read from ``/proc``, elsewhere through psutil.
+
+    Args:
+        workdir: Working directory of the code. ``None`` creates a temporary directory
+            that the sandbox owns and deletes on close. A missing directory is created.
+        limits: Resource limits; :class:`SandboxLimits` defaults when ``None``.
+        env: Extra environment variables for the kernel, added to the allow-listed
+            ones taken from this process (see :func:`~mappa_env.sandbox.limits.kernel_environment`).
+    """
+
+    def __init__(
+        self,
+        workdir: str | Path | None = None,
+        limits: SandboxLimits | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        if workdir is None:
+            self._workdir = Path(tempfile.mkdtemp(prefix="mappa-sandbox-")).resolve()
+            owned: Path | None = self._workdir
+        else:
+            self._workdir = Path(workdir).expanduser().resolve()
+            self._workdir.mkdir(parents=True, exist_ok=True)
+            owned = None
+        self._limits = limits or SandboxLimits()
+        self._env = kernel_environment(self._limits, env)
+        self._res = _Resources(owned)
+        self._finalizer = weakref.finalize(self, self._res.release)
+
+    @classmethod
+    def factory(
+        cls, limits: SandboxLimits | None = None, *, env: Mapping[str, str] | None = None
+    ) -> Callable[[Path], JupyterSandbox]:
+        """A :class:`~mappa_env.sandbox.base.SandboxFactory` making cold-started sandboxes.
+
+        Args:
+            limits: Limits for every sandbox made.
+            env: Extra kernel environment variables for every sandbox made.
+
+        Returns:
+            ``factory(workdir) -> JupyterSandbox``.
+        """
+        return functools.partial(cls, limits=limits, env=env)
+
+    # ----------------------------------------------------------------- properties
+
+    @property
+    def workdir(self) -> Path:
+        """Directory the code runs in (its current working directory at start)."""
+        return self._workdir
+
+    @property
+    def limits(self) -> SandboxLimits:
+        """The limits this sandbox enforces."""
+        return self._limits
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has run."""
+        return self._res.closed
+
+    @property
+    def kernel_pid(self) -> int | None:
+        """Process id of the running kernel, or None when none is running."""
+        kernel = self._res.kernel
+        return kernel.pid if kernel is not None and kernel.alive() else None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start the kernel now instead of on the first :meth:`run`.
+
+        Raises:
+            SandboxError: If the kernel cannot start, or the sandbox is closed.
+        """
+        with self._res.lock:
+            kernel = self._res.kernel
+            if kernel is None or not kernel.alive():
+                self._replace_kernel()
+
+    def close(self) -> None:
+        """Kill the kernel and its process tree; delete the workdir if the sandbox made it.
+
+        Idempotent. A call running in another thread returns with a ``SandboxClosed``
+        error.
+        """
+        self._finalizer()
+
+    def __enter__(self) -> JupyterSandbox:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"pid={self.kernel_pid}"
+        return f"JupyterSandbox(workdir={str(self._workdir)!r}, {state})"
+
+    # ------------------------------------------------------------------ execution
+
+    def run(self, code: str, timeout: float | None = None) -> ExecResult:
+        """Run ``code`` in the kernel and wait for it, at most ``timeout`` seconds.
+
+        Args:
+            code: Python source (IPython syntax is accepted too).
+            timeout: Wall-clock limit for this call; ``limits.timeout_s`` when None.
+
+        Returns:
+            What happened. Failures of the code (exceptions, timeouts, a crashed or
+            killed kernel, exceeded limits) are described here, never raised.
+
+        Raises:
+            TypeError: If ``code`` is not a string.
+            ValueError: If ``timeout`` is not positive.
+            SandboxError: If the sandbox is closed, or its kernel cannot be started.
+        """
+        limit = self._check_call(code, timeout)
+        with self._res.lock:
+            if self._res.closed:
+                raise SandboxError("the sandbox is closed")
+            return self._run_locked(code, limit)
+
+    async def arun(self, code: str, timeout: float | None = None) -> ExecResult:
+        """Like :meth:`run`, without blocking the event loop.
+
+        The call runs in this sandbox's own single worker thread, so many sandboxes
+        run concurrently without exhausting the loop's default executor. Cancelling
+        the awaiting task does not stop the code; it still ends by its timeout.
+
+        Args:
+            code: Python source.
+            timeout: Wall-clock limit for this call; ``limits.timeout_s`` when None.
+
+        Returns:
+            The :class:`ExecResult`, as from :meth:`run`.
+
+        Raises:
+            TypeError: If ``code`` is not a string.
+            ValueError: If ``timeout`` is not positive.
+            SandboxError: If the sandbox is closed, or its kernel cannot be started.
+        """
+        self._check_call(code, timeout)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor(), self.run, code, timeout)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._res.state_lock:
+            if self._res.closed:
+                raise SandboxError("the sandbox is closed")
+            if self._res.executor is None:
+                self._res.executor = ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="mappa-sandbox"
+                )
+            return self._res.executor
+
+    def _check_call(self, code: object, timeout: float | None) -> float:
+        if not isinstance(code, str):
+            raise TypeError(f"code must be a str, got {type(code).__name__}")
+        limit = self._limits.timeout_s if timeout is None else float(timeout)
+        if not limit > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        return limit
+
+    def _run_locked(self, code: str, timeout: float) -> ExecResult:
+        started = time.monotonic()
+        notes: list[str] = []
+        restarted = False
+        kernel = self._res.kernel
+        if kernel is None:
+            kernel = self._replace_kernel()
+        elif not kernel.alive():
+            ended = describe_exit(kernel.exit_status())
+            notes.append(
+                self._res.pending_notice
+                or f"[sandbox] the Python process had ended ({ended}) and was restarted "
+                "before this call"
+            )
+            kernel = self._replace_kernel()
+            restarted = True
+        self._res.pending_notice = ""
+
+        root = str(self._workdir)
+        before = _snapshot(root, self._limits.max_tracked_files)
+        outcome = self._execute(kernel, code, timeout)
+        error = outcome.error
+        descendants = 0
+        if outcome.closed:
+            error = ExecError("SandboxClosed", "the sandbox was closed while the code ran")
+        elif outcome.kill_reason is None and not outcome.died:
+            descendants = self._count_processes(kernel)
+            if self._limits.max_processes is not None and descendants > self._limits.max_processes:
+                outcome.kill_reason = "process limit"
+                outcome.kill_error = _process_limit_exceeded(self._limits.max_processes)
+        if not outcome.closed and (outcome.died or outcome.kill_reason or outcome.asked_exit):
+            error = self._recover(kernel, outcome, error)
+            restarted = True
+        elif descendants:
+            self._watch_background_processes(kernel)
+
+        stdout, stdout_cut = outcome.stdout.text()
+        stderr, stderr_cut = outcome.stderr.text()
+        if notes:
+            stderr = "\n".join(notes) + ("\n" + stderr if stderr else "\n")
+        after = _snapshot(root, self._limits.max_tracked_files)
+        return ExecResult(
+            stdout=stdout,
+            stderr=stderr,
+            error=error,
+            timed_out=outcome.timed_out,
+            duration_s=time.monotonic() - started,
+            truncated=stdout_cut or stderr_cut,
+            restarted=restarted,
+            files_written=_changed_files(before, after),
+        )
+
+    def _recover(
+        self, kernel: Kernel, outcome: _CallOutcome, error: ExecError | None
+    ) -> ExecError | None:
+        """Replace a dead or unrecoverable kernel; return the error to report."""
+        if outcome.died:
+            status = kernel.exit_status()
+            if status == -signal.SIGXCPU:
+                error = ExecError(
+                    "CPUTimeLimitExceeded",
+                    f"the Python process used up its CPU time ({self._limits.cpu_seconds} s) "
+                    "and was restarted",
+                    kernel.fault_report(),
+                )
+            elif not outcome.asked_exit:
+                error = ExecError(
+                    "KernelDied",
+                    f"the Python process died ({describe_exit(status)}) and was restarted",
+                    kernel.fault_report(),
+                )
+        elif outcome.kill_error is not None:
+            error = outcome.kill_error
+        logger.debug(
+            "restarting kernel pid %d: %s",
+            kernel.pid,
+            outcome.kill_reason or ("exit requested" if outcome.asked_exit else "it died"),
+        )
+        try:
+            self._replace_kernel()
+        except SandboxError as exc:
+            # Leave no kernel: the next call tries a fresh start (and raises if that fails).
+            logger.warning("kernel restart failed: %s", exc)
+            note = f"the Python process could not be restarted: {exc}"
+            if error is None:
+                error = ExecError("SandboxError", note)
+            else:
+                error = ExecError(error.name, f"{error.value}; {note}", error.traceback)
+        return error
+
+    def _replace_kernel(self) -> Kernel:
+        """Stop the current kernel (if any) and start a fresh one in the workdir."""
+        with self._res.state_lock:
+            if self._res.closed:
+                raise SandboxError("the sandbox is closed")
+            old, self._res.kernel = self._res.kernel, None
+            if old is not None:
+                stop_kernel(old)
+            # Started under the state lock so that close() cannot miss a new kernel.
+            kernel = start_kernel(self._workdir, self._limits, self._env)
+            self._res.kernel = kernel
+            return kernel
+
+    def _move_to(self, workdir: Path, *, owned: bool) -> bool:
+        """Point this sandbox's running kernel at ``workdir`` (for :class:`KernelPool`).
+
+        Args:
+            workdir: Resolved, existing directory.
+            owned: Whether the sandbox should delete ``workdir`` on close.
+
+        Returns:
+            False when the kernel is not running or the change of directory failed.
+        """
+        with self._res.lock:
+            kernel = self._res.kernel
+            if self._res.closed or kernel is None or not kernel.alive():
+                return False
+            code = f"import os as _mappa_os\n_mappa_os.chdir({str(workdir)!r})\ndel _mappa_os"
+            outcome = self._execute(kernel, code, self._limits.start_timeout_s, silent=True)
+            if outcome.error or outcome.timed_out or outcome.died or outcome.kill_reason:
+                return False
+            self._workdir = workdir
+            if owned:
+                self._res.owned_dir = workdir
+            return True
+
+    def _count_processes(self, kernel: Kernel) -> int:
+        """Processes below the kernel, counted up to just past the limit (0 if unlimited)."""
+        limit = self._limits.max_processes
+        if limit is None:
+            return 0
+        return len(_process.descendant_pids(kernel.pid, stop_after=limit))
+
+    def _process_limit_error(self, kernel: Kernel) -> ExecError | None:
+        limit = self._limits.max_processes
+        if limit is None or self._count_processes(kernel) <= limit:
+            return None
+        return _process_limit_exceeded(limit)
+
+    def _execute(
+        self, kernel: Kernel, code: str, timeout: float, *, silent: bool = False
+    ) -> _CallOutcome:
+        """Send one execute request and collect its output until the kernel is idle.
+
+        The ``idle`` status on iopub normally ends the call. Iopub may lose messages, so
+        the shell reply also ends it when ``idle`` has not followed shortly; and when a
+        connection drops (a message above ``max_message_bytes``), the client reconnects
+        and the call ends once the kernel answers again.
+        """
+        limits = self._limits
+        outcome = _CallOutcome(
+            _BoundedText(limits.max_output_chars), _BoundedText(limits.max_output_chars)
+        )
+        msg_id = self._send(kernel, code, silent)
+        if msg_id is None:
+            outcome.kill_reason = "the code could not be sent to it"
+            outcome.kill_error = ExecError(
+                "SandboxError",
+                "the code could not be sent to the Python process, which was restarted; "
+                "earlier variables are gone and the code did not run",
+            )
+            return outcome
+        shell, iopub = kernel.client.shell_channel, kernel.client.iopub_channel
+        deadline = time.monotonic() + timeout
+        give_up_at: float | None = None  # set once interrupted
+        next_check = time.monotonic() + limits.watch_interval_s
+        reply: dict[str, Any] | None = None
+        reply_seen_at = 0.0
+        reconnect = False
+        while True:
+            now = time.monotonic()
+            if give_up_at is None and now >= deadline:
+                outcome.timed_out = True
+                _process.interrupt_group(kernel.process)
+                give_up_at = now + limits.interrupt_grace_s
+            elif give_up_at is not None and now >= give_up_at:
+                outcome.kill_reason = "it did not stop after an interrupt"
+                break
+            if now >= next_check:
+                next_check = now + limits.watch_interval_s
+                if self._res.closed:
+                    outcome.closed = True
+                    return outcome
+                if not kernel.alive():
+                    outcome.died = True
+                    break
+                over = self._process_limit_error(kernel)
+                if over is not None:
+                    outcome.kill_reason, outcome.kill_error = "process limit", over
+                    break
+                if kernel.connection_lost():
+                    outcome.output_lost = reconnect = True
+                    break
+                if reply is None:
+                    reply = _matching_reply(shell, msg_id)
+                    reply_seen_at = now
+                elif now - reply_seen_at > _IOPUB_AFTER_REPLY_S:
+                    outcome.output_lost = True
+                    break
+            wait = min(next_check, give_up_at or deadline) - now
+            try:
+                message = iopub.get_msg(timeout=max(wait, 0.001))
+            except Empty:
+                continue
+            if message["parent_header"].get("msg_id") != msg_id:
+                continue
+            if _handle_iopub(message, outcome):
+                break
+
+        if outcome.output_lost and not outcome.kill_reason:
+            self._resync(kernel, outcome, deadline, reconnect=reconnect)
+        if outcome.timed_out:
+            stopped = outcome.kill_reason is None
+            outcome.error = ExecError(
+                "TimeoutError",
+                f"the code ran longer than {timeout:g} s and was interrupted"
+                + ("" if stopped else "; it did not stop, so the Python process was restarted"),
+                outcome.interrupted_traceback,
+            )
+            if not stopped:
+                outcome.kill_error = outcome.error
+        if outcome.kill_reason is None and not outcome.died:
+            if reply is None and not reconnect:
+                reply = _wait_reply(kernel.client.shell_channel, msg_id, _REPLY_WAIT_S)
+            if reply is not None:
+                _apply_reply(reply, outcome)
+            if outcome.asked_exit:
+                # ``exit()`` in IPython stops the kernel shortly after the reply.
+                outcome.died = kernel.wait_exit(timeout=5)
+                outcome.kill_reason = None if outcome.died else "exit requested"
+        if outcome.output_lost:
+            outcome.stderr.append(
+                ("\n" if outcome.stderr.total_chars else "")
+                + "[sandbox] some output of this call was lost: a single output larger "
+                f"than {limits.max_message_bytes} bytes is dropped\n"
+            )
+        return outcome
+
+    @staticmethod
+    def _send(kernel: Kernel, code: str, silent: bool) -> str | None:
+        """Send an execute request, reconnecting once if the shell connection is gone."""
+        import zmq
+
+        for attempt in range(2):
+            try:
+                if attempt:
+                    kernel.connect()
+                _drain(kernel.client.shell_channel)
+                kernel.connection_lost()  # forget events from before this call
+                return kernel.client.execute(
+                    code,
+                    silent=silent,
+                    store_history=False,
+                    allow_stdin=False,
+                    stop_on_error=False,
+                )
+            except zmq.ZMQError as exc:
+                logger.debug("kernel pid %d: sending failed (%s)", kernel.pid, exc)
+        return None
+
+    def _resync(
+        self, kernel: Kernel, outcome: _CallOutcome, deadline: float, *, reconnect: bool
+    ) -> None:
+        """After lost messages, wait until the kernel answers on fresh, live channels.
+
+        The kernel answers ``kernel_info`` only once the code has finished, so this
+        also waits for the end of the call (interrupting it at ``deadline``).
+        """
+        import zmq
+
+        try:
+            if reconnect:
+                kernel.connect()
+            wait_until_ready(kernel, max(deadline, time.monotonic() + 1.0))
+            return
+        except zmq.ZMQError as exc:
+            outcome.kill_reason = f"its connection could not be rebuilt ({exc})"
+            return
+        except SandboxError:
+            if not kernel.alive():
+                outcome.died = True
+                return
+        outcome.timed_out = True
+        _process.interrupt_group(kernel.process)
+        try:
+            wait_until_ready(kernel, time.monotonic() + self._limits.interrupt_grace_s)
+        except SandboxError:
+            if kernel.alive():
+                outcome.kill_reason = "it did not stop after an interrupt"
+            else:
+                outcome.died = True
+
+    def _watch_background_processes(self, kernel: Kernel) -> None:
+        """Keep counting the kernel's processes between calls while it has any."""
+        limit = self._limits.max_processes
+        if limit is None or self._res.watcher is not None:
+            return
+        watcher = threading.Thread(
+            target=_watch_idle_kernel,
+            args=(self._res, kernel, limit, self._limits.idle_watch_interval_s),
+            name=f"mappa-sandbox-watch-{kernel.pid}",
+            daemon=True,
+        )
+        self._res.watcher = watcher
+        watcher.start()
+
+
+def _process_limit_exceeded(limit: int) -> ExecError:
+    return ExecError(
+        "ProcessLimitExceeded",
+        f"the code had more than {limit} processes running; all of them and the Python "
+        "process were killed, and the Python process was restarted",
+    )
+
+
+def _handle_iopub(message: dict[str, Any], outcome: _CallOutcome) -> bool:
+    """Fold one iopub message into ``outcome``; return True when the request is done."""
+    kind = message["msg_type"]
+    content = message["content"]
+    if kind == "stream":
+        target = outcome.stderr if content.get("name") == "stderr" else outcome.stdout
+        target.append(content.get("text", ""))
+    elif kind in ("execute_result", "display_data"):
+        text = content.get("data", {}).get("text/plain")
+        if text:
+            outcome.stdout.append(text if text.endswith("\n") else text + "\n")
+    elif kind == "error":
+        traceback = strip_ansi("\n".join(content.get("traceback", [])))
+        name = content.get("ename", "Error")
+        value = strip_ansi(content.get("evalue", ""))
+        if outcome.timed_out and name == "KeyboardInterrupt":
+            outcome.interrupted_traceback = traceback
+        else:
+            outcome.error = ExecError(name, value, truncate_middle(traceback, _MAX_TRACEBACK_CHARS))
+    elif kind == "status":
+        return content.get("execution_state") == "idle"
+    return False
+
+
+def _matching_reply(shell: Any, msg_id: str) -> dict[str, Any] | None:
+    """The shell reply to ``msg_id`` if it has arrived (others are discarded), else None."""
+    while shell.msg_ready():
+        reply = shell.get_msg(timeout=0)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply
+    return None
+
+
+def _wait_reply(shell: Any, msg_id: str, timeout: float) -> dict[str, Any] | None:
+    """Wait up to ``timeout`` seconds for the shell reply to ``msg_id``."""
+    deadline = time.monotonic() + timeout
+    while (remaining := deadline - time.monotonic()) > 0:
+        try:
+            reply = shell.get_msg(timeout=remaining)
+        except Empty:
+            return None
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply
+    return None
+
+
+def _apply_reply(reply: dict[str, Any], outcome: _CallOutcome) -> None:
+    """Take from the execute reply what iopub may have missed: the error, an exit request."""
+    content = reply.get("content", {})
+    if content.get("status") == "error" and outcome.error is None and not outcome.timed_out:
+        traceback = strip_ansi("\n".join(content.get("traceback", [])))
+        outcome.error = ExecError(
+            content.get("ename", "Error"),
+            strip_ansi(content.get("evalue", "")),
+            truncate_middle(traceback, _MAX_TRACEBACK_CHARS),
+        )
+    outcome.asked_exit = any(
+        p.get("source") == "ask_exit" and not p.get("keepkernel")
+        for p in content.get("payload", [])
+    )
+
+
+def _drain(channel: Any) -> None:
+    while channel.msg_ready():
+        channel.get_msg(timeout=0)
+
+
+def _watch_idle_kernel(res: _Resources, kernel: Kernel, limit: int, interval: float) -> None:
+    """Between calls, kill the kernel if processes it left running exceed ``limit``.
+
+    Runs only while the kernel has descendants; a running call does its own checks, so
+    a round is skipped whenever the call lock is taken.
+    """
+    while not res.stop_watch.wait(interval):
+        if not res.lock.acquire(blocking=False):
+            continue
+        try:
+            if res.kernel is not kernel or not kernel.alive():
+                res.watcher = None
+                return
+            found = _process.descendant_pids(kernel.pid, stop_after=limit)
+            if not found:
+                res.watcher = None
+                return
+            if len(found) > limit:
+                logger.debug("kernel pid %d: background processes over %d", kernel.pid, limit)
+                _process.kill_tree(kernel.process)
+                res.pending_notice = (
+                    f"[sandbox] processes left running by earlier code exceeded the limit of "
+                    f"{limit}; they and the Python process were killed, and it was restarted"
+                )
+                res.watcher = None
+                return
+        finally:
+            res.lock.release()
+    res.watcher = None

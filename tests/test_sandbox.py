@@ -1,0 +1,558 @@
+"""Tests for the Jupyter sandbox (mappa_env.sandbox.jupyter): execution, failures, lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from mappa_env.sandbox import (
+    ExecResult,
+    JupyterSandbox,
+    Sandbox,
+    SandboxError,
+    SandboxLimits,
+)
+from mappa_env.sandbox._kernel import launcher_source
+from mappa_env.sandbox.jupyter import _BoundedText, strip_ansi
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def gone(pid: int) -> bool:
+    """True when ``pid`` no longer runs (a zombie awaiting its reaper counts as gone)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_gone(pids: list[int], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(gone(pid) for pid in pids):
+            return True
+        time.sleep(0.05)
+    return all(gone(pid) for pid in pids)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> JupyterSandbox:
+    """One sandbox for the tests whose state does not matter (saves kernel starts)."""
+    sandbox = JupyterSandbox(tmp_path_factory.mktemp("shared"), SandboxLimits(timeout_s=20))
+    yield sandbox
+    sandbox.close()
+
+
+# --------------------------------------------------------------------------------------
+# Pure helpers
+# --------------------------------------------------------------------------------------
+
+
+def test_strip_ansi_removes_colour_codes() -> None:
+    coloured = "\x1b[31mZeroDivisionError\x1b[39m: \x1b[38;5;28;01mdivision\x1b[0m"
+    assert strip_ansi(coloured) == "ZeroDivisionError: division"
+
+
+def test_bounded_text_keeps_head_and_tail_with_bounded_memory() -> None:
+    buffer = _BoundedText(limit=100)
+    chunks = [f"line {i}\n" for i in range(100_000)]
+    for chunk in chunks:
+        buffer.append(chunk)
+        # Never more than head + 3x the limit is held, however much arrives.
+        assert len(buffer._head) + buffer._tail_chars <= 3 * 100
+    text, cut = buffer.text()
+    full = "".join(chunks)
+    assert cut
+    assert buffer.total_chars == len(full)
+    assert len(text) <= 100
+    assert text.endswith(full[-20:])
+    assert text.startswith(full[:5])
+    assert str(len(full)) in text  # the marker says how much there was
+
+
+def test_bounded_text_short_input_is_unchanged() -> None:
+    buffer = _BoundedText(limit=100)
+    buffer.append("abc")
+    buffer.append("def")
+    assert buffer.text() == ("abcdef", False)
+
+
+def test_launcher_source_survives_kernel_command_templating() -> None:
+    # jupyter-client substitutes {name} patterns in every argv element.
+    import re
+
+    assert not re.search(r"\{[A-Za-z0-9_]+\}", launcher_source())
+
+
+def test_import_is_light() -> None:
+    code = (
+        "import sys, mappa_env.sandbox\n"
+        "heavy = [m for m in ('torch', 'litellm', 'transformers', 'jupyter_client', 'zmq')"
+        " if m in sys.modules]\n"
+        "print(heavy)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, check=True
+    )
+    assert out.stdout.strip() == "[]"
+
+
+# --------------------------------------------------------------------------------------
+# Execution
+# --------------------------------------------------------------------------------------
+
+
+def test_sandbox_satisfies_protocol(shared: JupyterSandbox) -> None:
+    assert isinstance(shared, Sandbox)
+
+
+def test_state_persists_and_last_expression_is_shown(shared: JupyterSandbox) -> None:
+    assert shared.run("persisted = 6 * 7").ok
+    result = shared.run("print('value:', persisted)\npersisted + 1")
+    assert result.ok
+    assert result.stdout == "value: 42\n43\n"
+    assert result.stderr == ""
+    assert result.duration_s > 0
+
+
+def test_display_data_and_stderr_are_separated(shared: JupyterSandbox) -> None:
+    code = (
+        "import sys\n"
+        "from IPython.display import display\n"
+        "display({'k': 1})\n"
+        "print('to err', file=sys.stderr)\n"
+    )
+    result = shared.run(code)
+    assert result.stdout == "{'k': 1}\n"
+    assert result.stderr == "to err\n"
+
+
+def test_exception_becomes_exec_error_without_ansi(shared: JupyterSandbox) -> None:
+    result = shared.run("def f():\n    return 1 / 0\nf()")
+    assert not result.ok
+    assert result.error is not None
+    assert result.error.name == "ZeroDivisionError"
+    assert result.error.value == "division by zero"
+    assert "return 1 / 0" in result.error.traceback
+    assert "\x1b" not in result.error.traceback
+    assert not result.restarted
+
+
+def test_syntax_error_is_a_result(shared: JupyterSandbox) -> None:
+    result = shared.run("def broken(:\n    pass")
+    assert result.error is not None
+    assert result.error.name == "SyntaxError"
+
+
+def test_sys_exit_does_not_kill_the_kernel(shared: JupyterSandbox) -> None:
+    shared.run("survivor = 'still here'")
+    result = shared.run("import sys\nsys.exit(3)")
+    assert result.error is not None
+    assert result.error.name == "SystemExit"
+    assert not result.restarted
+    assert shared.run("survivor").stdout == "'still here'\n"
+
+
+def test_input_is_refused_instead_of_hanging(shared: JupyterSandbox) -> None:
+    started = time.monotonic()
+    result = shared.run("input('your name? ')", timeout=10)
+    assert time.monotonic() - started < 5
+    assert not result.timed_out
+    assert result.error is not None
+    assert result.error.name == "StdinNotImplementedError"
+
+
+def test_binary_output_is_decoded_with_replacement(shared: JupyterSandbox) -> None:
+    result = shared.run("import os\nos.write(1, b'bytes:\\xff\\xfe\\n')")
+    assert "bytes:\ufffd\ufffd" in result.stdout
+    # ipykernel's stdout has no .buffer; the attempt is an ordinary error.
+    result = shared.run("import sys\nsys.stdout.buffer.write(b'\\xff')")
+    assert result.error is not None
+    assert shared.run("1 + 1").stdout == "2\n"
+
+
+def test_long_output_is_cut_from_the_middle_keeping_the_traceback(tmp_path: Path) -> None:
+    with JupyterSandbox(tmp_path, SandboxLimits(max_output_chars=1000)) as sandbox:
+        result = sandbox.run(
+            "print('HEAD'); print('x' * 50_000); print('TAIL')\nraise ValueError('end')"
+        )
+    assert result.truncated
+    assert len(result.stdout) <= 1000
+    assert result.stdout.startswith("HEAD")
+    assert result.stdout.rstrip().endswith("TAIL")
+    assert result.error is not None
+    assert result.error.value == "end"
+
+
+def test_non_string_code_is_a_type_error(shared: JupyterSandbox) -> None:
+    with pytest.raises(TypeError):
+        shared.run(b"1 + 1")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        asyncio.run(shared.arun(None))  # type: ignore[arg-type]
+
+
+def test_non_positive_timeout_is_a_value_error(shared: JupyterSandbox) -> None:
+    with pytest.raises(ValueError, match="timeout"):
+        shared.run("1", timeout=0)
+
+
+def test_render_of_a_real_result(shared: JupyterSandbox) -> None:
+    text = shared.run("print('hello')\n[][1]").render()
+    assert "[stdout]\nhello" in text
+    assert "IndexError" in text
+
+
+# --------------------------------------------------------------------------------------
+# Files
+# --------------------------------------------------------------------------------------
+
+
+def test_files_written_lists_created_and_modified_files(tmp_path: Path) -> None:
+    (tmp_path / "untouched.txt").write_text("same")
+    (tmp_path / "edited.txt").write_text("old")
+    with JupyterSandbox(tmp_path) as sandbox:
+        result = sandbox.run(
+            "import os\n"
+            "os.makedirs('sub', exist_ok=True)\n"
+            "open('sub/new.csv', 'w').write('a,b')\n"
+            "open('edited.txt', 'a').write(' and new')\n"
+            "print(os.getcwd())"
+        )
+        assert result.stdout.strip() == str(tmp_path.resolve())
+        assert result.files_written == ("edited.txt", os.path.join("sub", "new.csv"))
+        assert sandbox.run("x = 1").files_written == ()
+
+
+def test_file_tracking_is_skipped_for_huge_workspaces(tmp_path: Path) -> None:
+    for i in range(30):
+        (tmp_path / f"f{i}.txt").write_text("x")
+    with JupyterSandbox(tmp_path, SandboxLimits(max_tracked_files=10)) as sandbox:
+        result = sandbox.run("open('new.txt', 'w').write('y')")
+    assert result.ok
+    assert result.files_written == ()
+    assert (tmp_path / "new.txt").exists()
+
+
+def test_sandboxes_share_a_workdir_and_never_delete_a_given_one(tmp_path: Path) -> None:
+    writer = JupyterSandbox(tmp_path)
+    reader = JupyterSandbox(tmp_path)
+    try:
+        assert writer.run("open('handoff.txt', 'w').write('from writer')").ok
+        writer.close()
+        assert tmp_path.is_dir()
+        assert reader.run("print(open('handoff.txt').read())").stdout == "from writer\n"
+    finally:
+        reader.close()
+    assert (tmp_path / "handoff.txt").read_text() == "from writer"
+
+
+def test_missing_workdir_is_created(tmp_path: Path) -> None:
+    target = tmp_path / "a" / "b"
+    sandbox = JupyterSandbox(target)
+    try:
+        assert target.is_dir()
+        assert sandbox.workdir == target.resolve()
+    finally:
+        sandbox.close()
+    assert target.is_dir()
+
+
+# --------------------------------------------------------------------------------------
+# Timeouts and dying kernels
+# --------------------------------------------------------------------------------------
+
+
+def test_timeout_interrupts_and_keeps_state(shared: JupyterSandbox) -> None:
+    shared.run("kept = 'state'")
+    started = time.monotonic()
+    result = shared.run("import time\nprint('before')\ntime.sleep(30)", timeout=0.5)
+    assert time.monotonic() - started < 5
+    assert result.timed_out
+    assert not result.ok
+    assert result.error is not None
+    assert result.error.name == "TimeoutError"
+    assert "KeyboardInterrupt" in result.error.traceback
+    assert result.stdout == "before\n"
+    assert not result.restarted
+    assert shared.run("kept").stdout == "'state'\n"
+
+
+@pytest.mark.slow
+def test_uninterruptible_code_restarts_the_kernel(tmp_path: Path) -> None:
+    limits = SandboxLimits(interrupt_grace_s=0.5)
+    with JupyterSandbox(tmp_path, limits) as sandbox:
+        sandbox.run("lost = 1")
+        old_pid = sandbox.kernel_pid
+        code = (
+            "import signal, time\n"
+            "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+            "while True:\n"
+            "    time.sleep(0.05)"
+        )
+        result = sandbox.run(code, timeout=0.5)
+        assert result.timed_out
+        assert result.restarted
+        assert result.error is not None
+        assert result.error.name == "TimeoutError"
+        assert wait_gone([old_pid])
+        assert sandbox.kernel_pid not in (None, old_pid)
+        after = sandbox.run("lost")
+        assert after.error is not None
+        assert after.error.name == "NameError"
+        assert sandbox.run("'works'").stdout == "'works'\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("code", "describes"),
+    [
+        ("import os\nos._exit(1)", "exit status 1"),
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "SIGKILL"),
+    ],
+)
+def test_kernel_death_is_reported_and_recovered(tmp_path: Path, code: str, describes: str) -> None:
+    with JupyterSandbox(tmp_path) as sandbox:
+        sandbox.run("lost = 1")
+        result = sandbox.run(code)
+        assert result.restarted
+        assert result.error is not None
+        assert result.error.name == "KernelDied"
+        assert describes in result.error.value
+        assert sandbox.run("'alive'").stdout == "'alive'\n"
+        assert sandbox.run("lost").error is not None
+
+
+@pytest.mark.slow
+def test_exit_restarts_without_error(tmp_path: Path) -> None:
+    with JupyterSandbox(tmp_path) as sandbox:
+        result = sandbox.run("exit()")
+        assert result.restarted
+        assert result.error is None
+        assert sandbox.run("1 + 2").stdout == "3\n"
+
+
+@pytest.mark.slow
+def test_kernel_killed_between_calls_is_restarted(tmp_path: Path) -> None:
+    with JupyterSandbox(tmp_path) as sandbox:
+        sandbox.start()
+        pid = sandbox.kernel_pid
+        assert pid is not None
+        os.kill(pid, 9)
+        deadline = time.monotonic() + 5
+        while sandbox.kernel_pid is not None and time.monotonic() < deadline:
+            time.sleep(0.02)  # all of the kernel's threads must have ended
+        result = sandbox.run("'back'")
+        assert result.restarted
+        assert result.ok
+        assert result.stdout == "'back'\n"
+        assert "restarted" in result.stderr
+
+
+# --------------------------------------------------------------------------------------
+# Lifecycle
+# --------------------------------------------------------------------------------------
+
+
+def test_kernel_start_failure_is_reported_with_its_cause(tmp_path: Path) -> None:
+    # A package on the kernel's path that shadows ipykernel makes the start fail.
+    fake = tmp_path / "fake"
+    (fake / "ipykernel").mkdir(parents=True)
+    (fake / "ipykernel" / "__init__.py").write_text("raise ImportError('ipykernel is broken')")
+    sandbox = JupyterSandbox(tmp_path / "work", env={"PYTHONPATH": str(fake)})
+    try:
+        with pytest.raises(SandboxError, match="ipykernel is broken"):
+            sandbox.start()
+        with pytest.raises(SandboxError, match="ipykernel is broken"):
+            sandbox.run("1")
+        assert sandbox.kernel_pid is None
+    finally:
+        sandbox.close()
+
+
+def test_kernel_starts_lazily(tmp_path: Path) -> None:
+    with JupyterSandbox(tmp_path) as sandbox:
+        assert sandbox.kernel_pid is None
+        sandbox.run("1")
+        assert sandbox.kernel_pid is not None
+
+
+def test_close_kills_the_process_tree_and_removes_its_files() -> None:
+    sandbox = JupyterSandbox()
+    workdir = sandbox.workdir
+    # A plain child, and a daemon that double-forks into its own session (it leaves the
+    # kernel's process group; the kernel adopts it as a subreaper).
+    daemon = (
+        "import os, sys, time\n"
+        "if os.fork():\n"
+        "    sys.exit()\n"
+        "os.setsid()\n"
+        "open('daemon.pid', 'w').write(str(os.getpid()))\n"
+        "time.sleep(60)\n"
+    )
+    result = sandbox.run(
+        "import os, subprocess, sys, time\n"
+        "child = subprocess.Popen(['sleep', '60'])\n"
+        f"subprocess.run([sys.executable, '-c', {daemon!r}], check=True)\n"
+        "while not os.path.exists('daemon.pid') or not open('daemon.pid').read():\n"
+        "    time.sleep(0.01)\n"
+        "print(child.pid, open('daemon.pid').read())"
+    )
+    assert result.ok, result.render()
+    child_pids = [int(pid) for pid in result.stdout.split()]
+    assert len(child_pids) == 2
+    kernel = sandbox._res.kernel
+    assert kernel is not None
+    pids = [kernel.pid, *child_pids]
+    assert not any(gone(pid) for pid in pids)
+    sandbox.close()
+    assert wait_gone(pids)
+    assert not kernel.runtime_dir.exists()  # connection file and sockets
+    assert not workdir.exists()  # the sandbox made it, so it removed it
+    assert sandbox.closed
+    sandbox.close()  # idempotent
+    with pytest.raises(SandboxError):
+        sandbox.run("1")
+
+
+def test_context_manager_closes(tmp_path: Path) -> None:
+    with JupyterSandbox(tmp_path) as sandbox:
+        sandbox.start()
+        pid = sandbox.kernel_pid
+    assert pid is not None
+    assert wait_gone([pid])
+    assert tmp_path.is_dir()
+
+
+def test_garbage_collection_closes() -> None:
+    sandbox = JupyterSandbox()
+    sandbox.start()
+    pid, workdir = sandbox.kernel_pid, sandbox.workdir
+    assert pid is not None
+    del sandbox
+    gc.collect()
+    assert wait_gone([pid])
+    assert not workdir.exists()
+
+
+@pytest.mark.slow
+def test_interpreter_exit_closes(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        from mappa_env.sandbox import JupyterSandbox
+        sandbox = JupyterSandbox()
+        result = sandbox.run(
+            "import os, subprocess\\n"
+            "child = subprocess.Popen(['sleep', '60'])\\n"
+            "print(os.getpid(), child.pid)"
+        )
+        print(result.stdout.strip(), sandbox.workdir, flush=True)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=60,
+        check=True,
+    )
+    kernel_pid, child_pid, workdir = out.stdout.split()
+    assert wait_gone([int(kernel_pid), int(child_pid)])
+    assert not Path(workdir).exists()
+
+
+def test_factory_makes_configured_sandboxes(tmp_path: Path) -> None:
+    limits = SandboxLimits(timeout_s=7)
+    factory = JupyterSandbox.factory(limits, env={"MAPPA_FACTORY_VAR": "yes"})
+    sandbox = factory(tmp_path)
+    try:
+        assert isinstance(sandbox, JupyterSandbox)
+        assert sandbox.limits is limits
+        assert sandbox.workdir == tmp_path.resolve()
+        assert sandbox.run("import os\nos.environ['MAPPA_FACTORY_VAR']").stdout == "'yes'\n"
+    finally:
+        sandbox.close()
+
+
+# --------------------------------------------------------------------------------------
+# Concurrency
+# --------------------------------------------------------------------------------------
+
+
+def test_threads_are_serialised_on_one_sandbox(shared: JupyterSandbox) -> None:
+    shared.run("import time")
+    mismatches: list[tuple[str, str]] = []
+
+    def worker(token: str) -> None:
+        for i in range(15):
+            expected = f"{token}-{i}"
+            result = shared.run(f"time.sleep(0.001)\nprint({expected!r})")
+            if result.stdout != expected + "\n":
+                mismatches.append((expected, result.stdout))
+
+    threads = [threading.Thread(target=worker, args=(name,)) for name in ("a", "b", "c")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert mismatches == []
+
+
+@pytest.mark.slow
+def test_arun_overlaps_sandboxes_and_does_not_block_the_loop(tmp_path: Path) -> None:
+    sandboxes = [JupyterSandbox(tmp_path / str(i)) for i in range(3)]
+
+    async def main() -> tuple[list[ExecResult], float, int]:
+        await asyncio.gather(*(s.arun("1") for s in sandboxes))  # start the kernels
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        tick_task = asyncio.create_task(ticker())
+        started = time.monotonic()
+        results = await asyncio.gather(*(s.arun("import time\ntime.sleep(0.6)") for s in sandboxes))
+        elapsed = time.monotonic() - started
+        tick_task.cancel()
+        return results, elapsed, ticks
+
+    try:
+        results, elapsed, ticks = asyncio.run(main())
+    finally:
+        for sandbox in sandboxes:
+            sandbox.close()
+    assert all(result.ok for result in results)
+    assert elapsed < 1.5  # three 0.6 s sleeps, overlapped
+    assert ticks >= 20  # the loop kept running while the code ran
+
+
+@pytest.mark.slow
+def test_close_from_another_thread_ends_a_running_call(tmp_path: Path) -> None:
+    sandbox = JupyterSandbox(tmp_path)
+    sandbox.start()
+    outcome: list[ExecResult] = []
+    runner = threading.Thread(
+        target=lambda: outcome.append(sandbox.run("import time\ntime.sleep(30)", timeout=60))
+    )
+    runner.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    sandbox.close()
+    runner.join(timeout=15)
+    assert not runner.is_alive()
+    assert time.monotonic() - started < 10
+    assert outcome[0].error is not None
+    assert outcome[0].error.name == "SandboxClosed"
