@@ -10,7 +10,6 @@ import statistics
 import time
 
 from benchmarks._common import print_table, write_results
-
 from mappa_env.grading import SymbolicChecker, answers_match
 from mappa_env.tasks import find_bench_dir, load_math_tasks
 

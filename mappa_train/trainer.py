@@ -315,6 +315,8 @@ class Trainer:
             for agent in self.agents
         }
         self._advantages(prepared)
+        _sync_device(self.device)
+        logprob_s = time.perf_counter() - train_started
         metrics: dict[str, Any] = {"step": self.step + 1}
         lr = self.config.lr * self.lr_factor(self.step)
         for learner in self.learners.values():
@@ -326,6 +328,7 @@ class Trainer:
             tokens_trained += int(stats.pop("tokens", 0))
             for key, value in stats.items():
                 metrics[f"{agent}/{key}"] = value
+        _sync_device(self.device)
         train_s = time.perf_counter() - train_started
         response_tokens = sum(len(s.response_ids) for s in samples)
         report = summarize(episodes)
@@ -342,6 +345,8 @@ class Trainer:
                 "train/seconds": train_s,
                 "train/tokens": tokens_trained,
                 "train/tokens_per_s": tokens_trained / train_s if train_s > 0 else None,
+                "train/logprob_seconds": logprob_s,
+                "train/update_seconds": train_s - logprob_s,
                 "lr": lr,
             }
         )
@@ -477,34 +482,42 @@ class Trainer:
                 micro = members[mstart : mstart + config.micro_batch_size]
                 rows = [prep.samples[i] for i in micro]
                 width = max(len(s.response_ids) for s in rows)
-                batch = pack(
-                    [s.prompt_ids for s in rows], [s.response_ids for s in rows], pad_id
-                ).to(self.device)
+                cpu_mask = prep.mask[micro, :width]
+                # Copy everything this micro-batch needs before launching its forward pass:
+                # a blocking host-to-device copy in between would wait for the GPU queue.
+                batch = _to_device(
+                    pack([s.prompt_ids for s in rows], [s.response_ids for s in rows], pad_id),
+                    self.device,
+                )
+                old, adv, mask = (
+                    _move(t, self.device)
+                    for t in (
+                        prep.old_logprobs[micro, :width],
+                        prep.advantages[micro, :width],
+                        cpu_mask,
+                    )
+                )
                 logp = response_logprobs(model, batch, chunk_size=config.logprob_chunk_size)
-                old = prep.old_logprobs[micro, :width].to(self.device)
-                adv = prep.advantages[micro, :width].to(self.device)
-                mask = prep.mask[micro, :width].to(self.device)
                 loss = ppo_clip_loss(logp, old, adv, mask, config.clip_eps, config.clip_eps_high)
                 if config.advantage_estimator != "reinforce_pp" and config.kl_coef:
                     ref = prep.ref_logprobs[micro, :width].to(self.device)
                     kl = kl_penalty(logp, ref, "k3")
                     loss = loss + config.kl_coef * (kl * mask).sum() / mask.sum().clamp(min=1)
-                weight = float(mask.sum()) / max(total, 1.0)
+                # Statistics stay on the device until the end: reading them per
+                # micro-batch would stall the GPU queue every time.
+                weight = float(cpu_mask.sum()) / max(total, 1.0)
                 (loss * weight).backward()
-                losses.append(float(loss.detach()) * weight)
-                clips.append(
-                    float(clip_fraction(logp, old, mask, config.clip_eps, config.clip_eps_high))
-                )
+                losses.append(loss.detach() * weight)
+                clips.append(clip_fraction(logp, old, mask, config.clip_eps, config.clip_eps_high))
                 tokens += sum(len(s.prompt_ids) + len(s.response_ids) for s in rows)
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-            norms.append(float(norm))
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
             learner.optimizer.step()
         model.eval()
         stats.update(
             {
-                "loss": float(np.sum(losses)) / max(1, len(norms)),
-                "clip_fraction": float(np.mean(clips)),
-                "grad_norm": float(np.mean(norms)),
+                "loss": float(torch.stack(losses).sum()) / max(1, len(norms)),
+                "clip_fraction": float(torch.stack(clips).mean()),
+                "grad_norm": float(torch.stack(norms).float().mean()),
                 "optimizer_steps": float(len(norms)),
                 "tokens": float(tokens),
             }
@@ -663,6 +676,31 @@ class Trainer:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         return path
+
+
+def _move(tensor: torch.Tensor, device: str) -> torch.Tensor:
+    """Copy to ``device`` without blocking the host (pinned staging on CUDA)."""
+    if device.startswith("cuda"):
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
+def _to_device(batch: Any, device: str) -> Any:
+    from mappa_train.logprobs import PackedBatch
+
+    return PackedBatch(
+        _move(batch.input_ids, device),
+        _move(batch.attention_mask, device),
+        _move(batch.response_mask, device),
+        _move(batch.response_ids, device),
+        batch.prompt_lengths,
+    )
+
+
+def _sync_device(device: str) -> None:
+    """Wait for queued GPU work, so wall-clock phases are measured honestly."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def _pad_to(values: torch.Tensor, width: int) -> torch.Tensor:

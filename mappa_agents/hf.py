@@ -1,0 +1,435 @@
+"""A policy backed by a Hugging Face transformers causal LM, in this process.
+
+Prompts go through the model's chat template, are left-padded into batches and run
+through ``model.generate``. Every generation keeps the exact prompt ids, the exact
+sampled ids and the log-probability of each sampled id, so training never re-tokenises
+text. torch and transformers are imported when a policy is built, not on import.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mappa_agents.policy import (
+    ChatMessages,
+    Generation,
+    SamplingParams,
+    find_stop,
+    generate_in_thread,
+    normalize_batch,
+    split_reasoning,
+)
+from mappa_env._optional import require
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+
+def _torch() -> Any:
+    return require("torch", "agents", purpose="running local models (HFPolicy)")
+
+
+def _transformers() -> Any:
+    return require("transformers", "agents", purpose="running local models (HFPolicy)")
+
+
+def resolve_device(device: str) -> str:
+    """``"auto"`` becomes ``"cuda"`` when a GPU is visible, else ``"cpu"``.
+
+    Args:
+        device: ``"auto"`` or a torch device string.
+
+    Returns:
+        A torch device string.
+    """
+    if device != "auto":
+        return device
+    return "cuda" if _torch().cuda.is_available() else "cpu"
+
+
+def resolve_dtype(dtype: Any, device: str) -> Any:
+    """``"auto"`` becomes bfloat16 on CUDA and float32 elsewhere; names become dtypes.
+
+    Args:
+        dtype: ``"auto"``, a name such as ``"bfloat16"``/``"bf16"``, or a ``torch.dtype``.
+        device: The device the model runs on.
+
+    Returns:
+        A ``torch.dtype``.
+
+    Raises:
+        ValueError: For an unknown dtype name.
+    """
+    torch = _torch()
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32"}
+    name = aliases.get(dtype, dtype)
+    value = getattr(torch, str(name), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}")
+    return value
+
+
+class _SampledLogprobRecorder:
+    """A logits processor that records the raw-model log-probability of each sampled id.
+
+    ``generate`` calls processors with the raw logits of step ``t`` and the ids up to
+    step ``t - 1``, so each call scores the id chosen at the previous step under the
+    distribution kept from that step; the last step's id is scored by :meth:`finish`.
+    Memory stays at one ``batch x vocab`` row (keeping every step's logits would not).
+    The policy gives ``generate`` a config without other logits processors, so the
+    logits seen here are the model's own.
+    """
+
+    def __init__(self) -> None:
+        self._previous: torch.Tensor | None = None
+        self.steps: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self._score_last(input_ids[:, -1])
+        self._previous = _torch().log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        """Score the final step and return ``batch x steps`` logprobs."""
+        self._score_last(sequences[:, -1])
+        torch = _torch()
+        if not self.steps:
+            return torch.zeros((sequences.shape[0], 0))
+        return torch.stack(self.steps, dim=1).cpu()
+
+    def _score_last(self, chosen: torch.Tensor) -> None:
+        if self._previous is not None:
+            self.steps.append(self._previous.gather(1, chosen[:, None].long())[:, 0])
+            self._previous = None
+
+
+class HFPolicy:
+    """A transformers causal LM as a :class:`~mappa_agents.policy.Policy`.
+
+    Generation is batched with left padding and the model's chat template; a seeded
+    call (``SamplingParams.seed``) is reproducible for the same batch on the same
+    device; temperature 0 decodes greedily. Calls are serialised by a lock (one model,
+    one generate at a time); :meth:`agenerate` runs :meth:`generate` in a worker thread.
+
+    Args:
+        model: An HF model id, a local directory, or a loaded ``PreTrainedModel``
+            (then ``tokenizer`` is required and the model is used as it is unless
+            ``device``/``dtype`` ask otherwise).
+        tokenizer: A tokenizer, or an id/path to load one from (default: ``model``).
+        device: ``"auto"`` (CUDA when present, else CPU) or a torch device string.
+        dtype: ``"auto"`` (bfloat16 on CUDA, float32 on CPU), a name such as
+            ``"bfloat16"``, or a ``torch.dtype``.
+        name: Label of the policy (default: the model's name or path).
+        chat_template_kwargs: Extra variables for the chat template, e.g.
+            ``{"enable_thinking": False}`` for Qwen3.
+        max_batch_size: Largest number of prompts run through ``generate`` at once;
+            bigger batches are split (prompts of similar length are grouped).
+        **model_kwargs: Passed to ``AutoModelForCausalLM.from_pretrained`` (e.g.
+            ``attn_implementation``, ``trust_remote_code``).
+
+    Attributes:
+        name: Label of the policy.
+        model: The causal LM (``None`` after :meth:`close`).
+        tokenizer: Its tokenizer.
+        device: Device of the model's weights, e.g. ``"cpu"`` or ``"cuda:0"``.
+        dtype: ``torch.dtype`` of the model's weights.
+        eos_token_ids: Ids that end a response (the model's generation config and the
+            tokenizer's EOS).
+        pad_token_id: Id used for left padding (the tokenizer's pad, else the first EOS).
+
+    Raises:
+        MissingExtraError: If torch or transformers is not installed.
+        ValueError: If a model object is given without a tokenizer, or the tokenizer
+            has no chat template.
+    """
+
+    def __init__(
+        self,
+        model: str | Path | PreTrainedModel,
+        tokenizer: str | Path | PreTrainedTokenizerBase | None = None,
+        *,
+        device: str = "auto",
+        dtype: Any = "auto",
+        name: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        max_batch_size: int = 16,
+        **model_kwargs: Any,
+    ) -> None:
+        torch = _torch()
+        transformers = _transformers()
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.max_batch_size = max_batch_size
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+
+        if isinstance(model, (str, Path)):
+            source = str(model)
+            self.device = resolve_device(device)
+            self.dtype = resolve_dtype(dtype, self.device)
+            started = time.perf_counter()
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(
+                source, dtype=self.dtype, **model_kwargs
+            ).to(self.device)
+            logger.info(
+                "loaded %s (%s, %s) in %.1f s",
+                source,
+                self.dtype,
+                self.device,
+                time.perf_counter() - started,
+            )
+            tokenizer = source if tokenizer is None else tokenizer
+        else:
+            if tokenizer is None:
+                raise ValueError("a tokenizer is required when a model object is given")
+            source = str(getattr(model, "name_or_path", "") or type(model).__name__)
+            self.model = model
+            if device != "auto":
+                self.model = self.model.to(device)
+            if dtype != "auto":
+                self.model = self.model.to(resolve_dtype(dtype, device))
+        first_weight = next(self.model.parameters())
+        self.device = str(first_weight.device)
+        self.dtype = first_weight.dtype
+        self.model.eval()
+
+        if isinstance(tokenizer, (str, Path)):
+            tokenizer = transformers.AutoTokenizer.from_pretrained(str(tokenizer))
+        self.tokenizer = tokenizer
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"the tokenizer of {source!r} has no chat template")
+        self.name = name or source
+
+        self.eos_token_ids = self._eos_ids()
+        pad = self.tokenizer.pad_token_id
+        self.pad_token_id = pad if pad is not None else self.eos_token_ids[0]
+        self._lock = threading.Lock()
+        self._torch = torch
+        self._transformers = transformers
+
+    # ----------------------------------------------------------------- public API
+
+    def generate(self, batch: Sequence[ChatMessages], params: SamplingParams) -> list[Generation]:
+        """Generate one response per prompt (see :class:`~mappa_agents.policy.Policy`).
+
+        Args:
+            batch: Prompts, each a sequence of chat messages.
+            params: Sampling settings.
+
+        Returns:
+            One :class:`~mappa_agents.policy.Generation` per prompt, in order.
+
+        Raises:
+            RuntimeError: If the policy was closed.
+        """
+        if self.model is None:
+            raise RuntimeError(f"policy {self.name!r} is closed")
+        prompts = [self.prompt_ids(messages) for messages in normalize_batch(batch)]
+        if not prompts:
+            return []
+        # Group prompts of similar length to waste less compute on padding; the order
+        # is deterministic, so seeded calls stay reproducible.
+        order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+        results: list[Generation | None] = [None] * len(prompts)
+        torch = self._torch
+        devices = [self.model.device] if self.model.device.type == "cuda" else []
+        with self._lock, torch.random.fork_rng(devices=devices, enabled=params.seed is not None):
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+            for start in range(0, len(order), self.max_batch_size):
+                chunk = order[start : start + self.max_batch_size]
+                generations = self._generate_chunk([prompts[i] for i in chunk], params)
+                for index, generation in zip(chunk, generations):
+                    results[index] = generation
+        return [g for g in results if g is not None]
+
+    async def agenerate(
+        self, batch: Sequence[ChatMessages], params: SamplingParams
+    ) -> list[Generation]:
+        """:meth:`generate` in a worker thread, so an event loop keeps running."""
+        return await generate_in_thread(self, batch, params)
+
+    def prompt_ids(self, messages: ChatMessages) -> list[int]:
+        """The exact ids of a prompt: chat template with the generation prompt, tokenised.
+
+        Args:
+            messages: Chat messages.
+
+        Returns:
+            Token ids (the template's own special tokens included, none added twice).
+        """
+        encoded = self.tokenizer.apply_chat_template(
+            [dict(m) for m in messages],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            **self.chat_template_kwargs,
+        )
+        return list(encoded["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` without special tokens and without whitespace clean-up."""
+        return self.tokenizer.decode(
+            list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )
+
+    def close(self) -> None:
+        """Drop the model; frees GPU memory once no one else holds it."""
+        with self._lock:
+            on_cuda = str(self.device).startswith("cuda")
+            self.model = None  # type: ignore[assignment]
+            if on_cuda:
+                self._torch.cuda.empty_cache()
+
+    # ----------------------------------------------------------------- internals
+
+    def _eos_ids(self) -> list[int]:
+        ids: list[int] = []
+        for source in (self.model.generation_config.eos_token_id, self.tokenizer.eos_token_id):
+            values = source if isinstance(source, (list, tuple)) else [source]
+            ids += [int(v) for v in values if v is not None and int(v) not in ids]
+        if not ids:
+            raise ValueError("neither the model nor the tokenizer defines an EOS token")
+        return ids
+
+    def _generation_config(self, params: SamplingParams) -> Any:
+        sampling: dict[str, Any] = {}
+        if not params.greedy:
+            # Explicit values, top_k=0 included: generate() fills unset ones from global
+            # defaults (top_k=50) and the model's generation config (Qwen3: top_p=0.95).
+            sampling = {"temperature": params.temperature, "top_p": params.top_p}
+            sampling["top_k"] = params.top_k
+        config = self._transformers.GenerationConfig(
+            max_new_tokens=params.max_new_tokens,
+            do_sample=not params.greedy,
+            repetition_penalty=1.0,
+            num_beams=1,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            return_dict_in_generate=True,
+            **sampling,
+        )
+        if params.stop:
+            config.stop_strings = list(params.stop)
+        return config
+
+    def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        torch = self._torch
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, ids in enumerate(prompts):
+            input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[row, width - len(ids) :] = 1
+        recorder = _SampledLogprobRecorder()
+        extra: dict[str, Any] = {"tokenizer": self.tokenizer} if params.stop else {}
+        # The model's own generation config could add processors (repetition penalty,
+        # min_p, ...) that generate() merges in; swap in a bare one for this call.
+        saved_config = self.model.generation_config
+        self.model.generation_config = self._transformers.GenerationConfig(
+            eos_token_id=self.eos_token_ids, pad_token_id=self.pad_token_id
+        )
+        started = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                output = self.model.generate(
+                    input_ids=input_ids.to(self.model.device),
+                    attention_mask=attention_mask.to(self.model.device),
+                    generation_config=self._generation_config(params),
+                    logits_processor=self._transformers.LogitsProcessorList([recorder]),
+                    **extra,
+                )
+        finally:
+            self.model.generation_config = saved_config
+        elapsed = time.perf_counter() - started
+        sequences = output.sequences.cpu()
+        logprobs = recorder.finish(output.sequences)
+        new_tokens = sequences[:, width:]
+        if logprobs.shape != new_tokens.shape:
+            raise RuntimeError(
+                f"recorded {tuple(logprobs.shape)} logprobs for {tuple(new_tokens.shape)} "
+                "generated tokens; another logits processor or decoding mode is interfering"
+            )
+        info = {"model": self.name, "batch_size": len(prompts), "latency_s": elapsed}
+        return [
+            self.finish_generation(
+                prompt, new_tokens[row].tolist(), logprobs[row].tolist(), params, dict(info)
+            )
+            for row, prompt in enumerate(prompts)
+        ]
+
+    def finish_generation(
+        self,
+        prompt_ids: list[int],
+        generated_ids: list[int],
+        logprobs: list[float],
+        params: SamplingParams,
+        info: dict[str, Any] | None = None,
+    ) -> Generation:
+        """Turn one row of ``generate`` output into a :class:`Generation`.
+
+        Cuts at the first EOS (kept) and at the first stop string (ids up to the token
+        that completed it, text before it), drops the padding after the end, and splits
+        off reasoning.
+
+        Args:
+            prompt_ids: The prompt's ids (unpadded).
+            generated_ids: The ids ``generate`` produced for this row (padding included).
+            logprobs: One logprob per generated id.
+            params: The sampling settings used.
+            info: Backend details to attach.
+
+        Returns:
+            The generation.
+        """
+        end = len(generated_ids)
+        finish_reason = "length"
+        eos = set(self.eos_token_ids)
+        for position, token in enumerate(generated_ids):
+            if token in eos:
+                end, finish_reason = position + 1, "stop"
+                break
+        ids = generated_ids[:end]
+        text = self.decode(ids)
+        if params.stop and find_stop(text, params.stop) is not None:
+            end = self._stop_end(ids, params.stop)
+            ids = ids[:end]
+            text = self.decode(ids)
+            text = text[: find_stop(text, params.stop)]
+            finish_reason = "stop"
+        elif finish_reason == "length" and len(ids) < params.max_new_tokens:
+            # generate() stopped this row early (its token-level stop-string check) though
+            # the decoded text shows no stop string: still a stop, not a length cut.
+            finish_reason = "stop"
+        answer, reasoning = split_reasoning(text)
+        return Generation(
+            text=answer,
+            reasoning=reasoning,
+            prompt_ids=list(prompt_ids),
+            response_ids=list(ids),
+            logprobs=[float(x) for x in logprobs[: len(ids)]],
+            finish_reason=finish_reason,  # type: ignore[arg-type]
+            info=info or {},
+        )
+
+    def _stop_end(self, ids: list[int], stops: Sequence[str]) -> int:
+        """Smallest prefix length of ``ids`` whose text contains a stop string."""
+        low, high = 1, len(ids)
+        while low < high:
+            middle = (low + high) // 2
+            if find_stop(self.decode(ids[:middle]), stops) is None:
+                low = middle + 1
+            else:
+                high = middle
+        return high

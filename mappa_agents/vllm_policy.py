@@ -1,0 +1,155 @@
+"""A policy backed by an in-process vLLM engine (the ``vllm`` extra).
+
+Prompts are rendered with the model's chat template and tokenised here, then handed to
+``vllm.LLM.generate`` as token ids, so the prompt ids of every generation are exactly
+what the engine ran. Response ids and the logprob of each sampled id come from vLLM's
+``RequestOutput`` (``logprobs=1`` makes vLLM report the sampled token's logprob; vLLM's
+default ``logprobs_mode="raw_logprobs"`` is the raw model distribution, as documented on
+:class:`~mappa_agents.policy.Generation`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from mappa_agents.policy import (
+    ChatMessages,
+    Generation,
+    SamplingParams,
+    generate_in_thread,
+    normalize_batch,
+    normalize_finish_reason,
+    split_reasoning,
+)
+from mappa_env._optional import require
+
+logger = logging.getLogger(__name__)
+
+
+def sampling_kwargs(params: SamplingParams, index: int = 0) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.SamplingParams`` for one prompt.
+
+    Args:
+        params: Sampling settings.
+        index: Position of the prompt in its batch: a seeded batch gives prompt ``i``
+            the seed ``seed + i``, so identical prompts still get different samples.
+
+    Returns:
+        The arguments (top-k is left at vLLM's "off" default when ``top_k == 0``).
+    """
+    kwargs: dict[str, Any] = {
+        "n": 1,
+        "max_tokens": params.max_new_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "logprobs": 1,
+        "skip_special_tokens": True,
+        "include_stop_str_in_output": False,
+    }
+    if params.top_k > 0:
+        kwargs["top_k"] = params.top_k
+    if params.stop:
+        kwargs["stop"] = list(params.stop)
+    if params.seed is not None:
+        kwargs["seed"] = params.seed + index
+    return kwargs
+
+
+class VLLMPolicy:
+    """An in-process ``vllm.LLM`` as a :class:`~mappa_agents.policy.Policy`.
+
+    Args:
+        model: HF model id or local directory.
+        name: Label of the policy (default: ``model``).
+        chat_template_kwargs: Extra variables for the chat template, e.g.
+            ``{"enable_thinking": False}``.
+        **llm_kwargs: Passed to ``vllm.LLM`` (``dtype``, ``gpu_memory_utilization``,
+            ``max_model_len``, ``tensor_parallel_size``, ``enforce_eager``, ...).
+
+    Raises:
+        MissingExtraError: If vLLM is not installed.
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        name: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        **llm_kwargs: Any,
+    ) -> None:
+        self._vllm = require("vllm", "vllm", purpose="the in-process vLLM policy (VLLMPolicy)")
+        self.name = name or str(model)
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.llm = self._vllm.LLM(model=str(model), **llm_kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        # vLLM's LLM is not safe to call from several threads at once.
+        self._lock = threading.Lock()
+
+    def prompt_ids(self, messages: ChatMessages) -> list[int]:
+        """The exact ids of a prompt: chat template with the generation prompt, tokenised."""
+        encoded = self.tokenizer.apply_chat_template(
+            [dict(m) for m in messages],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            **self.chat_template_kwargs,
+        )
+        return list(encoded["input_ids"])
+
+    def generate(self, batch: Sequence[ChatMessages], params: SamplingParams) -> list[Generation]:
+        """Generate one response per prompt (see :class:`~mappa_agents.policy.Policy`).
+
+        Args:
+            batch: Prompts, each a sequence of chat messages.
+            params: Sampling settings.
+
+        Returns:
+            One generation per prompt, in order.
+        """
+        prompts = [self.prompt_ids(m) for m in normalize_batch(batch)]
+        if not prompts:
+            return []
+        requests = [{"prompt_token_ids": ids} for ids in prompts]
+        sampling = [
+            self._vllm.SamplingParams(**sampling_kwargs(params, i)) for i in range(len(prompts))
+        ]
+        with self._lock:
+            outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        return [self._to_generation(output) for output in outputs]
+
+    async def agenerate(
+        self, batch: Sequence[ChatMessages], params: SamplingParams
+    ) -> list[Generation]:
+        """:meth:`generate` in a worker thread, so an event loop keeps running."""
+        return await generate_in_thread(self, batch, params)
+
+    def close(self) -> None:
+        """Drop the engine (its memory is freed once nothing else holds it)."""
+        with self._lock:
+            self.llm = None  # type: ignore[assignment]
+
+    def _to_generation(self, output: Any) -> Generation:
+        completion = output.outputs[0]
+        response_ids = [int(t) for t in completion.token_ids]
+        logprobs = []
+        for position, token in zip(completion.logprobs or [], response_ids):
+            logprobs.append(float(position[token].logprob))
+        text, reasoning = split_reasoning(completion.text)
+        return Generation(
+            text=text,
+            reasoning=reasoning,
+            prompt_ids=[int(t) for t in output.prompt_token_ids],
+            response_ids=response_ids,
+            logprobs=logprobs,
+            finish_reason=normalize_finish_reason(completion.finish_reason),
+            info={
+                "model": self.name,
+                "raw_finish_reason": completion.finish_reason,
+                "stop_reason": completion.stop_reason,
+            },
+        )

