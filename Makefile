@@ -7,7 +7,7 @@ CONSTRAINTS := requirements/cpu-constraints.txt
 TEST_EXTRAS ?= dev,llm,agents
 STAMP := $(VENV)/.installed-$(TEST_EXTRAS)
 
-.PHONY: venv install test lint format fast-test bench clean
+.PHONY: venv install demo test lint format fast-test bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,13 @@ $(STAMP): $(PY) pyproject.toml $(CONSTRAINTS)
 	touch $@
 
 venv install: $(STAMP)
+
+# The main job on the embedded defaults, offline: SmolLM2-135M for all three agents,
+# the rules coach, generated problems; writes report.json, transcripts and plots.
+DEMO_OUT ?= runs/demo
+demo: $(STAMP)
+	$(VENV)/bin/mappa eval --env MathChat-v0 --system smollm2-135m --coach rules \
+		--episodes 8 --concurrency 8 --max-new-tokens 256 --dtype bfloat16 --out $(DEMO_OUT)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -36,8 +43,15 @@ test: lint
 fast-test: $(STAMP)
 	$(PY) -m pytest -m "not slow" -x -q
 
+# CPU benchmarks (each prints a table and writes benchmarks/results/<name>.json).
 bench: $(STAMP)
-	$(PY) benchmarks/run_all.py
+	$(PY) -m benchmarks.bench_env
+	$(PY) -m benchmarks.bench_sandbox
+	$(PY) -m benchmarks.bench_grading
+	$(PY) -m benchmarks.bench_dsbench
+	$(PY) -m benchmarks.bench_coach
+	$(PY) -m benchmarks.bench_policy
+	$(PY) -m benchmarks.bench_runner
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -163,19 +163,13 @@ def plot_report(episodes: Sequence[EpisodeResult], out_dir: str | Path) -> list[
 
     fig, ax = plt.subplots(figsize=(6, 4))
     lengths = [[len(a.response_ids) for a in actions if a.agent == g] for g in agents]
-    ax.boxplot([ls or [0] for ls in lengths], tick_labels=agents)
-    ax.set_ylabel("response tokens")
-    for i, agent in enumerate(agents, start=1):
+    labels = []
+    for agent in agents:
         mine = [a for a in actions if a.agent == agent]
         rate = sum(a.used_tool for a in mine) / len(mine) if mine else 0.0
-        ax.annotate(
-            f"tool {rate:.0%}",
-            (i, 0),
-            textcoords="offset points",
-            xytext=(0, -28),
-            ha="center",
-            fontsize=8,
-        )
+        labels.append(f"{agent}\ntool calls {rate:.0%}")
+    ax.boxplot([ls or [0] for ls in lengths], tick_labels=labels)
+    ax.set_ylabel("response tokens")
     ax.set_title("Response length per agent")
     fig.tight_layout()
     paths.append(out / "lengths.png")

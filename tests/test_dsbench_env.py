@@ -9,6 +9,10 @@ import pytest
 from pettingzoo.test import api_test, parallel_api_test, seed_test
 
 import mappa_env
+from mappa_env.dsbench.reference import analyst_action as analyst
+from mappa_env.dsbench.reference import engineer_action
+from mappa_env.dsbench.reference import modeler_action as modeler
+from mappa_env.dsbench.reference import reference_script as good_script
 from mappa_env.envs import dsbench as dsbench_env
 from mappa_env.envs.dsbench import DSBenchEnv
 from tests.fakes import InProcessSandbox
@@ -24,68 +28,12 @@ def code(text: str) -> str:
     return f"Here is my code.\n```python\n{text}\n```"
 
 
-def engineer(task) -> str:
-    target = task.target_columns[0]
-    return code(
-        "import pandas as pd, pickle\n"
-        "train = pd.read_csv('train.csv'); test = pd.read_csv('test.csv')\n"
-        f"X_train = train.drop(columns=['{target}', '{task.id_column}'])\n"
-        f"y_train = train['{target}']\n"
-        f"X_test = test.drop(columns=['{task.id_column}'])\n"
-        "pickle.dump(X_train, open('X_train.pkl', 'wb'))\n"
-        "pickle.dump(y_train, open('y_train.pkl', 'wb'))\n"
-        "pickle.dump(X_test, open('X_test.pkl', 'wb'))\n"
-        "print(X_train.shape, X_test.shape)"
-    )
-
-
-def modeler(task) -> str:
-    estimator = (
-        "RandomForestClassifier(n_estimators=50, random_state=0)"
-        if task.task_type == "classification"
-        else "RandomForestRegressor(n_estimators=50, random_state=0)"
-    )
-    return code(
-        "import pickle\n"
-        "from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor\n"
-        "from sklearn.model_selection import cross_val_score\n"
-        "X = pickle.load(open('X_train.pkl', 'rb')); y = pickle.load(open('y_train.pkl', 'rb'))\n"
-        f"model = {estimator}\n"
-        "print('CV score:', cross_val_score(model, X, y, cv=3).mean())\n"
-        "model.fit(X, y)\n"
-        "pickle.dump(model, open('model.pkl', 'wb'))"
-    )
-
-
-def analyst(task, shuffle: bool = False) -> str:
-    target = task.target_columns[0]
-    order = ".sample(frac=1, random_state=3)" if shuffle else ""
-    return code(
-        "import pickle, pandas as pd\n"
-        "model = pickle.load(open('model.pkl', 'rb'))\n"
-        "X_test = pickle.load(open('X_test.pkl', 'rb'))\n"
-        "test = pd.read_csv('test.csv')\n"
-        f"sub = pd.DataFrame({{'{task.id_column}': test['{task.id_column}'], "
-        f"'{target}': model.predict(X_test)}}){order}\n"
-        "sub.to_csv('submission.csv', index=False)\n"
-        "print(len(sub))"
-    )
-
-
 def play(env: DSBenchEnv, script: dict[str, list[str]], task_id: str) -> None:
     env.reset(options={"task_id": task_id})
     queues = {a: list(v) for a, v in script.items()}
     for agent in env.agent_iter():
         _, _, terminated, truncated, _ = env.last()
         env.step(None if terminated or truncated else queues[agent].pop(0))
-
-
-def good_script(task, shuffle=False):
-    return {
-        "data_engineer": [engineer(task), "Saved X_train.pkl, y_train.pkl and X_test.pkl."],
-        "modeler": [modeler(task), "Saved model.pkl (random forest)."],
-        "analyst": [analyst(task, shuffle), "Wrote submission.csv."],
-    }
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +83,7 @@ def test_observations_list_files_and_upstream_messages(env):
     first = env.observe("data_engineer")["messages"][1]["content"]
     assert "train.csv" in first
     assert "test_answer" not in first
-    env.step(engineer(task))
+    env.step(engineer_action(task))
     env.step("Saved the three pickles.")
     modeler_prompt = env.observe("modeler")["messages"][1]["content"]
     assert "X_train.pkl" in modeler_prompt
