@@ -102,6 +102,8 @@ def mathchat_rubric(request: CoachRequest) -> tuple[float, str]:
             printed = _last_number(tool.get("stdout", ""))
             if _grade(printed, truth):
                 return 10.0, f"The code ran and printed the correct answer {printed}."
+            if printed is None:
+                return 4.0, "The code ran but printed no number."
             return 4.0, f"The code ran, but its last printed number ({printed}) is not correct."
         answer = boxed or loose
         if answer is None:
