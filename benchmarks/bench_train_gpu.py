@@ -172,7 +172,7 @@ def main() -> None:
         "agents": len(trainer.agents),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "setup_s": setup_s,
-        "settings": vars(args),
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "steps": rows,
         "steady_median": {
             key: statistics.median(r[key] for r in steady)
