@@ -16,7 +16,6 @@ logger = logging.getLogger("mappa")
 
 def _env_options(args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {
-        "coach": args.coach,
         "sandbox": None if args.sandbox == "none" else args.sandbox,
         "reward_mode": args.reward_mode,
         "max_new_tokens": args.max_new_tokens,
@@ -76,10 +75,14 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     from mappa_agents.runner import RolloutRunner
     from mappa_agents.system import AgentSystem
     from mappa_agents.trajectory import save_jsonl
+    from mappa_env.coach import make_coach
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env_options = _env_options(args)
+    # One coach for every environment, so its concurrency limit, cache and ledger are shared.
+    coach = make_coach(args.coach)
+    env_options["coach"] = coach
     probe = mappa_env.make(args.env, **{**env_options, "sandbox": None})
     agents = list(probe.possible_agents)
     probe.close()
@@ -99,9 +102,14 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
         progress=not args.no_progress,
     )
     start = time.perf_counter()
-    episodes = runner.run(args.episodes)
+    try:
+        episodes = runner.run(args.episodes)
+    finally:
+        system.close()
+        close_coach = getattr(coach, "close", None)
+        if callable(close_coach):
+            close_coach()
     wall = time.perf_counter() - start
-    system.close()
 
     report = summarize(episodes, wall_time_s=wall)
     report["system"] = args.system

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mappa_agents.policy import Generation, Policy, SamplingParams
+from mappa_agents.policy import Generation, GenerationError, Policy, SamplingParams
 from mappa_agents.system import AgentSystem
 from mappa_agents.trajectory import ActionSample, EpisodeResult
 from mappa_env.envs.pipeline import PipelineEnv
@@ -67,6 +67,13 @@ class RolloutRunner:
         seed: Run seed: episode ``i`` resets its environment with ``seed + i`` and
             generation seeds derive from it. ``None`` leaves sampling unseeded.
         progress: Show a progress bar (tqdm) over episodes.
+        keep_envs: Keep the environments between :meth:`run` calls (a trainer running
+            many steps); then call :meth:`close` when done. By default each run closes
+            the environments it made.
+
+    A generation that fails (an API error after its retries, for example) ends only the
+    episodes it was for: they are returned with ``outcome["error"]`` set and no further
+    actions, and the other episodes carry on.
     """
 
     def __init__(
@@ -78,6 +85,7 @@ class RolloutRunner:
         concurrency: int = 8,
         seed: int | None = 0,
         progress: bool = True,
+        keep_envs: bool = False,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -87,7 +95,9 @@ class RolloutRunner:
         self.concurrency = int(concurrency)
         self.seed = seed
         self.progress = progress
+        self.keep_envs = keep_envs
         self._policy_index: dict[int, int] = {}
+        self._envs: list[PipelineEnv] = []
 
     def sampling_for(self, agent: str) -> SamplingParams:
         """The sampling settings of ``agent``."""
@@ -99,13 +109,48 @@ class RolloutRunner:
             raise KeyError(f"no sampling settings for agent {agent!r}") from None
 
     def run(
-        self, num_episodes: int, episode_options: Sequence[Mapping[str, Any]] | None = None
+        self,
+        num_episodes: int,
+        episode_options: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        seed: int | None = None,
     ) -> list[EpisodeResult]:
         """Synchronous :meth:`arun`; must not be called from inside a running event loop."""
-        return asyncio.run(self.arun(num_episodes, episode_options))
+        return asyncio.run(self.arun(num_episodes, episode_options, seed=seed))
+
+    def close(self) -> None:
+        """Close the environments kept between runs (``keep_envs=True``)."""
+        envs, self._envs = self._envs, []
+        for env in envs:
+            env.close()
+
+    def __enter__(self) -> RolloutRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def _ensure_envs(self, count: int) -> list[PipelineEnv]:
+        while len(self._envs) < count:
+            # Building an environment can take a moment (DSBench writes its tasks).
+            env = await asyncio.to_thread(self.env_factory)
+            if not isinstance(env, PipelineEnv):
+                close = getattr(env, "close", None)
+                if callable(close):
+                    close()
+                raise TypeError(
+                    f"env_factory must make mappa pipeline environments (with an async "
+                    f"core), got {type(env).__name__}"
+                )
+            self._envs.append(env)
+        return self._envs[:count]
 
     async def arun(
-        self, num_episodes: int, episode_options: Sequence[Mapping[str, Any]] | None = None
+        self,
+        num_episodes: int,
+        episode_options: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        seed: int | None = None,
     ) -> list[EpisodeResult]:
         """Run ``num_episodes`` episodes and return them in episode order.
 
@@ -114,6 +159,7 @@ class RolloutRunner:
             episode_options: Reset options per episode (e.g. ``{"task_id": ...}``);
                 by default episode ``i`` takes the environment's task ``i`` (cycling), so
                 a run covers the task list in order.
+            seed: Overrides the runner's seed for this run.
 
         Returns:
             One :class:`EpisodeResult` per episode.
@@ -125,19 +171,14 @@ class RolloutRunner:
                 f"episode_options has {len(episode_options)} entries for {num_episodes} episodes"
             )
         n_slots = min(self.concurrency, num_episodes)
-        envs = [self.env_factory() for _ in range(n_slots)]
-        for env in envs:
-            if not isinstance(env, PipelineEnv):
-                raise TypeError(
-                    f"env_factory must make mappa pipeline environments (with an async "
-                    f"core), got {type(env).__name__}"
-                )
+        run_seed = self.seed if seed is None else seed
         options = list(episode_options) if episode_options is not None else None
-        default_tasks = [t.id for t in getattr(envs[0], "tasks", [])]
         results: dict[int, EpisodeResult] = {}
         next_index = 0
         bar = self._progress_bar(num_episodes)
         try:
+            envs = await self._ensure_envs(n_slots)
+            default_tasks = [t.id for t in getattr(envs[0], "tasks", [])]
             live: list[_Live] = []
 
             async def start(env: PipelineEnv) -> _Live | None:
@@ -152,8 +193,8 @@ class RolloutRunner:
                     reset_options = {"task_id": default_tasks[index % len(default_tasks)]}
                 else:
                     reset_options = None
-                seed = None if self.seed is None else self.seed + index
-                await env.areset(seed=seed, options=reset_options)
+                episode_seed = None if run_seed is None else run_seed + index
+                await env.areset(seed=episode_seed, options=reset_options)
                 return _Live(index=index, env=env, samples=[], started=time.perf_counter())
 
             started = await asyncio.gather(*(start(env) for env in envs))
@@ -161,15 +202,21 @@ class RolloutRunner:
             tick = 0
             while live:
                 requests = [self._request(episode) for episode in live]
-                generations = await self._generate_all(requests, tick)
+                generations = await self._generate_all(requests, tick, run_seed)
                 await asyncio.gather(
-                    *(self._step(request, gen) for request, gen in zip(requests, generations))
+                    *(
+                        self._step(request, gen)
+                        for request, gen in zip(requests, generations)
+                        if isinstance(gen, Generation)
+                    )
                 )
                 still_live = []
-                for episode in live:
-                    if self._finished(episode.env):
-                        result = await self._collect(episode)
-                        results[episode.index] = result
+                for request, gen in zip(requests, generations):
+                    episode = request.live
+                    failed = not isinstance(gen, Generation)
+                    if failed or self._finished(episode.env):
+                        error = None if not failed else gen
+                        results[episode.index] = await self._collect(episode, error)
                         self._update_bar(bar, results)
                         replacement = await start(episode.env)
                         if replacement is not None:
@@ -181,7 +228,9 @@ class RolloutRunner:
         finally:
             if bar is not None:
                 bar.close()
-            await asyncio.gather(*(env.aclose() for env in envs), return_exceptions=True)
+            if not self.keep_envs:
+                envs_made, self._envs = self._envs, []
+                await asyncio.gather(*(env.aclose() for env in envs_made), return_exceptions=True)
         return [results[i] for i in range(num_episodes)]
 
     # ------------------------------------------------------------------ internals
@@ -191,8 +240,13 @@ class RolloutRunner:
         agent = env.agent_selection
         return _Request(live=episode, agent=agent, messages=list(env.observe(agent)["messages"]))
 
-    async def _generate_all(self, requests: Sequence[_Request], tick: int) -> list[Generation]:
-        """One batch per (policy, sampling settings), all batches concurrently."""
+    async def _generate_all(
+        self, requests: Sequence[_Request], tick: int, run_seed: int | None
+    ) -> list[Generation | str]:
+        """One batch per (policy, sampling settings), all batches concurrently.
+
+        Returns one generation per request, or an error message where it failed.
+        """
         groups: dict[tuple[int, SamplingParams], list[int]] = {}
         policies: dict[int, Policy] = {}
         for i, request in enumerate(requests):
@@ -200,26 +254,37 @@ class RolloutRunner:
             policies[id(policy)] = policy
             key = (id(policy), self.sampling_for(request.agent))
             groups.setdefault(key, []).append(i)
+        generations: list[Generation | str] = ["no generation"] * len(requests)
 
         async def generate(key: tuple[int, SamplingParams], members: list[int]) -> None:
             policy_id, params = key
             policy = policies[policy_id]
-            if self.seed is not None and params.seed is None:
+            if run_seed is not None and params.seed is None:
                 slot = self._policy_index.setdefault(policy_id, len(self._policy_index))
-                params = dataclasses.replace(params, seed=derive_seed(self.seed, tick, slot))
+                params = dataclasses.replace(params, seed=derive_seed(run_seed, tick, slot))
             batch = [requests[i].messages for i in members]
-            outputs = await policy.agenerate(batch, params)
+            try:
+                outputs: list[Generation | None] = list(await policy.agenerate(batch, params))
+                errors: list[BaseException | None] = [None] * len(outputs)
+            except GenerationError as exc:  # some prompts failed; keep the others
+                outputs, errors = list(exc.generations), list(exc.errors)
+            except Exception as exc:  # a backend failure ends these episodes, not the run
+                logger.exception("policy %r failed on a batch of %d", policy.name, len(batch))
+                outputs, errors = [None] * len(batch), [exc] * len(batch)
             if len(outputs) != len(batch):
                 raise RuntimeError(
                     f"policy {policy.name!r} returned {len(outputs)} generations "
                     f"for a batch of {len(batch)}"
                 )
-            for i, output in zip(members, outputs):
-                generations[i] = output
+            for i, output, error in zip(members, outputs, errors):
+                generations[i] = (
+                    output
+                    if output is not None
+                    else f"generation failed: {type(error).__name__}: {error}"
+                )
 
-        generations: list[Generation | None] = [None] * len(requests)
         await asyncio.gather(*(generate(key, members) for key, members in groups.items()))
-        return generations  # type: ignore[return-value]
+        return generations
 
     async def _step(self, request: _Request, gen: Generation) -> None:
         episode = request.live
@@ -263,9 +328,12 @@ class RolloutRunner:
     def _finished(env: PipelineEnv) -> bool:
         return not env.agents
 
-    async def _collect(self, episode: _Live) -> EpisodeResult:
+    async def _collect(self, episode: _Live, error: str | None = None) -> EpisodeResult:
         env = episode.env
         outcome = dict(env.outcome or {})
+        if error is not None:
+            # The episode could not go on; it has no graded outcome and earns nothing.
+            outcome = {"error": error, "reward": 0.0, "aborted": True}
         for sample in episode.samples:
             sample.outcome = outcome
         task_id = episode.samples[0].task_id if episode.samples else ""

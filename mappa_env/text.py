@@ -6,6 +6,8 @@ import re
 
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _UNCLOSED_THINK = re.compile(r"<think>.*\Z", re.DOTALL | re.IGNORECASE)
+_OPEN_THINK = re.compile(r"<think>", re.IGNORECASE)
+_CLOSE_THINK = re.compile(r"</think>", re.IGNORECASE)
 
 
 def truncate_middle(
@@ -53,8 +55,10 @@ def strip_think(text: str) -> str:
     Returns:
         The visible answer part.
     """
-    if "</think>" in text.lower() and "<think>" not in text.lower():
-        text = text[text.lower().rindex("</think>") + len("</think>") :]
+    closes = list(_CLOSE_THINK.finditer(text))
+    if closes and not _OPEN_THINK.search(text):
+        # Search the original text: lower-casing can change its length ("İ" -> "i̇").
+        text = text[closes[-1].end() :]
     text = _THINK_BLOCK.sub("", text)
     return _UNCLOSED_THINK.sub("", text)
 

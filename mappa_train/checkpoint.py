@@ -5,7 +5,7 @@ Layout of ``<output_dir>/checkpoints/step-000010/``::
     agents/<agent>/            model (safetensors) + tokenizer, loadable by transformers
     agents/<agent>/optimizer.pt
     rng.pt                     Python, NumPy and torch generator states
-    trainer_state.json         step, config, metric history length
+    trainer_state.json         step and config
     COMPLETE                   written last
 
 A checkpoint is built in a temporary sibling directory and renamed into place only

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -53,10 +56,13 @@ class TrainConfig:
     """Tokens per action (the paper's budget; lower it for CPU runs)."""
 
     temperature: float = 1.0
-    """Rollout sampling temperature (1.0: logprobs of the sampler equal the model's)."""
+    """Rollout sampling temperature (the paper: 1.0). Old, new and reference log-probs are
+    computed at this temperature, so the PPO ratio and the KL refer to the distribution
+    that was sampled."""
 
     top_p: float = 1.0
-    """Rollout nucleus sampling mass."""
+    """Rollout nucleus sampling mass. Values below 1 sample from a truncated distribution
+    the loss does not model (a warning says so); keep 1.0 for on-policy updates."""
 
     # ------------------------------------------------------------------ the algorithm
     credit_mode: str = "process"
@@ -81,7 +87,8 @@ class TrainConfig:
     """``beta``: weight of the per-token KL penalty to the reference model."""
 
     kl_estimator: str = "k1"
-    """KL estimator: ``k1`` (the paper), ``k2`` or ``k3``."""
+    """KL estimator: ``k1`` (the paper), ``k2`` or ``k3``. REINFORCE++ folds it into the
+    token rewards; ``grpo``/``rloo`` add ``kl_coef`` x it to the loss instead."""
 
     gamma: float = 1.0
     """Discount factor of token returns."""
@@ -110,7 +117,8 @@ class TrainConfig:
     """Global gradient-norm clip."""
 
     warmup_ratio: float = 0.03
-    """Share of optimizer steps spent in linear warm-up before the cosine decay."""
+    """Share of rollout steps spent in linear warm-up before the cosine decay (the learning
+    rate is constant within a step)."""
 
     train_batch_size: int = 16
     """Actions per optimizer step (per agent); a step's rollouts are used once (one epoch)."""
@@ -187,6 +195,26 @@ class TrainConfig:
             raise ValueError("micro_batch_size must not exceed train_batch_size")
         if self.lr <= 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
+        ranges = {
+            "outcome_weight": (0.0, 1.0),
+            "backprop_decay": (0.0, 1.0),
+            "warmup_ratio": (0.0, 1.0),
+            "gamma": (0.0, 1.0),
+            "top_p": (1e-9, 1.0),
+        }
+        for name, (low, high) in ranges.items():
+            if not low <= getattr(self, name) <= high:
+                raise ValueError(f"{name} must be in [{low}, {high}], got {getattr(self, name)}")
+        for name in ("kl_coef", "clip_eps", "grad_clip", "weight_decay"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be positive for training, got {self.temperature}")
+        if self.top_p < 1.0:
+            logger.warning(
+                "top_p=%s samples from a truncated distribution that the loss does not model",
+                self.top_p,
+            )
         self.adam_betas = tuple(self.adam_betas)  # YAML gives lists
 
     @classmethod

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mappa_agents.hf import resolve_device, resolve_dtype
 from mappa_agents.policy import SamplingParams
 from mappa_agents.report import summarize
 from mappa_agents.runner import RolloutRunner, derive_seed
@@ -103,23 +104,6 @@ def warmup_cosine(total_steps: int, warmup_ratio: float) -> Callable[[int], floa
     return factor
 
 
-def resolve_device(device: str) -> str:
-    """``auto`` -> ``cuda`` when available, else ``cpu``."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
-def resolve_dtype(dtype: str, device: str) -> torch.dtype:
-    """``auto`` -> bfloat16 on CUDA, float32 elsewhere."""
-    if dtype == "auto":
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    try:
-        return getattr(torch, dtype)
-    except AttributeError:
-        raise ValueError(f"unknown dtype {dtype!r}; use auto, bfloat16, float16, float32") from None
-
-
 class Trainer:
     """Trains a multiagent system on a pipeline environment with per-action rewards.
 
@@ -142,15 +126,23 @@ class Trainer:
         self.config = config
         self.out = Path(config.output_dir)
         self.checkpoint_root = self.out / "checkpoints"
+        # One coach object for every environment: its concurrency and rate limits, cache
+        # and cost ledger are then shared by the whole run.
+        self.coach: Any = None
+        if env_factory is None or eval_env_factory is None:
+            from mappa_env.coach import make_coach
+
+            self.coach = make_coach(config.coach)
         self.env_factory = env_factory or (
-            lambda: mappa_env.make(config.env, coach=config.coach, **config.env_options)
+            lambda: mappa_env.make(config.env, coach=self.coach, **config.env_options)
         )
         eval_options = (
             config.env_options if config.eval_env_options is None else config.eval_env_options
         )
         self.eval_env_factory = eval_env_factory or (
-            lambda: mappa_env.make(config.env, coach=config.coach, **eval_options)
+            lambda: mappa_env.make(config.env, coach=self.coach, **eval_options)
         )
+        self._runners: dict[str, RolloutRunner] = {}
         probe = self.env_factory()
         self.agents: list[str] = list(probe.possible_agents)
         self.task_ids: list[str] = [t.id for t in getattr(probe, "tasks", [])]
@@ -217,8 +209,8 @@ class Trainer:
             ckpt.load_optimizer_states(resume_from, self.learners)
             state = ckpt.load_trainer_state(resume_from)
             self.step = int(state["step"])
-            self._truncate_metrics(self.step)
             logger.info("resumed from %s at step %d", resume_from, self.step)
+        self._truncate_metrics(self.step)
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "config.json").write_text(
             json.dumps(config.to_dict(), indent=2, default=str) + "\n"
@@ -256,8 +248,45 @@ class Trainer:
             if bar is not None:
                 bar.close()
             self._close_loggers()
+            self.close()
         self._plot()
         return self.history
+
+    def close(self) -> None:
+        """Close the rollout environments and the coach this trainer made."""
+        runners, self._runners = self._runners, {}
+        for runner in runners.values():
+            runner.close()
+        close_coach = getattr(self.coach, "close", None)
+        if callable(close_coach):
+            close_coach()
+
+    def _run_episodes(
+        self,
+        kind: str,
+        options: list[dict[str, Any]],
+        temperature: float,
+        seed: int,
+    ) -> list[EpisodeResult]:
+        """Episodes with the current weights; ``kind`` is ``"train"`` or ``"eval"``."""
+        config = self.config
+        for learner in self.learners.values():
+            learner.model.eval()
+        runner = self._runners.get(kind)
+        if runner is None:
+            system = AgentSystem({a: learner.policy for a, learner in self.learners.items()})
+            runner = RolloutRunner(
+                self.env_factory if kind == "train" else self.eval_env_factory,
+                system,
+                concurrency=config.concurrency,
+                progress=False,
+                keep_envs=True,  # environments live across steps; closed by close()
+            )
+            self._runners[kind] = runner
+        runner.sampling = SamplingParams(
+            max_new_tokens=config.max_new_tokens, temperature=temperature, top_p=config.top_p
+        )
+        return runner.run(len(options), options, seed=seed)
 
     def sample_task_ids(self, step: int) -> list[str]:
         """Tasks of ``step``: passes over the task list, each pass in a seeded order."""
@@ -274,29 +303,17 @@ class Trainer:
 
     def rollout(self, step: int) -> list[EpisodeResult]:
         """Run the step's episodes with the current weights."""
-        config = self.config
-        for learner in self.learners.values():
-            learner.model.eval()
-        system = AgentSystem({a: learner.policy for a, learner in self.learners.items()})
-        sampling = SamplingParams(
-            max_new_tokens=config.max_new_tokens,
-            temperature=config.temperature,
-            top_p=config.top_p,
-        )
         options = [
             {"task_id": task_id}
             for task_id in self.sample_task_ids(step)
-            for _ in range(config.samples_per_prompt)
+            for _ in range(self.config.samples_per_prompt)
         ]
-        runner = RolloutRunner(
-            self.env_factory,
-            system,
-            sampling,
-            concurrency=config.concurrency,
-            seed=derive_seed(config.seed, "rollout", step),
-            progress=False,
+        return self._run_episodes(
+            "train",
+            options,
+            self.config.temperature,
+            derive_seed(self.config.seed, "rollout", step),
         )
-        return runner.run(len(options), options)
 
     def train_step(self) -> dict[str, Any]:
         """One rollout + update step; returns its metrics."""
@@ -388,7 +405,10 @@ class Trainer:
             chunk = rows[start : start + step]
             batch = pack([s.prompt_ids for s in chunk], [s.response_ids for s in chunk], pad_id)
             values = response_logprobs(
-                model, batch.to(self.device), chunk_size=self.config.logprob_chunk_size
+                model,
+                batch.to(self.device),
+                chunk_size=self.config.logprob_chunk_size,
+                temperature=self.config.temperature,
             ).cpu()
             out[start : start + len(chunk), : values.shape[1]] = values
         return out
@@ -439,8 +459,8 @@ class Trainer:
                 group_adv, singletons = estimator(prep.rewards, groups)
                 prep.advantages = broadcast_to_tokens(group_adv, prep.mask)
                 prep.stats["group_singletons"] = singletons
-        if config.advantage_estimator != "reinforce_pp":
-            return
+        if config.advantage_estimator != "reinforce_pp" or not returns:
+            return  # nothing usable this step: every agent's update is skipped
         if config.normalize_scope == "agent":
             for agent, values in returns.items():
                 prepared[agent].advantages = whiten(values, prepared[agent].mask)
@@ -497,11 +517,16 @@ class Trainer:
                         cpu_mask,
                     )
                 )
-                logp = response_logprobs(model, batch, chunk_size=config.logprob_chunk_size)
+                logp = response_logprobs(
+                    model,
+                    batch,
+                    chunk_size=config.logprob_chunk_size,
+                    temperature=config.temperature,
+                )
                 loss = ppo_clip_loss(logp, old, adv, mask, config.clip_eps, config.clip_eps_high)
                 if config.advantage_estimator != "reinforce_pp" and config.kl_coef:
                     ref = prep.ref_logprobs[micro, :width].to(self.device)
-                    kl = kl_penalty(logp, ref, "k3")
+                    kl = kl_penalty(logp, ref, config.kl_estimator)
                     loss = loss + config.kl_coef * (kl * mask).sum() / mask.sum().clamp(min=1)
                 # Statistics stay on the device until the end: reading them per
                 # micro-batch would stall the GPU queue every time.
@@ -531,26 +556,14 @@ class Trainer:
         config = self.config
         if not self.eval_task_ids:
             return {}
-        for learner in self.learners.values():
-            learner.model.eval()
-        system = AgentSystem({a: learner.policy for a, learner in self.learners.items()})
-        sampling = SamplingParams(
-            max_new_tokens=config.max_new_tokens, temperature=config.eval_temperature
-        )
         options = [
             {"task_id": self.eval_task_ids[i % len(self.eval_task_ids)]}
             for i in range(config.eval_episodes)
         ]
-        runner = RolloutRunner(
-            self.eval_env_factory,
-            system,
-            sampling,
-            concurrency=config.concurrency,
-            seed=derive_seed(config.seed, "eval", self.step),
-            progress=False,
-        )
         started = time.perf_counter()
-        episodes = runner.run(len(options), options)
+        episodes = self._run_episodes(
+            "eval", options, config.eval_temperature, derive_seed(config.seed, "eval", self.step)
+        )
         report = summarize(episodes, wall_time_s=time.perf_counter() - started)
         metrics: dict[str, Any] = {
             "eval/success_rate": report["success_rate"],
@@ -581,14 +594,19 @@ class Trainer:
 
     def _truncate_metrics(self, step: int) -> None:
         # Steps after the checkpoint will be redone: drop their lines so none is doubled.
+        # A line torn by a kill mid-write is dropped too.
         if not self.metrics_path.exists():
             return
         kept = []
         for line in self.metrics_path.read_text().splitlines():
-            if line.strip() and json.loads(line).get("step", 0) <= step:
-                kept.append(line)
-        self.metrics_path.write_text("".join(k + "\n" for k in kept))
-        self.history = [json.loads(k) for k in kept]
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and record.get("step", 0) <= step:
+                kept.append(record)
+        self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        self.history = kept
 
     def _log(self, metrics: dict[str, Any]) -> None:
         clean = {k: _plain(v) for k, v in metrics.items()}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -97,10 +98,47 @@ def test_hidden_answers_never_reach_the_workspace(env):
     env.reset(options={"task_id": "iris"})
     names = {p.name for p in env.workdir.rglob("*")}
     assert names == {"train.csv", "test.csv", "sample_submission.csv"}
-    answers = pd.read_csv(by_task(env, "iris").answers_path)
     test = pd.read_csv(env.workdir / "test.csv")
     assert "species" not in test.columns
-    assert len(answers) == len(test)
+    # Built-in answers are held in memory only: no file an agent could find holds them.
+    task = by_task(env, "iris")
+    assert not Path(task.answers_path).exists()
+    assert not list(Path(task.train_path).parents[2].rglob("test_answer.csv"))
+
+
+def test_zero_padded_ids_and_na_labels_join_correctly(tmp_path):
+    """Answers read once and kept in memory join like answers read from disk."""
+    from mappa_env.dsbench.tasks import DSBenchTask
+
+    for name, frame in {
+        "train": "id,x,label\n001,1,NA\n002,2,yes\n003,3,NA\n004,4,yes\n",
+        "test": "id,x\n007,1\n008,2\n",
+        "answers": "id,label\n007,NA\n008,yes\n",
+    }.items():
+        (tmp_path / f"{name}.csv").write_text(frame)
+    task = DSBenchTask(
+        id="padded",
+        description="Predict label.",
+        metric="accuracy",
+        task_type="classification",
+        id_column="id",
+        target_columns=("label",),
+        train_path=tmp_path / "train.csv",
+        test_path=tmp_path / "test.csv",
+        sample_submission_path=None,
+        answers_path=tmp_path / "answers.csv",
+        metadata={},
+    )
+    env = mappa_env.make("DSBench-v0", tasks=[task], sandbox=InProcessSandbox)
+    env.reset(options={"task": task})
+    env.step(code("open('submission.csv', 'w').write('id,label\\n007,NA\\n008,yes\\n')"))
+    env.step("done")
+    env.step("x")
+    env.step("y")
+    outcome = env.state()["outcome"]
+    assert outcome["success"] is True, outcome
+    assert outcome["value"] == 1.0
+    env.close()
 
 
 # ---------------------------------------------------------------- blame and failures

@@ -492,3 +492,13 @@ def test_every_accepted_answer_counts():
     assert env.state()["outcome"]["correct"] is True
     assert env.transcript[-1].reward == 1.0
     env.close()
+
+
+def test_lone_surrogates_in_actions_are_replaced_not_fatal():
+    env = make_env()
+    env.reset(options={"task": OTHER})
+    env.step("draft \ud800")
+    env.step("```python\nprint(2 + 3)  # \udcff\n```")
+    assert env.transcript[0].action == "draft ?"
+    assert env.infos["code_executor"]["tool"]["stdout"].strip() == "5"
+    env.close()

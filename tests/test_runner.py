@@ -167,6 +167,59 @@ def test_per_agent_sampling_and_spec_parsing():
         parse_system_spec("judge=a", AGENTS)
 
 
+class FlakyPolicy(ScriptedPolicy):
+    """Fails every prompt of problem i = 3 (an API error), answers the others."""
+
+    def generate(self, batch, params):
+        from mappa_agents.policy import GenerationError
+
+        outputs = super().generate(batch, params)
+        failed = [" 3 *" in p[1]["content"] for p in batch]
+        if not any(failed):
+            return outputs
+        errors = [RuntimeError("HTTP 503") if f else None for f in failed]
+        raise GenerationError([None if f else o for f, o in zip(failed, outputs)], errors)
+
+
+def test_a_failed_generation_ends_only_its_episode():
+    policy = FlakyPolicy(solver_script)
+    runner = RolloutRunner(
+        lambda: mappa_env.make("MathChat-v0", tasks=TASKS, sandbox=InProcessSandbox),
+        AgentSystem.shared(policy, AGENTS),
+        concurrency=6,
+        progress=False,
+    )
+    episodes = runner.run(6)
+    assert "HTTP 503" in episodes[3].outcome["error"]
+    assert episodes[3].actions == []
+    others = [e.succeeded for i, e in enumerate(episodes) if i != 3]
+    assert others == [True, False, True, True, False]  # even problems solved, as scripted
+
+
+def test_kept_envs_are_reused_across_runs():
+    made = []
+
+    def factory():
+        env = mappa_env.make("MathChat-v0", tasks=TASKS, sandbox=InProcessSandbox)
+        made.append(env)
+        return env
+
+    runner = RolloutRunner(
+        factory,
+        AgentSystem.shared(ScriptedPolicy(solver_script), AGENTS),
+        concurrency=3,
+        progress=False,
+        keep_envs=True,
+    )
+    with runner:
+        first = runner.run(3, seed=1)
+        second = runner.run(3, seed=1)
+        assert len(made) == 3
+    assert [e.outcome for e in first] == [e.outcome for e in second]
+    with pytest.raises(RuntimeError, match="closed"):
+        made[0].reset()
+
+
 def test_runner_rejects_bad_arguments():
     runner, _ = make_runner()
     with pytest.raises(ValueError, match="num_episodes"):

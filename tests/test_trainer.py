@@ -104,9 +104,12 @@ def test_training_improves_a_learnable_behaviour(tmp_path, credit_mode):
     assert ckpt.latest_checkpoint(trainer.checkpoint_root) is not None
 
 
-def test_masks_length_cut_and_invalid_actions(tmp_path):
+@pytest.mark.parametrize("scope", ["agent", "all"])
+def test_masks_length_cut_and_invalid_actions(tmp_path, scope):
     model_dir = tiny_model_dir(tmp_path / "model")
-    config = _toy_config(tmp_path, model_dir, steps=1, max_new_tokens=2, mask_truncated=True)
+    config = _toy_config(
+        tmp_path, model_dir, steps=1, max_new_tokens=2, mask_truncated=True, normalize_scope=scope
+    )
     trainer = Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
     history = trainer.train()
     stats = history[0]

@@ -158,7 +158,7 @@ def find_json_verdict(text: str) -> tuple[dict[str, Any], int] | None:
             continue
         try:
             payload, end = decoder.raw_decode(text, start)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # deeply nested replies
             continue
         if isinstance(payload, dict) and "score" in payload:
             best = (payload, end)
@@ -168,7 +168,7 @@ def find_json_verdict(text: str) -> tuple[dict[str, Any], int] | None:
 def _loads_object(candidate: str) -> dict[str, Any] | None:
     try:
         payload = json.loads(candidate)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return None
     return payload if isinstance(payload, dict) else None
 

@@ -38,6 +38,7 @@ copying an upstream answer without checking) outscores doing the job.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable, Mapping
 
@@ -174,8 +175,8 @@ class RulesCoach:
         return CoachVerdict(score=float(score), valid=True, analysis=analysis, coach=self.name)
 
     async def ascore(self, request: CoachRequest) -> CoachVerdict:
-        """Same as :meth:`score`: rules are cheap enough to run in the event loop."""
-        return self.score(request)
+        """:meth:`score` in a worker thread: a symbolic answer check can take seconds."""
+        return await asyncio.to_thread(self.score, request)
 
     def __repr__(self) -> str:
         return f"RulesCoach(envs={sorted(self.rubrics)})"

@@ -654,6 +654,22 @@ def _read_table(
     return table
 
 
+def read_answers(path: str | Path, id_column: str) -> pd.DataFrame:
+    """Read a hidden-answers CSV exactly as :func:`score_submission` reads tables.
+
+    The id column stays text (``"007"`` keeps its zeros) and only empty cells are
+    missing (labels such as ``"NA"`` survive), so answers loaded once and kept in memory
+    join with submissions the same way as answers read from disk.
+
+    Raises:
+        ValueError: Naming the file and the problem when it cannot be read.
+    """
+    try:
+        return _read_table(path, "answers", id_column)
+    except _ScoringFailure as exc:
+        raise ValueError(str(exc)) from None
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:200] if text else ""

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import shutil
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -23,7 +24,16 @@ from typing import Any
 import pandas as pd
 
 from mappa_env.coach.base import Coach, FileInfo, RevealPolicy
-from mappa_env.envs.pipeline import ActionRecord, AgentSpec, PipelineEnv, RewardMode, ToolOutcome
+from mappa_env.dsbench.tasks import DSBenchTask
+from mappa_env.envs.pipeline import (
+    ActionRecord,
+    AgentSpec,
+    PipelineEnv,
+    RewardMode,
+    ToolOutcome,
+    parse_turn_limits,
+    resolve_sandbox_factory,
+)
 from mappa_env.sandbox.base import Sandbox, SandboxFactory
 from mappa_env.text import extract_code_blocks, strip_think, truncate_middle
 
@@ -49,7 +59,8 @@ INPUT_FILES = ("train.csv", "test.csv", "sample_submission.csv")
 #: Submissions larger than this are not read (a runaway write must not exhaust memory).
 MAX_SUBMISSION_BYTES = 200 * 1024 * 1024
 _LISTING_LIMIT = 200
-_INSPECT_MARK = "__MAPPA_ARTIFACTS__"
+#: Wall-clock limit of one artifact inspection.
+INSPECT_TIMEOUT_S = 60.0
 
 SYSTEM_DESCRIPTION = (
     "Three agents solve a Kaggle-style data-modelling task together, one after another, in "
@@ -94,62 +105,46 @@ _ROLE_FOOTER = (
     "Keep each reply within {budget} tokens."
 )
 
-# Runs inside the acting agent's own interpreter after its code: agent-written pickles are
-# never unpickled in the environment's process (unpickling runs arbitrary code).
+# Runs in a fresh, short-lived interpreter in the workspace: agent-written pickles are
+# never unpickled in the environment's process (unpickling runs arbitrary code), and not in
+# the agent's own interpreter either, where earlier agent code could forge the report.
 _INSPECT_CODE = """
-def _mappa_inspect(names):
-    import json, os, pickle
-    report = {}
-    for name in names:
-        entry = {"exists": os.path.isfile(name)}
-        if entry["exists"]:
-            entry["size"] = os.path.getsize(name)
-            obj, errors = None, []
+import json, os, pickle, resource
+for name, (soft, hard) in %(rlimits)r.items():
+    resource.setrlimit(getattr(resource, name), (soft, hard))
+report = {}
+for name in %(names)r:
+    entry = {"exists": os.path.isfile(name)}
+    if entry["exists"]:
+        entry["size"] = os.path.getsize(name)
+        obj, errors = None, []
+        try:
+            with open(name, "rb") as handle:
+                obj = pickle.load(handle)
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}"[:200])
             try:
-                with open(name, "rb") as handle:
-                    obj = pickle.load(handle)
-            except Exception as exc:
-                errors.append(f"{type(exc).__name__}: {exc}"[:200])
+                import joblib
+                obj = joblib.load(name)
+                errors = []
+            except Exception as exc2:
+                errors.append(f"{type(exc2).__name__}: {exc2}"[:200])
+        entry["loads"] = not errors
+        if errors:
+            entry["error"] = errors[0]
+        else:
+            entry["type"] = type(obj).__module__ + "." + type(obj).__qualname__
+            shape = getattr(obj, "shape", None)
+            if shape is None and hasattr(obj, "__len__"):
                 try:
-                    import joblib
-                    obj = joblib.load(name)
-                    errors = []
-                except Exception as exc2:
-                    errors.append(f"{type(exc2).__name__}: {exc2}"[:200])
-            entry["loads"] = not errors
-            if errors:
-                entry["error"] = errors[0]
-            else:
-                entry["type"] = type(obj).__module__ + "." + type(obj).__qualname__
-                shape = getattr(obj, "shape", None)
-                if shape is None and hasattr(obj, "__len__"):
-                    try:
-                        shape = (len(obj),)
-                    except Exception:
-                        shape = None
-                entry["shape"] = [int(s) for s in shape] if shape is not None else None
-                entry["has_predict"] = callable(getattr(obj, "predict", None))
-        report[name] = entry
-    print(%(mark)r + json.dumps(report))
-_mappa_inspect(%(names)r)
-del _mappa_inspect
+                    shape = (len(obj),)
+                except Exception:
+                    shape = None
+            entry["shape"] = [int(s) for s in shape] if shape is not None else None
+            entry["has_predict"] = callable(getattr(obj, "predict", None))
+    report[name] = entry
+print(json.dumps(report))
 """
-
-
-def _resolve_sandbox(sandbox: str | SandboxFactory | None) -> SandboxFactory | None:
-    if sandbox is None or callable(sandbox):
-        return sandbox
-    if sandbox == "jupyter":
-        from mappa_env.sandbox import JupyterSandbox
-
-        def jupyter_factory(workdir: Path) -> Sandbox:
-            return JupyterSandbox(workdir=workdir)
-
-        return jupyter_factory
-    raise ValueError(
-        f"unknown sandbox {sandbox!r}: pass 'jupyter', None (no code execution) "
-        "or a callable workdir -> Sandbox"
-    )
 
 
 def list_files(root: Path, limit: int = _LISTING_LIMIT) -> list[FileInfo]:
@@ -223,6 +218,7 @@ class DSBenchEnv(PipelineEnv):
         "is_parallelizable": False,
     }
     env_id = "DSBench-v0"
+    task_class = DSBenchTask
 
     def __init__(
         self,
@@ -246,37 +242,24 @@ class DSBenchEnv(PipelineEnv):
         invalid_reward: float = float("nan"),
         render_mode: str | None = None,
     ) -> None:
-        from mappa_env.coach import make_coach
-
-        self._turn_limits = {DATA_ENGINEER: 4, MODELER: 4, ANALYST: 4}
-        for agent, limit in (turns or {}).items():
-            if agent not in self._turn_limits:
-                raise ValueError(
-                    f"unknown agent {agent!r} in turns; agents: {list(self._turn_limits)}"
-                )
-            if int(limit) < 1:
-                raise ValueError(f"turns[{agent!r}] must be >= 1, got {limit}")
-            self._turn_limits[agent] = int(limit)
+        self._turn_limits = parse_turn_limits({DATA_ENGINEER: 4, MODELER: 4, ANALYST: 4}, turns)
         if code_timeout_s <= 0:
             raise ValueError(f"code_timeout_s must be positive, got {code_timeout_s}")
         self.max_new_tokens = int(max_new_tokens)
         self.code_timeout_s = float(code_timeout_s)
         self.tool_output_chars = int(tool_output_chars)
-        self.shuffle = bool(shuffle)
         self._builtin_root: Path | None = None
+        self._answer_tables: dict[str, pd.DataFrame] = {}
         self.tasks = self._resolve_tasks(tasks, data_dir, task_ids, 0 if seed is None else seed)
-        self._task_index = {t.id: t for t in self.tasks}
-        self._sandbox_factory = _resolve_sandbox(sandbox)
+        self._sandbox_factory = resolve_sandbox_factory(sandbox)
         self._sandboxes: dict[str, Sandbox] = {}
         self._answers: pd.DataFrame | None = None
         self._artifacts: dict[str, dict[str, Any]] = {}
         self._slot_start_files: dict[str, list[FileInfo]] = {}
         self._submission_score: Any = None
-        self._order: list[int] = []
-        self._cursor = 0
         self.task = self.tasks[0]
         super().__init__(
-            coach=make_coach(coach) if coach is not None else None,
+            coach=coach,
             reward_mode=reward_mode,
             outcome_weight=outcome_weight,
             reveal=reveal,
@@ -284,11 +267,9 @@ class DSBenchEnv(PipelineEnv):
             max_cycles=max_cycles,
             invalid_reward=invalid_reward,
             render_mode=render_mode,
+            seed=seed,
+            shuffle=shuffle,
         )
-        if seed is not None:
-            import gymnasium
-
-            self.np_random, _ = gymnasium.utils.seeding.np_random(seed)
 
     def _resolve_tasks(
         self,
@@ -314,6 +295,14 @@ class DSBenchEnv(PipelineEnv):
 
             self._builtin_root = Path(tempfile.mkdtemp(prefix="mappa-dsbench-tasks-"))
             resolved = builtin_tasks(self._builtin_root, names=task_ids, seed=seed)
+            # Built-in answers live only in memory: nothing an agent's code can find on disk
+            # holds them (answers of a real DSBench data_dir stay where the user keeps them).
+            from mappa_env.dsbench.metrics import read_answers
+
+            self._answer_tables = {
+                t.id: read_answers(t.answers_path, t.id_column) for t in resolved
+            }
+            shutil.rmtree(self._builtin_root / "answers", ignore_errors=True)
         if not resolved:
             raise ValueError("no DSBench tasks selected: check tasks, data_dir and task_ids")
         return resolved
@@ -395,7 +384,7 @@ class DSBenchEnv(PipelineEnv):
         elif code is not None:
             sandbox = self._sandboxes.get(agent)
             if sandbox is None:
-                sandbox = self._sandbox_factory(self.workdir)
+                sandbox = await self.open_sandbox(self._sandbox_factory)
                 self._sandboxes[agent] = sandbox
             result = await sandbox.arun(code, timeout=self.code_timeout_s)
             output = result.render(self.tool_output_chars)
@@ -410,32 +399,47 @@ class DSBenchEnv(PipelineEnv):
             for name in ARTIFACTS[agent] + NEEDS[agent]
         }
         if agent == ANALYST:
-            self._submission_score = self._score_submission()
+            # Reading and scoring a large CSV blocks: keep the event loop free.
+            self._submission_score = await asyncio.to_thread(self._score_submission)
             extra["submission"] = self._submission_score.to_dict()
         outcome = ToolOutcome(code=code, result=result, output=output, ends_slot=not blocks)
         outcome.extra = extra
         return outcome
 
     async def _inspect(self, agent: str) -> dict[str, dict[str, Any]]:
-        """Check that pickled artifacts load, inside the agent's interpreter."""
+        """Check that pickled artifacts load, in a fresh limited interpreter."""
         names = [n for n in ARTIFACTS[agent] + NEEDS[agent] if n.endswith(".pkl")]
-        sandbox = self._sandboxes.get(agent)
-        if not names or sandbox is None:
+        if not names:
             return {}
-        result = await sandbox.arun(
-            _INSPECT_CODE % {"mark": _INSPECT_MARK, "names": names},
-            timeout=min(60.0, self.code_timeout_s),
+        from mappa_env.sandbox.limits import SandboxLimits, kernel_environment
+
+        limits = SandboxLimits()
+        code = _INSPECT_CODE % {"rlimits": limits.rlimits(), "names": names}
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            code,
+            cwd=self.workdir,
+            env=kernel_environment(limits),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
-        for line in reversed(result.stdout.splitlines()):
-            if line.startswith(_INSPECT_MARK):
-                try:
-                    report = json.loads(line[len(_INSPECT_MARK) :])
-                except json.JSONDecodeError:
-                    break
-                if isinstance(report, dict):
-                    return report
-        why = result.error.name if result.error else "no report"
-        return {n: {**self._file_only_check(n), "loads": False, "error": why} for n in names}
+        try:
+            stdout, stderr = await asyncio.wait_for(process.communicate(), INSPECT_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            process.kill()
+            await process.wait()
+            why = f"inspection timed out after {INSPECT_TIMEOUT_S:g} s"
+            return {n: {**self._file_only_check(n), "loads": False, "error": why} for n in names}
+        try:
+            report = json.loads(stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            tail = stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no report"]
+            return {
+                n: {**self._file_only_check(n), "loads": False, "error": tail[0]} for n in names
+            }
+        return report if isinstance(report, dict) else {}
 
     def _file_only_check(self, name: str) -> dict[str, Any]:
         path = self.workdir / name
@@ -479,57 +483,24 @@ class DSBenchEnv(PipelineEnv):
             "reward": float(score.normalized) if score.success else 0.0,
         }
 
-    def select_task(self, options: Mapping[str, Any] | None) -> Any:
-        """Pick the task named in ``options`` or the next one in (seeded) order."""
-        from mappa_env.dsbench.tasks import DSBenchTask
-
-        options = options or {}
-        if "task" in options:
-            task = options["task"]
-            if not isinstance(task, DSBenchTask):
-                raise TypeError(f"options['task'] must be a DSBenchTask, got {type(task).__name__}")
-        elif "task_id" in options:
-            try:
-                task = self._task_index[str(options["task_id"])]
-            except KeyError:
-                raise KeyError(
-                    f"no task with id {options['task_id']!r}; known: {sorted(self._task_index)}"
-                ) from None
-        else:
-            if self._cursor >= len(self._order):
-                n = len(self.tasks)
-                self._order = (
-                    [int(i) for i in self.np_random.permutation(n)]
-                    if self.shuffle
-                    else list(range(n))
-                )
-                self._cursor = 0
-            task = self.tasks[self._order[self._cursor]]
-            self._cursor += 1
-        self.task = task
-        return task
-
-    async def areset(
-        self, seed: int | None = None, options: Mapping[str, Any] | None = None
-    ) -> None:
-        """Start a new episode in a fresh workspace holding the task's input files."""
-        if seed is not None:
-            self._order, self._cursor = [], 0
-        await super().areset(seed=seed, options=options)
-
     async def on_episode_start(self) -> None:
         """Copy the task's inputs into a fresh workspace; load the hidden answers."""
         self._artifacts = {}
         self._submission_score = None
-        task = self.task
+        # Copying (possibly large) CSVs blocks: keep the event loop free.
+        self._answers = await asyncio.to_thread(self._prepare_workspace, self.task)
+        self._slot_start_files = {DATA_ENGINEER: list_files(self.workdir)}
+
+    def _prepare_workspace(self, task: Any) -> pd.DataFrame:
+        from mappa_env.dsbench.metrics import read_answers
+
         copies = [(task.train_path, "train.csv"), (task.test_path, "test.csv")]
         if task.sample_submission_path is not None:
             copies.append((task.sample_submission_path, "sample_submission.csv"))
         for source, name in copies:
             shutil.copyfile(source, self.workdir / name)
-        # Answers stay in memory; their path is never shown to any agent.
-        self._answers = pd.read_csv(task.answers_path)
-        self._slot_start_files = {DATA_ENGINEER: list_files(self.workdir)}
+        cached = self._answer_tables.get(task.id)
+        return cached if cached is not None else read_answers(task.answers_path, task.id_column)
 
     def task_facts(self) -> tuple[str, str, str | None]:
         """``(task id, description, None)``: DSBench has no short ground-truth string."""
@@ -564,7 +535,7 @@ class DSBenchEnv(PipelineEnv):
         """Free the agent's interpreter and snapshot the files the next agent starts from."""
         sandbox = self._sandboxes.pop(agent, None)
         if sandbox is not None:
-            await self._close_sandboxes([sandbox])
+            await self.close_sandboxes([sandbox])
         if next_agent is not None:
             self._slot_start_files[next_agent] = list_files(self.workdir)
 
@@ -572,14 +543,7 @@ class DSBenchEnv(PipelineEnv):
         """Close every interpreter of the episode."""
         sandboxes = list(self._sandboxes.values())
         self._sandboxes = {}
-        await self._close_sandboxes(sandboxes)
-
-    async def _close_sandboxes(self, sandboxes: Sequence[Sandbox]) -> None:
-        for sandbox in sandboxes:
-            try:
-                await asyncio.to_thread(sandbox.close)
-            except OSError:
-                logger.warning("closing a sandbox failed", exc_info=True)
+        await self.close_sandboxes(sandboxes)
 
     def on_close(self) -> None:
         """Remove the built-in task files made for this environment."""

@@ -20,6 +20,8 @@ from mappa_env.envs.pipeline import (
     PipelineEnv,
     RewardMode,
     ToolOutcome,
+    parse_turn_limits,
+    resolve_sandbox_factory,
 )
 from mappa_env.grading.math import answers_match_any, extract_boxed
 from mappa_env.sandbox.base import Sandbox, SandboxFactory
@@ -70,22 +72,6 @@ _ROLE_TEMPLATES = {
         "Keep it within {budget} tokens."
     ),
 }
-
-
-def _resolve_sandbox(sandbox: str | SandboxFactory | None) -> SandboxFactory | None:
-    if sandbox is None or callable(sandbox):
-        return sandbox
-    if sandbox == "jupyter":
-        from mappa_env.sandbox import JupyterSandbox
-
-        def jupyter_factory(workdir: Any) -> Sandbox:
-            return JupyterSandbox(workdir=workdir)
-
-        return jupyter_factory
-    raise ValueError(
-        f"unknown sandbox {sandbox!r}: pass 'jupyter', None (no code execution) "
-        "or a callable workdir -> Sandbox"
-    )
 
 
 def _resolve_tasks(tasks: str | Sequence[MathTask] | None, seed: int) -> list[MathTask]:
@@ -154,6 +140,7 @@ class MathChatEnv(PipelineEnv):
         "is_parallelizable": False,
     }
     env_id = "MathChat-v0"
+    task_class = MathTask
 
     def __init__(
         self,
@@ -177,17 +164,9 @@ class MathChatEnv(PipelineEnv):
         invalid_reward: float = float("nan"),
         render_mode: str | None = None,
     ) -> None:
-        from mappa_env.coach import make_coach
-
-        self._turn_limits = {PROBLEM_SOLVER: 1, CODE_EXECUTOR: 2, VERIFIER: 1}
-        for agent, limit in (turns or {}).items():
-            if agent not in self._turn_limits:
-                raise ValueError(
-                    f"unknown agent {agent!r} in turns; agents: {list(self._turn_limits)}"
-                )
-            if int(limit) < 1:
-                raise ValueError(f"turns[{agent!r}] must be >= 1, got {limit}")
-            self._turn_limits[agent] = int(limit)
+        self._turn_limits = parse_turn_limits(
+            {PROBLEM_SOLVER: 1, CODE_EXECUTOR: 2, VERIFIER: 1}, turns
+        )
         if max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
         if code_timeout_s <= 0:
@@ -197,16 +176,12 @@ class MathChatEnv(PipelineEnv):
         self.tool_output_chars = int(tool_output_chars)
         self.verifier_sees_solver = bool(verifier_sees_solver)
         self.strict_boxed = bool(strict_boxed)
-        self.shuffle = bool(shuffle)
         self.tasks = _resolve_tasks(tasks, seed=0 if seed is None else seed)
-        self._task_index = {t.id: t for t in self.tasks}
-        self._sandbox_factory = _resolve_sandbox(sandbox)
+        self._sandbox_factory = resolve_sandbox_factory(sandbox)
         self._sandbox: Sandbox | None = None
-        self._order: list[int] = []
-        self._cursor = 0
         self.task: MathTask = self.tasks[0]
         super().__init__(
-            coach=make_coach(coach) if coach is not None else None,
+            coach=coach,
             reward_mode=reward_mode,
             outcome_weight=outcome_weight,
             reveal=reveal,
@@ -214,17 +189,15 @@ class MathChatEnv(PipelineEnv):
             max_cycles=max_cycles,
             invalid_reward=invalid_reward,
             render_mode=render_mode,
+            seed=seed,
+            shuffle=shuffle,
         )
-        if seed is not None:
-            import gymnasium
-
-            self.np_random, _ = gymnasium.utils.seeding.np_random(seed)
 
     # ------------------------------------------------------------------ pipeline hooks
 
     def agent_specs(self) -> Sequence[AgentSpec]:
         """problem_solver (1 turn) -> code_executor (2) -> verifier (1), by default."""
-        limits = getattr(self, "_turn_limits", {PROBLEM_SOLVER: 1, CODE_EXECUTOR: 2, VERIFIER: 1})
+        limits = self._turn_limits
         return (
             AgentSpec(PROBLEM_SOLVER, "problem solver", limits[PROBLEM_SOLVER]),
             AgentSpec(CODE_EXECUTOR, "code executor", limits[CODE_EXECUTOR]),
@@ -315,7 +288,7 @@ class MathChatEnv(PipelineEnv):
                 extra={"code_blocks": len(blocks)},
             )
         if self._sandbox is None:
-            self._sandbox = self._sandbox_factory(self.workdir)
+            self._sandbox = await self.open_sandbox(self._sandbox_factory)
         result = await self._sandbox.arun(code, timeout=self.code_timeout_s)
         return ToolOutcome(
             code=code,
@@ -330,7 +303,10 @@ class MathChatEnv(PipelineEnv):
         predicted = (
             extract_boxed(verdict.action, fallback=not self.strict_boxed) if verdict else None
         )
-        correct = predicted is not None and answers_match_any(predicted, self.accepted_answers)
+        # Symbolic equivalence can take seconds: grade off the event loop.
+        correct = predicted is not None and await asyncio.to_thread(
+            answers_match_any, predicted, self.accepted_answers
+        )
         return {
             "correct": bool(correct),
             "predicted": predicted,
@@ -338,43 +314,6 @@ class MathChatEnv(PipelineEnv):
             "reward": 1.0 if correct else 0.0,
             "task_id": self.task.id,
         }
-
-    def select_task(self, options: Mapping[str, Any] | None) -> MathTask:
-        """Pick the task named in ``options`` or the next one in (seeded) order."""
-        options = options or {}
-        if "task" in options:
-            task = options["task"]
-            if not isinstance(task, MathTask):
-                raise TypeError(f"options['task'] must be a MathTask, got {type(task).__name__}")
-        elif "task_id" in options:
-            try:
-                task = self._task_index[str(options["task_id"])]
-            except KeyError:
-                raise KeyError(
-                    f"no task with id {options['task_id']!r}; "
-                    f"{len(self.tasks)} tasks, e.g. {self.tasks[0].id!r}"
-                ) from None
-        else:
-            if self._cursor >= len(self._order):
-                n = len(self.tasks)
-                self._order = (
-                    [int(i) for i in self.np_random.permutation(n)]
-                    if self.shuffle
-                    else list(range(n))
-                )
-                self._cursor = 0
-            task = self.tasks[self._order[self._cursor]]
-            self._cursor += 1
-        self.task = task
-        return task
-
-    async def areset(
-        self, seed: int | None = None, options: Mapping[str, Any] | None = None
-    ) -> None:
-        """Start a new episode; a new ``seed`` restarts the seeded task order."""
-        if seed is not None:
-            self._order, self._cursor = [], 0
-        await super().areset(seed=seed, options=options)
 
     def task_facts(self) -> tuple[str, str, str | None]:
         """``(task id, problem, answer)``."""
@@ -404,8 +343,4 @@ class MathChatEnv(PipelineEnv):
         """Close the episode's sandbox."""
         if self._sandbox is not None:
             sandbox, self._sandbox = self._sandbox, None
-            try:
-                # Shutting a kernel down blocks for a moment: keep the event loop free.
-                await asyncio.to_thread(sandbox.close)
-            except OSError:
-                logger.warning("closing the sandbox failed", exc_info=True)
+            await self.close_sandboxes([sandbox])

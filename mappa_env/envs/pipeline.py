@@ -13,6 +13,7 @@ thin synchronous wrappers over it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import shutil
@@ -35,7 +36,7 @@ from mappa_env.coach.base import (
     RevealPolicy,
 )
 from mappa_env.envs._sync import SyncRunner
-from mappa_env.sandbox.base import ExecResult
+from mappa_env.sandbox.base import ExecResult, Sandbox, SandboxFactory
 from mappa_env.spaces import UnicodeText, make_observation, text_observation_space
 
 logger = logging.getLogger(__name__)
@@ -157,10 +158,13 @@ class PipelineEnv(AECEnv):
     #: Environment id used in coach requests and registries.
     env_id: ClassVar[str] = "Pipeline-v0"
 
+    #: Type of the task objects in ``self.tasks`` (checked for ``options["task"]``).
+    task_class: ClassVar[type] = object
+
     def __init__(
         self,
         *,
-        coach: Coach | None,
+        coach: Coach | str | None,
         reward_mode: RewardMode = "process",
         outcome_weight: float = 0.5,
         reveal: RevealPolicy | None = None,
@@ -168,8 +172,17 @@ class PipelineEnv(AECEnv):
         max_cycles: int | None = None,
         invalid_reward: float = math.nan,
         render_mode: str | None = None,
+        seed: int | None = None,
+        shuffle: bool = True,
     ) -> None:
         super().__init__()
+        # A coach built here from a spec string belongs to this env and is closed with it;
+        # a coach object passed in is shared (e.g. by every env of a runner) and is not.
+        self._owns_coach = isinstance(coach, str)
+        if isinstance(coach, str):
+            from mappa_env.coach import make_coach
+
+            coach = make_coach(coach)
         if reward_mode not in REWARD_MODES:
             raise ValueError(f"reward_mode must be one of {REWARD_MODES}, got {reward_mode!r}")
         if coach is None and reward_mode != "outcome":
@@ -222,7 +235,10 @@ class PipelineEnv(AECEnv):
         self.outcome: dict[str, Any] | None = None
         self.turns: dict[str, int] = {}
         self.episode_index = -1
-        self.np_random, _ = gymnasium.utils.seeding.np_random(None)
+        self.np_random, _ = gymnasium.utils.seeding.np_random(seed)
+        self.shuffle = bool(shuffle)
+        self._order: list[int] = []
+        self._cursor = 0
         self._workdir: Path | None = None
         self._sync = SyncRunner()
         self._closed = False
@@ -259,9 +275,46 @@ class PipelineEnv(AECEnv):
             it is stored in ``infos[agent]["outcome"]`` for every agent.
         """
 
-    @abstractmethod
     def select_task(self, options: Mapping[str, Any] | None) -> Any:
-        """Pick the next episode's task (seeded by ``self.np_random``)."""
+        """Pick the episode's task from ``self.tasks`` and store it in ``self.task``.
+
+        ``options["task"]`` (a task object) or ``options["task_id"]`` choose one;
+        otherwise tasks are visited in passes, each pass in a seeded random order (or in
+        the given order with ``shuffle=False``).
+
+        Raises:
+            TypeError: For an ``options["task"]`` of the wrong type.
+            KeyError: For an unknown ``options["task_id"]``.
+        """
+        options = options or {}
+        tasks = self.tasks
+        if "task" in options:
+            task = options["task"]
+            if not isinstance(task, self.task_class):
+                raise TypeError(
+                    f"options['task'] must be a {self.task_class.__name__}, "
+                    f"got {type(task).__name__}"
+                )
+        elif "task_id" in options:
+            wanted = str(options["task_id"])
+            task = next((t for t in tasks if t.id == wanted), None)
+            if task is None:
+                raise KeyError(
+                    f"no task with id {wanted!r}; {len(tasks)} tasks, e.g. {tasks[0].id!r}"
+                )
+        else:
+            if self._cursor >= len(self._order):
+                n = len(tasks)
+                self._order = (
+                    [int(i) for i in self.np_random.permutation(n)]
+                    if self.shuffle
+                    else list(range(n))
+                )
+                self._cursor = 0
+            task = tasks[self._order[self._cursor]]
+            self._cursor += 1
+        self.task = task
+        return task
 
     @abstractmethod
     def task_facts(self) -> tuple[str, str, str | None]:
@@ -328,10 +381,11 @@ class PipelineEnv(AECEnv):
         self._check_open()
         if seed is not None:
             self.np_random, _ = gymnasium.utils.seeding.np_random(seed)
+            self._order, self._cursor = [], 0  # a new seed restarts the task order
             for i, agent in enumerate(self.possible_agents):
                 self.action_spaces[agent].seed(seed + i)
         await self.on_episode_end()
-        self._remove_workdir()
+        await asyncio.to_thread(self._remove_workdir)
         self.select_task(options)
         self.episode_index += 1
         self.agents = list(self.possible_agents)
@@ -425,7 +479,7 @@ class PipelineEnv(AECEnv):
             self._remove_workdir()
             self._sync.close()
             self._closed = True
-            self.on_close()
+            self._release()
 
     async def aclose(self) -> None:
         """Async variant of :meth:`close` for callers inside an event loop."""
@@ -437,7 +491,7 @@ class PipelineEnv(AECEnv):
             self._remove_workdir()
             self._sync.close()
             self._closed = True
-            self.on_close()
+            self._release()
 
     # ------------------------------------------------------------------ helpers
 
@@ -497,6 +551,9 @@ class PipelineEnv(AECEnv):
                 f"actions are text: expected str, got {type(action).__name__}; "
                 "pass the model's output string"
             )
+        # Lone surrogates (a JSON escape cut inside an emoji) cannot be encoded as UTF-8
+        # for the sandbox, the coach or a JSONL export: replace them, keep the rest.
+        action = action.encode("utf-8", "replace").decode("utf-8")
         if len(action) > self.max_action_chars:
             return action[: self.max_action_chars], True
         return action, False
@@ -591,6 +648,27 @@ class PipelineEnv(AECEnv):
                 self.terminations[agent] = True
         await self.on_episode_end()
 
+    def _release(self) -> None:
+        self.on_close()
+        close_coach = getattr(self.coach, "close", None)
+        if self._owns_coach and callable(close_coach):
+            close_coach()
+
+    async def open_sandbox(self, factory: SandboxFactory) -> Sandbox:
+        """A new sandbox in this episode's workspace, made off the event loop.
+
+        Handing out a pooled kernel or starting a cold one blocks for a moment.
+        """
+        return await asyncio.to_thread(factory, self.workdir)
+
+    async def close_sandboxes(self, sandboxes: Sequence[Sandbox]) -> None:
+        """Close sandboxes off the event loop (a kernel shutdown blocks for a moment)."""
+        for sandbox in sandboxes:
+            try:
+                await asyncio.to_thread(sandbox.close)
+            except OSError:
+                logger.warning("closing a sandbox failed", exc_info=True)
+
     def _remove_workdir(self) -> None:
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
@@ -608,3 +686,42 @@ class PipelineEnv(AECEnv):
 def _file_infos(files: Sequence[Mapping[str, Any] | FileInfo]) -> tuple[FileInfo, ...]:
     """File listings travel as plain dicts in ``infos``; coaches get :class:`FileInfo`."""
     return tuple(f if isinstance(f, FileInfo) else FileInfo(f["name"], f["size"]) for f in files)
+
+
+def parse_turn_limits(
+    defaults: Mapping[str, int], turns: Mapping[str, int] | None
+) -> dict[str, int]:
+    """Per-agent turn limits: ``defaults`` updated by ``turns``.
+
+    Raises:
+        ValueError: For an unknown agent or a limit below 1.
+    """
+    limits = dict(defaults)
+    for agent, limit in (turns or {}).items():
+        if agent not in limits:
+            raise ValueError(f"unknown agent {agent!r} in turns; agents: {list(limits)}")
+        if int(limit) < 1:
+            raise ValueError(f"turns[{agent!r}] must be >= 1, got {limit}")
+        limits[agent] = int(limit)
+    return limits
+
+
+def resolve_sandbox_factory(sandbox: str | SandboxFactory | None) -> SandboxFactory | None:
+    """The sandbox factory named by ``sandbox``.
+
+    ``"jupyter"`` gives a Jupyter kernel per sandbox; a callable is used as it is;
+    ``None`` disables code execution.
+
+    Raises:
+        ValueError: For an unknown name.
+    """
+    if sandbox is None or callable(sandbox):
+        return sandbox
+    if sandbox == "jupyter":
+        from mappa_env.sandbox import JupyterSandbox
+
+        return JupyterSandbox.factory()
+    raise ValueError(
+        f"unknown sandbox {sandbox!r}: pass 'jupyter', None (no code execution) "
+        "or a callable workdir -> Sandbox"
+    )

@@ -1,0 +1,42 @@
+"""The mappa command line: eval end to end with a tiny model; argument errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from mappa_agents.cli import build_parser, main
+from tests.tiny_models import tiny_model_dir
+
+
+def test_eval_writes_report_transcripts_and_plots(tmp_path, capsys):
+    model = tiny_model_dir(tmp_path / "model")
+    out = tmp_path / "out"
+    code = main(
+        [
+            "eval", "--env", "MathChat-v0", "--system", str(model), "--coach", "rules",
+            "--episodes", "3", "--concurrency", "3", "--max-new-tokens", "8",
+            "--num-tasks", "3", "--sandbox", "none", "--out", str(out), "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["episodes"] == 3
+    assert set(report["per_agent"]) == {"problem_solver", "code_executor", "verifier"}
+    assert report["per_agent"]["problem_solver"]["mean_response_tokens"] <= 8
+    rows = (out / "transcripts.jsonl").read_text().splitlines()
+    assert len(rows) == report["actions"]
+    assert json.loads(rows[0])["response_ids"]
+    assert (out / "rewards.png").stat().st_size > 1000
+    assert "MathChat-v0: 3 episodes" in capsys.readouterr().out
+
+
+def test_unknown_choices_are_rejected():
+    parser = build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["eval", "--sandbox", "docker"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "--gradient-checkpointing", "maybe"])
