@@ -21,9 +21,10 @@ from mappa_env.sandbox import (
     Sandbox,
     SandboxError,
     SandboxLimits,
+    jupyter,
 )
 from mappa_env.sandbox._kernel import launcher_source
-from mappa_env.sandbox.jupyter import _BoundedText, strip_ansi
+from mappa_env.sandbox.jupyter import _BoundedText, strip_ansi, utf8_safe
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,6 +86,22 @@ def test_bounded_text_short_input_is_unchanged() -> None:
     buffer.append("abc")
     buffer.append("def")
     assert buffer.text() == ("abcdef", False)
+
+
+def test_utf8_safe_joins_pairs_and_replaces_lone_surrogates() -> None:
+    assert utf8_safe("plain é 😀") == "plain é 😀"
+    assert utf8_safe("a\ud83d\ude00b") == "a😀b"  # a pair is the character it encodes
+    assert utf8_safe("x\ud800y\udcffz") == "x\ufffdy\ufffdz"
+    utf8_safe("\ud83d" * 3 + "\ude00").encode("utf-8")  # never raises
+
+
+def assert_encodable(result: ExecResult) -> None:
+    """Every text of ``result`` can be written as UTF-8 (to a file, to a model API)."""
+    for text in (result.stdout, result.stderr, result.render()):
+        text.encode("utf-8")
+    if result.error is not None:
+        for text in (result.error.name, result.error.value, result.error.traceback):
+            text.encode("utf-8")
 
 
 def test_launcher_source_survives_kernel_command_templating() -> None:
@@ -179,6 +196,55 @@ def test_binary_output_is_decoded_with_replacement(shared: JupyterSandbox) -> No
     result = shared.run("import sys\nsys.stdout.buffer.write(b'\\xff')")
     assert result.error is not None
     assert shared.run("1 + 1").stdout == "2\n"
+
+
+def test_code_with_a_lone_surrogate_is_refused_without_running(shared: JupyterSandbox) -> None:
+    shared.run("before_surrogate = 1")
+    pid = shared.kernel_pid
+    # Half of an emoji, as left by a JSON escape cut in the middle.
+    result = shared.run("before_surrogate = 2\nprint('\ud83d')")
+    assert result.error is not None
+    assert result.error.name == "UnicodeEncodeError"
+    assert "cannot be encoded as UTF-8" in result.error.value
+    assert "U+D83D at line 2, column 8" in result.error.value
+    assert "was not run" in result.error.value
+    assert not result.ok
+    assert not result.restarted
+    assert_encodable(result)
+    assert shared.kernel_pid == pid
+    assert shared.run("before_surrogate").stdout == "1\n"  # nothing of it ran
+    async_result = asyncio.run(shared.arun("print(1)\ud800"))
+    assert async_result.error is not None
+    assert async_result.error.name == "UnicodeEncodeError"
+    assert "U+D800 at line 1, column 9" in async_result.error.value
+    assert shared.run("print(1)").stdout == "1\n"
+
+
+def test_code_with_a_lone_surrogate_does_not_start_a_kernel(tmp_path: Path) -> None:
+    with JupyterSandbox(tmp_path) as sandbox:
+        result = sandbox.run("'\udcff'")
+        assert result.error is not None
+        assert result.error.name == "UnicodeEncodeError"
+        assert sandbox.kernel_pid is None
+
+
+def test_unencodable_output_cannot_break_a_result(shared: JupyterSandbox) -> None:
+    # A low surrogate travels as an invalid byte and arrives replaced.
+    result = shared.run("print('\\udcff')")
+    assert result.ok, result.render()
+    assert result.stdout == "\ufffd\n"
+    # Other surrogates cannot be sent by the kernel: whatever arrives is a plain result.
+    for code in (
+        "print('\\ud800')",
+        "import sys\nsys.stderr.write('\\ud83d x\\n')",
+        "raise ValueError('\\ud800')",
+        "'\\ud800'",
+    ):
+        result = shared.run(code)
+        assert not result.timed_out, code
+        assert not result.restarted, code
+        assert_encodable(result)
+    assert shared.run("print('still here')").stdout == "still here\n"
 
 
 def test_long_output_is_cut_from_the_middle_keeping_the_traceback(tmp_path: Path) -> None:
@@ -358,6 +424,149 @@ def test_kernel_killed_between_calls_is_restarted(tmp_path: Path) -> None:
         assert "restarted" in result.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("given_workdir", [True, False], ids=["given", "owned"])
+def test_deleted_workdir_and_killed_kernel_recover(tmp_path: Path, given_workdir: bool) -> None:
+    sandbox = JupyterSandbox(tmp_path / "work" if given_workdir else None)
+    try:
+        workdir = sandbox.workdir
+        assert sandbox.run("open('first.txt', 'w').write('1')").ok
+        result = sandbox.run("import os, shutil\nshutil.rmtree(os.getcwd())\nos._exit(0)")
+        assert result.restarted
+        assert result.error is not None
+        assert result.error.name == "KernelDied"
+        assert "could not be restarted" not in result.error.value
+        assert workdir.is_dir()  # created again for the new kernel
+        result = sandbox.run(
+            "import os\nopen('second.txt', 'w').write('2')\nprint(os.getcwd(), os.listdir())"
+        )
+        assert result.ok, result.render()
+        assert result.stdout == f"{workdir} ['second.txt']\n"
+        assert result.files_written == ("second.txt",)
+        assert (workdir / "second.txt").read_text() == "2"
+    finally:
+        sandbox.close()
+    assert workdir.is_dir() == given_workdir  # an owned one is still deleted on close
+
+
+def test_deleted_workdir_under_a_live_kernel_is_restored(tmp_path: Path) -> None:
+    workdir = tmp_path / "work"
+    with JupyterSandbox(workdir) as sandbox:
+        result = sandbox.run("import os, shutil\nkept = 'state'\nshutil.rmtree(os.getcwd())")
+        assert result.ok, result.render()
+        result = sandbox.run("open('new.txt', 'w').write('x')\nprint(kept, os.getcwd())")
+        assert result.ok, result.render()
+        assert result.stdout == f"state {workdir.resolve()}\n"  # state survived
+        assert "working directory had been deleted" in result.stderr
+        assert not result.restarted
+        assert result.files_written == ("new.txt",)
+        assert (workdir / "new.txt").read_text() == "x"
+        assert sandbox.run("1").stderr == ""  # noted once
+
+
+def flaky_start(monkeypatch: pytest.MonkeyPatch, failures: int) -> list[int]:
+    """Make the next ``failures`` kernel starts fail; return the list of attempts."""
+    real = jupyter.start_kernel
+    attempts: list[int] = []
+
+    def start(*args: object, **kwargs: object) -> object:
+        attempts.append(1)
+        if len(attempts) <= failures:
+            raise SandboxError("no kernel today")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jupyter, "start_kernel", start)
+    return attempts
+
+
+def test_start_failure_in_run_is_a_result_and_the_next_run_retries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    attempts = flaky_start(monkeypatch, failures=1)
+    with JupyterSandbox(tmp_path) as sandbox:
+        result = sandbox.run("1 + 1")
+        assert result.error is not None
+        assert result.error.name == "SandboxError"
+        assert "could not be started" in result.error.value
+        assert "no kernel today" in result.error.value
+        assert not result.ok
+        assert sandbox.kernel_pid is None
+        result = sandbox.run("1 + 1")
+        assert result.ok, result.render()
+        assert result.stdout == "2\n"
+        assert len(attempts) == 2
+
+
+def test_start_failure_is_still_raised_by_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flaky_start(monkeypatch, failures=1)
+    with JupyterSandbox(tmp_path) as sandbox:
+        with pytest.raises(SandboxError, match="no kernel today"):
+            sandbox.start()
+        sandbox.start()
+        assert sandbox.kernel_pid is not None
+
+
+@pytest.mark.slow
+def test_failed_restart_is_reported_and_the_next_run_starts_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with JupyterSandbox(tmp_path) as sandbox:
+        sandbox.start()
+        attempts = flaky_start(monkeypatch, failures=2)
+        died = sandbox.run("import os\nos._exit(1)")
+        assert died.error is not None
+        assert died.error.name == "KernelDied"
+        assert "could not be restarted" in died.error.value
+        assert sandbox.kernel_pid is None
+
+        async def later() -> ExecResult:
+            return await sandbox.arun("1 + 1")
+
+        failed = asyncio.run(later())
+        assert failed.error is not None
+        assert failed.error.name == "SandboxError"
+        assert "no kernel today" in failed.error.value
+        back = asyncio.run(later())
+        assert back.ok, back.render()
+        assert back.stdout == "2\n"
+        assert len(attempts) == 3
+
+
+@pytest.mark.slow
+def test_failed_start_after_the_kernel_ended_between_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with JupyterSandbox(tmp_path) as sandbox:
+        sandbox.start()
+        pid = sandbox.kernel_pid
+        assert pid is not None
+        os.kill(pid, 9)
+        deadline = time.monotonic() + 5
+        while sandbox.kernel_pid is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        flaky_start(monkeypatch, failures=1)
+        failed = sandbox.run("1")
+        assert failed.error is not None
+        assert failed.error.name == "SandboxError"
+        assert "had ended (killed by SIGKILL); earlier variables are gone" in failed.stderr
+        assert "restarted" not in failed.stderr  # it was not
+        back = sandbox.run("'back'")
+        assert back.ok, back.render()
+        assert back.stdout == "'back'\n"
+
+
+def test_hand_out_to_a_missing_workdir_creates_it(tmp_path: Path) -> None:
+    target = (tmp_path / "not" / "yet").resolve()
+    with JupyterSandbox(tmp_path / "waiting") as sandbox:
+        sandbox.start()
+        assert sandbox._move_to(target, owned=False)
+        assert target.is_dir()
+        assert sandbox.workdir == target
+        assert sandbox.run("import os\nos.getcwd()").stdout == f"{str(target)!r}\n"
+
+
 # --------------------------------------------------------------------------------------
 # Lifecycle
 # --------------------------------------------------------------------------------------
@@ -372,9 +581,15 @@ def test_kernel_start_failure_is_reported_with_its_cause(tmp_path: Path) -> None
     try:
         with pytest.raises(SandboxError, match="ipykernel is broken"):
             sandbox.start()
-        with pytest.raises(SandboxError, match="ipykernel is broken"):
-            sandbox.run("1")
-        assert sandbox.kernel_pid is None
+        # Inside run() the failure is a result, and every call tries again.
+        for _ in range(2):
+            result = sandbox.run("1")
+            assert result.error is not None
+            assert result.error.name == "SandboxError"
+            assert "could not be started" in result.error.value
+            assert "ipykernel is broken" in result.error.value
+            assert not result.restarted
+            assert sandbox.kernel_pid is None
     finally:
         sandbox.close()
 
@@ -556,3 +771,11 @@ def test_close_from_another_thread_ends_a_running_call(tmp_path: Path) -> None:
     assert time.monotonic() - started < 10
     assert outcome[0].error is not None
     assert outcome[0].error.name == "SandboxClosed"
+
+
+def test_printed_lone_surrogates_are_replaced_not_lost():
+    with JupyterSandbox() as sandbox:
+        result = sandbox.run('print("a" + chr(0xD800) + "b")')
+        assert result.stdout == "a?b\n"
+        assert result.error is None
+        assert "Traceback" not in result.stderr

@@ -197,7 +197,10 @@ def start_kernel(cwd: Path, limits: SandboxLimits, env: dict[str, str]) -> Kerne
     from jupyter_client.kernelspec import KernelSpec
 
     started = time.monotonic()
-    runtime_dir = Path(tempfile.mkdtemp(prefix="mappa-kernel-"))
+    try:
+        runtime_dir = Path(tempfile.mkdtemp(prefix="mappa-kernel-"))
+    except OSError as exc:
+        raise SandboxError(f"could not create the kernel's runtime directory: {exc}") from exc
     spec = {
         "rlimits": limits.rlimits(),
         "subreaper": True,

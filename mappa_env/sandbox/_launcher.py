@@ -61,6 +61,34 @@ def become_subreaper() -> bool:
     return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
+def _replace_unencodable(value: object) -> object:
+    """``value`` with lone surrogates in its strings replaced by ``?``."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_replace_unencodable(k): _replace_unencodable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_replace_unencodable(v) for v in value]
+    return value
+
+
+def _pack_unencodable_text(session: object) -> None:
+    """Make the kernel's message packer survive text that is not valid UTF-8.
+
+    Agent code can print a lone surrogate (``print("\\ud800")``); the default packer then
+    raises and the output is lost. Retry such a message with those characters replaced.
+    """
+    original = session.pack  # type: ignore[attr-defined]
+
+    def pack(obj: object) -> bytes:
+        try:
+            return original(obj)
+        except UnicodeEncodeError:
+            return original(_replace_unencodable(obj))
+
+    session.pack = pack  # type: ignore[attr-defined]
+
+
 def main() -> None:
     """Apply the spec in ``sys.argv[1]``, then run the kernel with the remaining arguments."""
     spec = json.loads(sys.argv.pop(1))
@@ -83,6 +111,7 @@ def main() -> None:
 
         app = IPKernelApp.instance()
         app.initialize()
+        _pack_unencodable_text(app.session)
     except BaseException:
         if spec.get("startup_error_log"):
             with open(spec["startup_error_log"], "w") as log:

@@ -50,6 +50,8 @@ from mappa_env.text import truncate_middle
 logger = logging.getLogger(__name__)
 
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+#: Surrogate code points: the only ones a ``str`` may hold that UTF-8 cannot encode.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 #: Wait this long after ``idle`` for the shell reply before giving up on it.
 _REPLY_WAIT_S = 1.0
 #: After the shell reply, wait this long for iopub's ``idle`` before deciding it was lost.
@@ -62,6 +64,48 @@ _CLOSE_WAIT_S = 10.0
 def strip_ansi(text: str) -> str:
     """Remove terminal colour/cursor escape sequences from ``text``."""
     return _ANSI_ESCAPE.sub("", text)
+
+
+def utf8_safe(text: str) -> str:
+    """Return ``text`` with lone surrogates replaced by U+FFFD, so it encodes as UTF-8.
+
+    A result that cannot be encoded would break whoever stores or sends it on (a JSON
+    file, a model API request). Surrogate pairs are joined into the character they
+    stand for; only unpaired halves are replaced.
+    """
+    if _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _unencodable_code_error(code: str) -> ExecError | None:
+    """Describe why ``code`` cannot be sent to the kernel, or None when it can.
+
+    Messages to the kernel are UTF-8; a lone surrogate (say, half of an emoji left by a
+    JSON escape cut in the middle) cannot be encoded, so such code is refused unrun.
+
+    Args:
+        code: The code a caller wants to run.
+
+    Returns:
+        A ``UnicodeEncodeError`` naming the first offending character and where it is.
+    """
+    first = _SURROGATE.search(code)
+    if first is None:
+        return None
+    count = len(_SURROGATE.findall(code))
+    offset = first.start()
+    line = code.count("\n", 0, offset) + 1
+    column = offset - (code.rfind("\n", 0, offset) + 1) + 1
+    # The message names the character by its code point: the character itself would
+    # make this result as unencodable as the code.
+    return ExecError(
+        "UnicodeEncodeError",
+        f"the code was not run: it contains {count} character(s) that cannot be encoded "
+        f"as UTF-8 (lone surrogates, such as half of an emoji); the first is "
+        f"U+{ord(first.group()):04X} at line {line}, column {column}. Remove or replace "
+        "them and run the code again",
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -242,7 +286,9 @@ class JupyterSandbox:
     ``TimeoutError`` (the wall-clock limit interrupted the code), ``KernelDied`` (the
     process crashed, was killed or exited), ``CPUTimeLimitExceeded``,
     ``ProcessLimitExceeded``, ``SandboxClosed`` (closed from another thread while the
-    code ran) and ``SandboxError`` (the kernel could not be reached or restarted).
+    code ran), ``SandboxError`` (the kernel could not be reached, started or restarted;
+    the next call tries again) and ``UnicodeEncodeError`` (the code contains characters
+    that cannot be sent to the kernel, such as a lone surrogate; it did not run).
 
     Needs a POSIX system (Linux or macOS): the limits use ``resource``; on Linux the
     process tree is read from ``/proc``, elsewhere through psutil.
@@ -354,12 +400,13 @@ class JupyterSandbox:
 
         Returns:
             What happened. Failures of the code (exceptions, timeouts, a crashed or
-            killed kernel, exceeded limits) are described here, never raised.
+            killed kernel, exceeded limits, characters that cannot be sent) and a
+            kernel that cannot be started are described here, never raised.
 
         Raises:
             TypeError: If ``code`` is not a string.
             ValueError: If ``timeout`` is not positive.
-            SandboxError: If the sandbox is closed, or its kernel cannot be started.
+            SandboxError: If the sandbox is closed.
         """
         limit = self._check_call(code, timeout)
         with self._res.lock:
@@ -384,7 +431,7 @@ class JupyterSandbox:
         Raises:
             TypeError: If ``code`` is not a string.
             ValueError: If ``timeout`` is not positive.
-            SandboxError: If the sandbox is closed, or its kernel cannot be started.
+            SandboxError: If the sandbox is closed.
         """
         self._check_call(code, timeout)
         loop = asyncio.get_running_loop()
@@ -410,20 +457,33 @@ class JupyterSandbox:
 
     def _run_locked(self, code: str, timeout: float) -> ExecResult:
         started = time.monotonic()
+        refused = _unencodable_code_error(code)
+        if refused is not None:
+            # Nothing is sent (the kernel's message packer would raise), so the kernel and
+            # its state are untouched.
+            return ExecResult(error=refused, duration_s=time.monotonic() - started)
         notes: list[str] = []
         restarted = False
         kernel = self._res.kernel
         if kernel is None:
-            kernel = self._replace_kernel()
+            try:
+                kernel = self._replace_kernel()
+            except SandboxError as exc:
+                return self._start_failed(exc, notes, started)
         elif not kernel.alive():
-            ended = describe_exit(kernel.exit_status())
-            notes.append(
-                self._res.pending_notice
-                or f"[sandbox] the Python process had ended ({ended}) and was restarted "
-                "before this call"
+            ended = self._res.pending_notice or (
+                f"[sandbox] the Python process had ended ({describe_exit(kernel.exit_status())})"
             )
-            kernel = self._replace_kernel()
+            self._res.pending_notice = ""
+            try:
+                kernel = self._replace_kernel()
+            except SandboxError as exc:
+                notes.append(f"{ended}; earlier variables are gone")
+                return self._start_failed(exc, notes, started)
+            notes.append(f"{ended}; it was restarted before this call")
             restarted = True
+        else:
+            notes.extend(self._restore_live_workdir(kernel))
         self._res.pending_notice = ""
 
         root = str(self._workdir)
@@ -450,15 +510,89 @@ class JupyterSandbox:
             stderr = "\n".join(notes) + ("\n" + stderr if stderr else "\n")
         after = _snapshot(root, self._limits.max_tracked_files)
         return ExecResult(
-            stdout=stdout,
-            stderr=stderr,
-            error=error,
+            stdout=utf8_safe(stdout),
+            stderr=utf8_safe(stderr),
+            error=_utf8_safe_error(error),
             timed_out=outcome.timed_out,
             duration_s=time.monotonic() - started,
             truncated=stdout_cut or stderr_cut,
             restarted=restarted,
             files_written=_changed_files(before, after),
         )
+
+    def _start_failed(self, exc: SandboxError, notes: list[str], started: float) -> ExecResult:
+        """The result of a call whose kernel could not be started; the code did not run.
+
+        No kernel is left, so the next call tries a fresh start.
+        """
+        if self._res.closed:
+            error = ExecError("SandboxClosed", "the sandbox was closed before the code ran")
+        else:
+            logger.warning("kernel start failed: %s", exc)
+            error = ExecError(
+                "SandboxError",
+                "the Python process could not be started, so the code did not run "
+                f"(the next call tries again): {exc}",
+            )
+        return ExecResult(
+            stderr=utf8_safe("".join(f"{note}\n" for note in notes)),
+            error=_utf8_safe_error(error),
+            duration_s=time.monotonic() - started,
+        )
+
+    def _ensure_workdir(self) -> bool:
+        """Create the workdir again if code deleted it; return whether it had to.
+
+        Raises:
+            SandboxError: If the directory is missing and cannot be created.
+        """
+        if self._workdir.is_dir():
+            return False
+        try:
+            self._workdir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SandboxError(
+                f"the working directory {self._workdir} is gone and could not be created "
+                f"again: {exc}"
+            ) from exc
+        logger.info("working directory %s was deleted; created it again", self._workdir)
+        return True
+
+    def _restore_live_workdir(self, kernel: Kernel) -> list[str]:
+        """Recreate a deleted workdir and move the running kernel into it.
+
+        A kernel whose working directory was deleted keeps pointing at the dead
+        directory, where no file can be created; moving it keeps its state.
+
+        Returns:
+            Notes for the call's stderr (empty when the workdir was there).
+        """
+        try:
+            if not self._ensure_workdir():
+                return []
+        except SandboxError as exc:
+            logger.warning("%s", exc)
+            return [f"[sandbox] {exc}"]
+        if not self._chdir_kernel(kernel, self._workdir):
+            logger.warning("kernel pid %d could not change to %s", kernel.pid, self._workdir)
+            return [
+                "[sandbox] the working directory had been deleted; it was created again "
+                "(empty), but the Python process could not change into it"
+            ]
+        return [
+            "[sandbox] the working directory had been deleted; it was created again, empty, "
+            "and made the current directory again"
+        ]
+
+    def _chdir_kernel(self, kernel: Kernel, workdir: Path) -> bool:
+        """Change the running kernel's working directory without leaving a trace.
+
+        Returns:
+            Whether the kernel changed directory and is still usable.
+        """
+        code = f"import os as _mappa_os\n_mappa_os.chdir({str(workdir)!r})\ndel _mappa_os"
+        outcome = self._execute(kernel, code, self._limits.start_timeout_s, silent=True)
+        return not (outcome.error or outcome.timed_out or outcome.died or outcome.kill_reason)
 
     def _recover(
         self, kernel: Kernel, outcome: _CallOutcome, error: ExecError | None
@@ -489,7 +623,7 @@ class JupyterSandbox:
         try:
             self._replace_kernel()
         except SandboxError as exc:
-            # Leave no kernel: the next call tries a fresh start (and raises if that fails).
+            # Leave no kernel: the next call tries a fresh start (and reports if that fails).
             logger.warning("kernel restart failed: %s", exc)
             note = f"the Python process could not be restarted: {exc}"
             if error is None:
@@ -499,13 +633,22 @@ class JupyterSandbox:
         return error
 
     def _replace_kernel(self) -> Kernel:
-        """Stop the current kernel (if any) and start a fresh one in the workdir."""
+        """Stop the current kernel (if any) and start a fresh one in the workdir.
+
+        A workdir that code deleted is created again first: the kernel process cannot
+        start in a missing directory.
+
+        Raises:
+            SandboxError: If the sandbox is closed or the kernel cannot start; no kernel
+                is left then.
+        """
         with self._res.state_lock:
             if self._res.closed:
                 raise SandboxError("the sandbox is closed")
             old, self._res.kernel = self._res.kernel, None
             if old is not None:
                 stop_kernel(old)
+            self._ensure_workdir()
             # Started under the state lock so that close() cannot miss a new kernel.
             kernel = start_kernel(self._workdir, self._limits, self._env)
             self._res.kernel = kernel
@@ -515,19 +658,23 @@ class JupyterSandbox:
         """Point this sandbox's running kernel at ``workdir`` (for :class:`KernelPool`).
 
         Args:
-            workdir: Resolved, existing directory.
+            workdir: Resolved directory; created when missing.
             owned: Whether the sandbox should delete ``workdir`` on close.
 
         Returns:
-            False when the kernel is not running or the change of directory failed.
+            False when the kernel is not running, or the directory could not be created
+            or changed to.
         """
         with self._res.lock:
             kernel = self._res.kernel
             if self._res.closed or kernel is None or not kernel.alive():
                 return False
-            code = f"import os as _mappa_os\n_mappa_os.chdir({str(workdir)!r})\ndel _mappa_os"
-            outcome = self._execute(kernel, code, self._limits.start_timeout_s, silent=True)
-            if outcome.error or outcome.timed_out or outcome.died or outcome.kill_reason:
+            try:
+                workdir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                logger.warning("could not create working directory %s: %s", workdir, exc)
+                return False
+            if not self._chdir_kernel(kernel, workdir):
                 return False
             self._workdir = workdir
             if owned:
@@ -715,6 +862,15 @@ class JupyterSandbox:
         watcher.start()
 
 
+def _utf8_safe_error(error: ExecError | None) -> ExecError | None:
+    """``error`` with every text field made encodable (see :func:`utf8_safe`)."""
+    if error is None:
+        return None
+    fields = (error.name, error.value, error.traceback)
+    safe = tuple(utf8_safe(text) for text in fields)
+    return error if safe == fields else ExecError(*safe)
+
+
 def _process_limit_exceeded(limit: int) -> ExecError:
     return ExecError(
         "ProcessLimitExceeded",
@@ -810,9 +966,10 @@ def _watch_idle_kernel(res: _Resources, kernel: Kernel, limit: int, interval: fl
             if len(found) > limit:
                 logger.debug("kernel pid %d: background processes over %d", kernel.pid, limit)
                 _process.kill_tree(kernel.process)
+                # The next call adds whether the Python process could be restarted.
                 res.pending_notice = (
                     f"[sandbox] processes left running by earlier code exceeded the limit of "
-                    f"{limit}; they and the Python process were killed, and it was restarted"
+                    f"{limit}; they and the Python process were killed"
                 )
                 res.watcher = None
                 return
