@@ -121,6 +121,13 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
         "top_p": args.top_p,
         "seed": args.seed,
     }
+    from mappa_env.coach import coach_report, records_from_actions
+
+    records = records_from_actions(a for e in episodes for a in e.actions)
+    if records:
+        calibration = coach_report(records)
+        report["coach_auroc"] = calibration.to_dict().get("auroc_overall")
+        (out / "coach_report.md").write_text(calibration.to_markdown() + "\n")
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     save_jsonl(out / "transcripts.jsonl", [a for e in episodes for a in e.actions])
     plots = plot_report(episodes, out)

@@ -26,7 +26,7 @@ from mappa_env.coach.templates import TEMPLATE_VERSION, CoachTemplates
 
 if TYPE_CHECKING:
     from mappa_env.coach.llm import LLMCoach
-    from mappa_env.coach.report import CoachReport, coach_report
+    from mappa_env.coach.report import CoachReport, coach_report, records_from_actions
 
 
 def make_coach(spec: Coach | str, **options: Any) -> Coach:
@@ -68,7 +68,7 @@ def __getattr__(name: str) -> Any:
         from mappa_env.coach.llm import LLMCoach
 
         return LLMCoach
-    if name in ("coach_report", "CoachReport"):
+    if name in ("coach_report", "CoachReport", "records_from_actions"):
         from mappa_env.coach import report
 
         return getattr(report, name)
@@ -95,4 +95,5 @@ __all__ = [
     "coach_report",
     "make_coach",
     "parse_reply",
+    "records_from_actions",
 ]

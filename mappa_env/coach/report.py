@@ -283,7 +283,8 @@ def coach_report(
             invalid) and optionally ``valid`` (bool; default: score is not None),
             ``task_type``, ``outcome`` (bool, or float in [0, 1]; >= 0.5 counts as
             success) and ``step`` (training step or episode index). Other keys (such as
-            ``task_id``) are ignored, so recorded step infos can be passed as they are.
+            ``task_id``) are ignored. :func:`records_from_actions` turns recorded
+            actions (trajectory rows) into such records.
         bias_threshold: Smallest gap (score points) between task types to flag; the
             default 0.5 is the lower end of the gap the paper observed.
         min_group_size: Fewest valid scores per task type for a bias test.
@@ -351,6 +352,46 @@ def coach_report(
         bias_threshold=bias_threshold,
         scores=scores,  # type: ignore[arg-type]
     )
+
+
+def records_from_actions(actions: Iterable[Any], step: int | None = None) -> list[dict[str, Any]]:
+    """Records for :func:`coach_report` from recorded actions.
+
+    Args:
+        actions: Trajectory rows: ``mappa_agents.trajectory.ActionSample`` objects or
+            their dicts (with ``agent``, ``task_id``, ``coach`` (the verdict dict) and
+            ``outcome`` (the episode outcome dict, whose ``reward`` and ``task_type`` are
+            used)).
+        step: Training step to attach to every record (e.g. the rollout step).
+
+    Returns:
+        One record per action that was judged by a coach.
+    """
+    records = []
+    for action in actions:
+
+        def field(name: str, action: Any = action) -> Any:
+            if isinstance(action, Mapping):
+                return action.get(name)
+            return getattr(action, name, None)
+
+        coach = field("coach")
+        if not coach:
+            continue
+        outcome = field("outcome") or {}
+        reward = outcome.get("reward")
+        records.append(
+            {
+                "agent": field("agent"),
+                "score": coach.get("score") if coach.get("valid") else None,
+                "valid": bool(coach.get("valid")),
+                "task_id": field("task_id"),
+                "task_type": outcome.get("task_type"),
+                "outcome": None if reward is None else float(reward),
+                "step": step,
+            }
+        )
+    return records
 
 
 def _read(record: Mapping[str, Any]) -> _Record:

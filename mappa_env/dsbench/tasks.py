@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,11 +40,10 @@ from mappa_env.dsbench.metrics import (
     get_metric,
     score_submission,
 )
+from mappa_env.tasks.math import BENCH_DIR_ENV, find_bench_dir
 
 logger = logging.getLogger(__name__)
 
-BENCH_DIR_ENV = "MAPPA_BENCH_DIR"
-"""Environment variable naming the directory that holds the benchmark task files."""
 
 CLEANED_PROMPTS_FILE = "dsbench_modeling_cleaned_prompts.json"
 """File name of the cleaned DSBench prompts inside the benchmark directory."""
@@ -140,34 +138,6 @@ class DSBenchTask:
         return score_submission(
             submission, self.answers_path, self.metric, self.id_column, self.target_columns
         )
-
-
-def find_bench_dir(start: str | Path | None = None) -> Path | None:
-    """Locate the benchmark directory holding the DSBench (and math) task files.
-
-    Order: the ``MAPPA_BENCH_DIR`` environment variable; then a ``shared/data/bench``
-    directory in ``start`` (default: the working directory) or any of its parents; then
-    the same search from this package's location.
-
-    Args:
-        start: Directory to start the upward search from.
-
-    Returns:
-        The directory, or ``None`` if none is found.
-    """
-    from_env = os.environ.get(BENCH_DIR_ENV)
-    if from_env:
-        path = Path(from_env).expanduser()
-        if path.is_dir():
-            return path
-        logger.warning("%s=%s is not a directory; searching elsewhere", BENCH_DIR_ENV, from_env)
-    origins = [Path(start) if start is not None else Path.cwd(), Path(__file__).resolve().parent]
-    for origin in origins:
-        for directory in (origin.resolve(), *origin.resolve().parents):
-            candidate = directory / "shared" / "data" / "bench"
-            if candidate.is_dir():
-                return candidate
-    return None
 
 
 def read_cleaned_prompts(path: str | Path) -> dict[str, dict[str, Any]]:
@@ -315,7 +285,7 @@ def load_dsbench_tasks(
         ValueError: If a task's metric is unknown or its columns are not in its answers.
     """
     root = _resolve_data_dir(data_dir)
-    bench_dir = find_bench_dir()
+    bench_dir = find_bench_dir(required=False)
     if cleaned_prompts is None:
         if bench_dir is None:
             raise FileNotFoundError(

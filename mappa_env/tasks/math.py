@@ -109,17 +109,20 @@ def bench_dir_candidates() -> list[Path]:
     return candidates
 
 
-def find_bench_dir() -> Path:
-    """The directory holding the benchmark files.
+def find_bench_dir(required: bool = True) -> Path | None:
+    """The directory holding the benchmark files (math and DSBench task lists).
+
+    Args:
+        required: Raise when none is found (else return ``None``).
 
     Returns:
         The first existing directory of :func:`bench_dir_candidates`.
 
     Raises:
-        FileNotFoundError: If none exists; the message lists what was tried.
+        FileNotFoundError: If ``required`` and none exists; the message lists what was tried.
     """
     configured = os.environ.get(BENCH_DIR_ENV)
-    if configured and not Path(configured).expanduser().is_dir():
+    if configured and not Path(configured).expanduser().is_dir() and required:
         raise FileNotFoundError(
             f"{BENCH_DIR_ENV}={configured!r} is not a directory. Point it at the folder "
             "that holds AIME_1983_2024.json, aime_2025.json, amc*.json."
@@ -128,6 +131,8 @@ def find_bench_dir() -> Path:
     for candidate in candidates:
         if candidate.is_dir():
             return candidate
+    if not required:
+        return None
     tried = "\n  ".join(str(c) for c in candidates)
     raise FileNotFoundError(
         "No benchmark directory found. Tried:\n  "
@@ -139,6 +144,7 @@ def find_bench_dir() -> Path:
 def _resolve_name(name: str) -> Path:
     """Find the file a short name such as ``"aime_2025"`` refers to."""
     directory = find_bench_dir()
+    assert directory is not None  # required=True raises instead
     wanted = name.lower()
     stem = wanted[: -len(Path(wanted).suffix)] if wanted.endswith(_JSON_SUFFIXES) else wanted
     files = sorted(p for p in directory.iterdir() if p.suffix.lower() in _JSON_SUFFIXES)
