@@ -178,3 +178,32 @@ def test_plot_writes_an_image(tmp_path):
     report = coach_report(synthetic_records(regression_bonus=1.0))
     path = report.plot(tmp_path / "coach.png")
     assert path.read_bytes().startswith(b"\x89PNG")
+
+
+def test_records_from_recorded_actions_feed_the_report():
+    from mappa_env.coach.report import records_from_actions
+
+    rows = [
+        {
+            "agent": "analyst",
+            "task_id": f"t{i}",
+            "coach": {"score": 8.0 if i % 2 else 3.0, "valid": True},
+            "outcome": {"reward": 1.0 if i % 2 else 0.0, "task_type": "regression"},
+        }
+        for i in range(10)
+    ]
+    rows.append({"agent": "modeler", "coach": {"score": None, "valid": False}, "outcome": {}})
+    rows.append({"agent": "modeler", "coach": None, "outcome": {}})  # never judged: skipped
+    records = records_from_actions(rows, step=4)
+    assert len(records) == 11
+    assert records[-1] == {
+        "agent": "modeler",
+        "score": None,
+        "valid": False,
+        "task_id": None,
+        "task_type": None,
+        "outcome": None,
+        "step": 4,
+    }
+    report = coach_report(records)
+    assert report.auroc["analyst"] == 1.0
