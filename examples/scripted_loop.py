@@ -2,8 +2,9 @@
 
 Run:  python examples/scripted_loop.py
 
-The problem solver guesses, the code executor computes the answer with Python in the
-episode's Jupyter kernel, and the verifier reports what the code printed. Swap
+The problem solver hedges, the code executor computes the product with Python in the
+episode's Jupyter kernel and boxes what it printed, and the verifier repeats the code
+executor's boxed answer. Swap
 ``scripted_reply`` for your own model: the observation carries the exact chat messages
 to prompt it with.
 """
@@ -27,7 +28,7 @@ def scripted_reply(agent: str, observation: dict) -> str:
     if agent == "problem_solver":
         return "Let me estimate... I am not sure, so the code executor should compute it."
     if agent == "code_executor":
-        if len(messages) == 2:  # first turn: write code for the generated problem
+        if len(messages) == 2:  # first turn: write code for the problem
             problem = messages[1]["content"].split("draft")[0]
             numbers = [int(n) for n in re.findall(r"\d+", problem)][:2]
             return f"```python\nprint({numbers[0]} * {numbers[1]})\n```"

@@ -633,7 +633,7 @@ class Trainer:
         if self.config.wandb_project:
             from mappa_env._optional import require
 
-            wandb = require("wandb", "agents", purpose="Weights & Biases logging")
+            wandb = require("wandb", "wandb", purpose="Weights & Biases logging")
             self._wandb = wandb.init(
                 project=self.config.wandb_project, config=self.config.to_dict(), resume="allow"
             )
