@@ -10,24 +10,23 @@ always recorded; token ids and logprobs only when the server returns them:
   (``return_token_ids``, ``return_tokens_as_token_ids``) and logprobs. Only then can the
   generations be trained on (:attr:`~mappa_agents.policy.Generation.trainable`).
 
-All calls of one policy run on one private event loop in a daemon thread, so the
-blocking :meth:`LiteLLMPolicy.generate` also works inside a running event loop, and
-litellm's loop-bound HTTP clients live as long as the policy. litellm is imported on the
-first call.
+All calls of one policy run on one private event loop in a daemon thread (started
+afresh after ``close`` and in a forked child), so the blocking
+:meth:`LiteLLMPolicy.generate` also works inside a running event loop, and litellm's
+loop-bound HTTP clients live as long as the policy. litellm is imported on the first
+call.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import os
 import re
-import threading
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any
 
 from mappa_agents.policy import (
     ChatMessages,
@@ -39,10 +38,10 @@ from mappa_agents.policy import (
     split_reasoning,
 )
 from mappa_env._optional import require
+from mappa_env.coach.llm import _BackgroundLoop
 
 logger = logging.getLogger(__name__)
 
-_T = TypeVar("_T")
 # vLLM writes each logprob token as "token_id:<id>" when asked for token ids.
 _TOKEN_ID = re.compile(r"^token_id:(\d+)$")
 
@@ -51,57 +50,6 @@ def _import_litellm() -> ModuleType:
     # Without this, litellm downloads a price list when imported.
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     return require("litellm", "llm", purpose="API policies (LiteLLMPolicy)")
-
-
-async def _cancel_other_tasks() -> None:
-    current = asyncio.current_task()
-    tasks = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-
-
-class _LoopThread:
-    """An event loop in a daemon thread, started on first use."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-
-    def submit(self, coro: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
-        with self._lock:
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-                self._thread = threading.Thread(
-                    target=self._loop.run_forever, name=self._name, daemon=True
-                )
-                self._thread.start()
-            loop = self._loop
-        return asyncio.run_coroutine_threadsafe(coro, loop)
-
-    def in_loop_thread(self) -> bool:
-        return self._thread is not None and threading.current_thread() is self._thread
-
-    def close(self) -> None:
-        with self._lock:
-            loop, thread = self._loop, self._thread
-            self._loop = self._thread = None
-        if loop is None or thread is None:
-            return
-        # Cancel what still runs there (litellm's logging worker, say) so no coroutine
-        # is destroyed while pending, then stop the loop.
-        try:
-            asyncio.run_coroutine_threadsafe(_cancel_other_tasks(), loop).result(timeout=5)
-        except (concurrent.futures.TimeoutError, RuntimeError) as exc:
-            logger.debug("the policy's event loop did not wind down cleanly: %r", exc)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=5)
-        if thread.is_alive():
-            logger.warning("the policy's event loop thread did not stop within 5 s")
-        else:
-            loop.close()
 
 
 class LiteLLMPolicy:
@@ -159,8 +107,10 @@ class LiteLLMPolicy:
         self.timeout_s = timeout_s
         self.num_retries = num_retries
         self.litellm_options = dict(litellm_options)
-        self._runner = _LoopThread(name=f"policy-{model}")
+        self._runner = _BackgroundLoop(name=f"policy-{model}")
+        # Created on the loop that uses it (see _semaphore_for_this_loop).
         self._semaphore: asyncio.Semaphore | None = None
+        self._semaphore_loop: asyncio.AbstractEventLoop | None = None
         self._litellm: ModuleType | None = None
 
     # ----------------------------------------------------------------- public API
@@ -240,18 +190,17 @@ class LiteLLMPolicy:
     def close(self) -> None:
         """Stop the policy's event loop thread."""
         self._runner.close()
-        self._semaphore = None
+        self._semaphore = self._semaphore_loop = None
 
     # ----------------------------------------------------------------- internals
 
     async def _generate_all(
         self, prompts: list[list[dict[str, str]]], params: SamplingParams
     ) -> list[Generation]:
-        if self._semaphore is None:
-            self._semaphore = asyncio.Semaphore(self.max_concurrency)
+        semaphore = self._semaphore_for_this_loop()
         if self._litellm is None:
             self._litellm = _import_litellm()
-        semaphore, litellm = self._semaphore, self._litellm
+        litellm = self._litellm
         results = await asyncio.gather(
             *(self._generate_one(litellm, semaphore, p, params, i) for i, p in enumerate(prompts)),
             return_exceptions=True,
@@ -264,6 +213,17 @@ class LiteLLMPolicy:
                     logger.warning("%s: prompt %d failed: %r", self.name, index, error)
             raise GenerationError(generations, errors)
         return [r for r in results if isinstance(r, Generation)]
+
+    def _semaphore_for_this_loop(self) -> asyncio.Semaphore:
+        # A semaphore binds to the loop it first waits on, and one inherited by a forked
+        # child may count permits of requests that will never finish there; so each new
+        # loop (after close() or a fork) gets a fresh one. Only the policy's loop thread
+        # runs this, so no lock is needed.
+        loop = asyncio.get_running_loop()
+        if self._semaphore is None or self._semaphore_loop is not loop:
+            self._semaphore = asyncio.Semaphore(self.max_concurrency)
+            self._semaphore_loop = loop
+        return self._semaphore
 
     async def _generate_one(
         self,

@@ -19,6 +19,7 @@ from mappa_agents.policy import (
     ChatMessages,
     Generation,
     SamplingParams,
+    chat_prompt_ids,
     find_stop,
     generate_in_thread,
     normalize_batch,
@@ -31,6 +32,17 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
+
+# Every HFPolicy of the process generates under this one lock. Sampling draws from
+# torch's process-global generator, and a seeded call reseeds it and restores it
+# afterwards (fork_rng); two policies doing that from different threads (the runner
+# runs agents' policies concurrently) would reseed and draw from the same generator
+# interleaved, so seeded results would depend on thread timing. A per-policy lock
+# cannot prevent that: the guarded resource belongs to the whole process.
+_GENERATE_LOCK = threading.Lock()
+
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32"}
+"""Short dtype names accepted besides torch's own names."""
 
 
 def _torch() -> Any:
@@ -73,8 +85,7 @@ def resolve_dtype(dtype: Any, device: str) -> Any:
         return dtype
     if dtype == "auto":
         return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32"}
-    name = aliases.get(dtype, dtype)
+    name = DTYPE_ALIASES.get(dtype, dtype)
     value = getattr(torch, str(name), None)
     if not isinstance(value, torch.dtype):
         raise ValueError(f"unknown dtype {dtype!r}")
@@ -120,8 +131,10 @@ class HFPolicy:
 
     Generation is batched with left padding and the model's chat template; a seeded
     call (``SamplingParams.seed``) is reproducible for the same batch on the same
-    device; temperature 0 decodes greedily. Calls are serialised by a lock (one model,
-    one generate at a time); :meth:`agenerate` runs :meth:`generate` in a worker thread.
+    device; temperature 0 decodes greedily. The generate calls of all HFPolicy objects
+    in the process run one at a time, because sampling uses torch's process-global
+    random generator (concurrent calls would make seeded results depend on thread
+    timing); :meth:`agenerate` runs :meth:`generate` in a worker thread.
 
     Args:
         model: An HF model id, a local directory, or a loaded ``PreTrainedModel``
@@ -214,7 +227,6 @@ class HFPolicy:
         self.eos_token_ids = self._eos_ids()
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else self.eos_token_ids[0]
-        self._lock = threading.Lock()
         self._torch = torch
         self._transformers = transformers
 
@@ -244,7 +256,12 @@ class HFPolicy:
         results: list[Generation | None] = [None] * len(prompts)
         torch = self._torch
         devices = [self.model.device] if self.model.device.type == "cuda" else []
-        with self._lock, torch.random.fork_rng(devices=devices, enabled=params.seed is not None):
+        # Unseeded calls take the lock too: their draws would land inside another
+        # policy's seeded call.
+        with (
+            _GENERATE_LOCK,
+            torch.random.fork_rng(devices=devices, enabled=params.seed is not None),
+        ):
             if params.seed is not None:
                 torch.manual_seed(params.seed)
             for start in range(0, len(order), self.max_batch_size):
@@ -269,14 +286,7 @@ class HFPolicy:
         Returns:
             Token ids (the template's own special tokens included, none added twice).
         """
-        encoded = self.tokenizer.apply_chat_template(
-            [dict(m) for m in messages],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=True,
-            **self.chat_template_kwargs,
-        )
-        return list(encoded["input_ids"])
+        return chat_prompt_ids(self.tokenizer, messages, self.chat_template_kwargs)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` without special tokens and without whitespace clean-up."""
@@ -286,7 +296,8 @@ class HFPolicy:
 
     def close(self) -> None:
         """Drop the model; frees GPU memory once no one else holds it."""
-        with self._lock:
+        # Waits for a running generate to finish before the model goes.
+        with _GENERATE_LOCK:
             on_cuda = str(self.device).startswith("cuda")
             self.model = None  # type: ignore[assignment]
             if on_cuda:

@@ -214,7 +214,12 @@ def load_policy(spec: str, **kwargs: Any) -> Policy:
             HFPolicy`; ``"api:<litellm model>"`` (e.g. ``"api:openai/gpt-4.1-mini"``) ->
             :class:`~mappa_agents.api.LiteLLMPolicy`; ``"vllm:<model>"`` (a short name,
             HF id or path) -> :class:`~mappa_agents.vllm_policy.VLLMPolicy`.
-        **kwargs: Passed to the policy's constructor.
+        **kwargs: Passed to the policy's constructor. ``device`` and ``dtype`` (which
+            callers such as ``mappa eval`` pass for every spec) only apply to local
+            models: an ``api:`` spec drops both (a provider would reject them as
+            unknown request fields); a ``vllm:`` spec drops ``device`` (vLLM places
+            the model itself) and gives ``dtype`` to ``vllm.LLM``, short names such as
+            ``"bf16"`` spelled out.
 
     Returns:
         The policy.
@@ -230,12 +235,17 @@ def load_policy(spec: str, **kwargs: Any) -> Policy:
 
         if not rest:
             raise ValueError("'api:' needs a litellm model name, e.g. 'api:openai/gpt-4.1-mini'")
+        for key in ("device", "dtype"):
+            _drop_option(kwargs, key, spec, "it would be sent to the API as a request field")
         return LiteLLMPolicy(rest, **kwargs)
     if separator and backend == "vllm":
         from mappa_agents.vllm_policy import VLLMPolicy
 
         if not rest:
             raise ValueError("'vllm:' needs a model name or path")
+        _drop_option(kwargs, "device", spec, "vLLM places the model on its devices itself")
+        if "dtype" in kwargs:
+            kwargs["dtype"] = _vllm_dtype(kwargs["dtype"], spec)
         kwargs.setdefault("name", rest)
         return VLLMPolicy(resolve_model(rest), **kwargs)
     if not spec:
@@ -246,3 +256,18 @@ def load_policy(spec: str, **kwargs: Any) -> Policy:
     if resolved != spec:
         kwargs.setdefault("name", spec)
     return HFPolicy(resolved, **kwargs)
+
+
+def _drop_option(kwargs: dict[str, Any], key: str, spec: str, reason: str) -> None:
+    if key in kwargs:
+        logger.debug("%s: ignoring %s=%r (%s)", spec, key, kwargs.pop(key), reason)
+
+
+def _vllm_dtype(dtype: Any, spec: str) -> Any:
+    """``dtype`` as ``vllm.LLM`` takes it: ``"auto"``, a torch dtype or its full name."""
+    from mappa_agents.hf import DTYPE_ALIASES
+
+    if not isinstance(dtype, str) or dtype not in DTYPE_ALIASES:
+        return dtype
+    logger.debug("%s: dtype %r passed to vLLM as %r", spec, dtype, DTYPE_ALIASES[dtype])
+    return DTYPE_ALIASES[dtype]

@@ -45,8 +45,23 @@ class SamplingParams:
         top_k: Sample among the ``top_k`` most likely tokens; 0 turns it off.
         stop: Strings that end the generation. The returned text stops before the
             first one; the ids end with the token that completed it.
-        seed: Seed for sampling. With the same seed and the same batch a local
-            backend returns the same generations; ``None`` leaves randomness free.
+        seed: Seed for sampling; ``None`` leaves randomness free. What it seeds
+            depends on the backend:
+
+            - ``HFPolicy``: one seed for the whole batch call. The same seed, batch
+              (prompts and their order), ``max_batch_size`` and device give the same
+              generations, but a prompt's sample depends on the rest of its batch, so
+              sending it alone or in another batch usually gives a different one. Identical
+              prompts in one batch still get different samples.
+            - ``VLLMPolicy`` and ``LiteLLMPolicy``: prompt ``i`` of the batch is sent
+              with seed ``seed + i``, so a prompt's sample depends on its position,
+              not on the other prompts. vLLM repeats a seeded request with the same
+              engine and settings (up to numerical effects of its batching); an API
+              only as far as its provider honours seeds (many treat them as best
+              effort, some ignore them).
+
+            The same seed gives different samples on different backends, even for
+            the same weights.
     """
 
     max_new_tokens: int = 512
@@ -220,6 +235,35 @@ async def generate_in_thread(
         The generations.
     """
     return await asyncio.to_thread(policy.generate, batch, params)
+
+
+def chat_prompt_ids(
+    tokenizer: Any,
+    messages: ChatMessages,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+) -> list[int]:
+    """The exact ids of a prompt: the chat template with the generation prompt, tokenised.
+
+    Tokenising inside ``apply_chat_template`` keeps the template's own special tokens
+    and adds none twice (tokenising the rendered text could add a BOS again).
+
+    Args:
+        tokenizer: A Hugging Face tokenizer with a chat template.
+        messages: Chat messages.
+        chat_template_kwargs: Extra variables for the template, e.g.
+            ``{"enable_thinking": False}`` for Qwen3.
+
+    Returns:
+        The prompt's token ids.
+    """
+    encoded = tokenizer.apply_chat_template(
+        [dict(m) for m in messages],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+        **dict(chat_template_kwargs or {}),
+    )
+    return list(encoded["input_ids"])
 
 
 def normalize_batch(batch: Sequence[ChatMessages]) -> list[list[dict[str, str]]]:

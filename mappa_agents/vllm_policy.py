@@ -20,6 +20,7 @@ from mappa_agents.policy import (
     ChatMessages,
     Generation,
     SamplingParams,
+    chat_prompt_ids,
     generate_in_thread,
     normalize_batch,
     normalize_finish_reason,
@@ -92,14 +93,7 @@ class VLLMPolicy:
 
     def prompt_ids(self, messages: ChatMessages) -> list[int]:
         """The exact ids of a prompt: chat template with the generation prompt, tokenised."""
-        encoded = self.tokenizer.apply_chat_template(
-            [dict(m) for m in messages],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=True,
-            **self.chat_template_kwargs,
-        )
-        return list(encoded["input_ids"])
+        return chat_prompt_ids(self.tokenizer, messages, self.chat_template_kwargs)
 
     def generate(self, batch: Sequence[ChatMessages], params: SamplingParams) -> list[Generation]:
         """Generate one response per prompt (see :class:`~mappa_agents.policy.Policy`).

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,6 +142,62 @@ def test_load_policy_api_spec():
         load_policy("api:")
     with pytest.raises(ValueError):
         load_policy("  ")
+
+
+def test_load_policy_api_spec_drops_local_model_options(caplog):
+    """``mappa eval`` passes device and dtype for every spec; an API must not see them."""
+    with caplog.at_level(logging.DEBUG, logger="mappa_agents.models"):
+        policy = load_policy("api:openai/gpt-4o-mini", device="cuda", dtype="bfloat16")
+    assert policy.litellm_options == {}
+    kwargs = policy.request_kwargs([{"role": "user", "content": "hi"}], SamplingParams())
+    assert "device" not in kwargs
+    assert "dtype" not in kwargs
+    ignored = [r.getMessage() for r in caplog.records if "ignoring" in r.getMessage()]
+    assert len(ignored) == 2
+    assert "device='cuda'" in ignored[0]
+    assert "dtype='bfloat16'" in ignored[1]
+
+
+class _FakeLLM:
+    """Stands in for ``vllm.LLM``: records its arguments."""
+
+    tokenizer: Any = None
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    module = types.ModuleType("vllm")
+    module.LLM = _FakeLLM
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("dtype", "expected"), [("bf16", "bfloat16"), ("auto", "auto"), ("float16", "float16")]
+)
+def test_load_policy_vllm_spec_maps_dtype_and_drops_device(fake_vllm, dtype, expected):
+    policy = load_policy("vllm:some/model", device="cuda", dtype=dtype, max_model_len=64)
+    assert policy.llm.kwargs == {"model": "some/model", "dtype": expected, "max_model_len": 64}
+    assert policy.name == "some/model"
+    assert "dtype" not in load_policy("vllm:some/model").llm.kwargs
+
+
+def test_vllm_prompt_ids_are_the_chat_template(fake_vllm, monkeypatch):
+    pytest.importorskip("torch")
+    from tests.tiny_models import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    monkeypatch.setattr(_FakeLLM, "tokenizer", tokenizer)
+    policy = load_policy("vllm:some/model")
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert policy.prompt_ids(messages) == tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def test_load_policy_local_directory(tmp_path):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import multiprocessing
 import os
+import queue
 import threading
 from collections.abc import Iterator
 
@@ -89,6 +91,36 @@ def test_request_kwargs_map_sampling_params():
     plain = LiteLLMPolicy("openai/gpt-4o-mini").request_kwargs(PROMPTS[0], SamplingParams())
     for absent in ("top_p", "top_k", "stop", "seed", "logprobs", "extra_body", "api_base"):
         assert absent not in plain
+
+
+def _texts_in_child(policy: LiteLLMPolicy, results: multiprocessing.Queue) -> None:
+    generations = policy.generate(PROMPTS, SamplingParams(max_new_tokens=4))
+    results.put([g.text for g in generations])
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_runs_its_own_loop():
+    """The parent's loop thread does not exist in a forked child; the child starts one."""
+    # One request at a time makes the batch wait on the semaphore, binding it to a loop.
+    policy = LiteLLMPolicy("openai/gpt-4o-mini", mock_response="ok", max_concurrency=1)
+    try:
+        assert [g.text for g in policy.generate(PROMPTS, SamplingParams())] == ["ok"] * 3
+        context = multiprocessing.get_context("fork")
+        results = context.Queue()
+        child = context.Process(target=_texts_in_child, args=(policy, results), daemon=True)
+        child.start()
+        try:
+            texts = results.get(timeout=60)
+        except queue.Empty:
+            texts = None
+        child.join(timeout=10)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    finally:
+        policy.close()
+    assert texts == ["ok"] * 3
+    assert child.exitcode == 0
 
 
 # ---------------------------------------------------------------- HTTP: the stub server

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -16,10 +18,12 @@ from mappa_agents.policy import (  # noqa: E402
     Generation,
     Policy,
     SamplingParams,
+    chat_prompt_ids,
     normalize_batch,
     split_reasoning,
 )
 from tests.tiny_models import (  # noqa: E402
+    CHAT_TEMPLATE,
     build_tiny_model,
     build_tiny_tokenizer,
     tiny_model_and_tokenizer,
@@ -72,6 +76,23 @@ def test_prompt_ids_are_the_chat_template(policy, tiny):
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         assert generation.prompt_ids == tokenizer(text, add_special_tokens=False)["input_ids"]
         assert tokenizer.pad_token_id not in generation.prompt_ids
+
+
+def test_chat_template_kwargs_reach_the_template(tiny):
+    model, _ = tiny
+    tokenizer = build_tiny_tokenizer()
+    # Like Qwen3: thinking switched off opens and closes an empty block in the prompt.
+    tokenizer.chat_template = CHAT_TEMPLATE + (
+        "{%- if add_generation_prompt and enable_thinking is defined and not enable_thinking"
+        " -%}<think></think>{%- endif -%}"
+    )
+    think_ids = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
+    plain = chat_prompt_ids(tokenizer, SHORT)
+    no_thinking = chat_prompt_ids(tokenizer, SHORT, {"enable_thinking": False})
+    assert no_thinking == plain + think_ids
+    policy = HFPolicy(model, tokenizer, chat_template_kwargs={"enable_thinking": False})
+    assert policy.prompt_ids(SHORT) == no_thinking
+    assert HFPolicy(model, tokenizer).prompt_ids(SHORT) == plain
 
 
 def test_ids_decode_back_to_text(policy, tiny):
@@ -265,6 +286,36 @@ def test_seeded_sampling_is_reproducible_and_leaves_global_rng_alone(policy):
 def test_identical_prompts_in_one_batch_get_different_samples(policy):
     generations = policy.generate([SHORT] * 3, SamplingParams(max_new_tokens=10, seed=0))
     assert len({tuple(g.response_ids) for g in generations}) > 1
+
+
+def test_seeded_sampling_is_reproducible_with_policies_in_concurrent_threads():
+    """Policies share torch's global generator; concurrent seeded calls must not mix."""
+    tokenizer = build_tiny_tokenizer()
+    policies = [
+        HFPolicy(build_tiny_model(tokenizer, seed=weights), tokenizer, name=f"tiny-{weights}")
+        for weights in (1, 2)
+    ]
+    # Different seeds and prompts per job, so a job that reseeds or draws from the
+    # generator while another samples changes that other job's output.
+    jobs = [
+        (policies[i % 2], [SHORT, LONG, THIRD][i % 3], SamplingParams(max_new_tokens=24, seed=i))
+        for i in range(8)
+    ]
+
+    def run(job):
+        policy, prompt, params = job
+        return [(g.response_ids, g.logprobs) for g in policy.generate([prompt, SHORT], params)]
+
+    expected = [run(job) for job in jobs]
+    start = threading.Barrier(len(jobs))
+
+    def run_together(job):
+        start.wait(timeout=30)
+        return run(job)
+
+    for _ in range(3):
+        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+            assert list(pool.map(run_together, jobs)) == expected
 
 
 # ---------------------------------------------------------------- loading and API
