@@ -149,6 +149,8 @@ class HFPolicy:
             ``{"enable_thinking": False}`` for Qwen3.
         max_batch_size: Largest number of prompts run through ``generate`` at once;
             bigger batches are split (prompts of similar length are grouped).
+        adapter: Name of the LoRA adapter of a peft model to generate with; it is made
+            active for each call (see :mod:`mappa_agents.lora`: agents sharing one base).
         **model_kwargs: Passed to ``AutoModelForCausalLM.from_pretrained`` (e.g.
             ``attn_implementation``, ``trust_remote_code``).
 
@@ -178,6 +180,7 @@ class HFPolicy:
         name: str | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         max_batch_size: int = 16,
+        adapter: str | None = None,
         **model_kwargs: Any,
     ) -> None:
         torch = _torch()
@@ -186,6 +189,7 @@ class HFPolicy:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.max_batch_size = max_batch_size
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.adapter = adapter
 
         if isinstance(model, (str, Path)):
             source = str(model)
@@ -264,6 +268,10 @@ class HFPolicy:
         ):
             if params.seed is not None:
                 torch.manual_seed(params.seed)
+            if self.adapter is not None:
+                # Policies sharing one base model take turns under the lock: switch to
+                # this agent's adapter for the whole call.
+                self.model.set_adapter(self.adapter)
             for start in range(0, len(order), self.max_batch_size):
                 chunk = order[start : start + self.max_batch_size]
                 generations = self._generate_chunk([prompts[i] for i in chunk], params)

@@ -3,6 +3,7 @@
 Layout of ``<output_dir>/checkpoints/step-000010/``::
 
     agents/<agent>/            model (safetensors) + tokenizer, loadable by transformers
+                               (with LoRA: the agent's adapter, loadable by peft)
     agents/<agent>/optimizer.pt
     rng.pt                     Python, NumPy and torch generator states
     trainer_state.json         step and config
@@ -86,7 +87,11 @@ def save_checkpoint(
     shutil.rmtree(staging, ignore_errors=True)
     for agent, learner in learners.items():
         agent_dir = staging / "agents" / agent
-        learner.model.save_pretrained(agent_dir, safe_serialization=True)
+        if getattr(learner, "adapter", None):
+            # Only the agent's adapter: peft writes it to <agents dir>/<adapter name>/.
+            learner.model.save_pretrained(staging / "agents", selected_adapters=[learner.adapter])
+        else:
+            learner.model.save_pretrained(agent_dir, safe_serialization=True)
         learner.tokenizer.save_pretrained(agent_dir)
         torch.save(learner.optimizer.state_dict(), agent_dir / "optimizer.pt")
     torch.save(rng_state(), staging / "rng.pt")

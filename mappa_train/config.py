@@ -129,6 +129,17 @@ class TrainConfig:
     logprob_chunk_size: int = 1024
     """Response positions per output-head chunk when computing log-probs."""
 
+    lora_rank: int = 0
+    """0 trains every agent's full weights (separate copies, the paper). Above 0, agents
+    share one frozen base model and each trains its own LoRA adapter of this rank; the
+    reference is the base with adapters off. Needs one base model for all agents."""
+
+    lora_alpha: int = 32
+    """LoRA scale numerator (the update is scaled by ``lora_alpha / lora_rank``)."""
+
+    lora_target_modules: str = "all-linear"
+    """Modules that get adapters (``all-linear``: every linear layer but the output head)."""
+
     gradient_checkpointing: bool = True
     """Recompute decoder activations in the backward pass to save memory."""
 
@@ -205,7 +216,7 @@ class TrainConfig:
         for name, (low, high) in ranges.items():
             if not low <= getattr(self, name) <= high:
                 raise ValueError(f"{name} must be in [{low}, {high}], got {getattr(self, name)}")
-        for name in ("kl_coef", "clip_eps", "grad_clip", "weight_decay"):
+        for name in ("kl_coef", "clip_eps", "grad_clip", "weight_decay", "lora_rank"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.temperature <= 0:

@@ -70,6 +70,8 @@ class AgentLearner:
     optimizer: torch.optim.Optimizer
     policy: Any
     source: str
+    adapter: str | None = None
+    """Name of the agent's LoRA adapter when agents share one base model."""
 
 
 @dataclass
@@ -182,7 +184,9 @@ class Trainer:
         np.random.seed(config.seed % (2**32))
         specs = parse_system_spec(config.system, self.agents)
         resume_from = ckpt.latest_checkpoint(self.checkpoint_root)
-        for agent in self.agents:
+        if config.lora_rank > 0:
+            self._setup_lora(specs, resume_from)
+        for agent in self.agents if config.lora_rank == 0 else ():
             source = str(resolve_model(specs[agent]))
             weights = str(resume_from / "agents" / agent) if resume_from else source
             model = self._load_model(weights)
@@ -195,12 +199,7 @@ class Trainer:
             ref.eval()
             ref.requires_grad_(False)
             tokenizer = AutoTokenizer.from_pretrained(source)
-            optimizer = torch.optim.AdamW(
-                model.parameters(),
-                lr=config.lr,
-                betas=tuple(config.adam_betas),
-                weight_decay=config.weight_decay,
-            )
+            optimizer = self._optimizer(model.parameters())
             policy = HFPolicy(model, tokenizer, name=f"{agent}:{Path(source).name}")
             self.learners[agent] = AgentLearner(
                 agent, model, ref, tokenizer, optimizer, policy, source
@@ -216,17 +215,71 @@ class Trainer:
             json.dumps(config.to_dict(), indent=2, default=str) + "\n"
         )
 
+    def _optimizer(self, params: Any) -> torch.optim.Optimizer:
+        config = self.config
+        return torch.optim.AdamW(
+            params, lr=config.lr, betas=tuple(config.adam_betas), weight_decay=config.weight_decay
+        )
+
+    def _setup_lora(self, specs: dict[str, str], resume_from: Path | None) -> None:
+        """One frozen base shared by all agents, one trainable LoRA adapter per agent."""
+        from transformers import AutoTokenizer
+
+        from mappa_agents.hf import HFPolicy
+        from mappa_agents.lora import LoRASettings, adapter_parameters, shared_lora_model
+        from mappa_agents.models import resolve_model
+
+        config = self.config
+        sources = {str(resolve_model(spec)) for spec in specs.values()}
+        if len(sources) != 1:
+            raise ValueError(
+                f"lora_rank > 0 shares one base model, but the system names {sorted(sources)}"
+            )
+        source = sources.pop()
+        base = self._load_model(source)
+        if config.gradient_checkpointing:
+            base.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        base.config.use_cache = True
+        settings = LoRASettings(
+            rank=config.lora_rank,
+            alpha=config.lora_alpha,
+            target_modules=config.lora_target_modules,
+        )
+        saved = {a: resume_from / "agents" / a for a in self.agents} if resume_from else None
+        model = shared_lora_model(base, self.agents, settings, saved)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        for agent in self.agents:
+            # The reference is the base with adapters disabled: every agent's start.
+            self.learners[agent] = AgentLearner(
+                agent,
+                model,
+                None,
+                tokenizer,
+                self._optimizer(adapter_parameters(model, agent)),
+                HFPolicy(model, tokenizer, adapter=agent, name=f"{agent}:lora"),
+                source,
+                adapter=agent,
+            )
+
     # ------------------------------------------------------------------ the loop
 
-    def train(self) -> list[dict[str, Any]]:
-        """Run (or resume) training to ``config.steps``; returns the metric history."""
+    def train(self, until: int | None = None) -> list[dict[str, Any]]:
+        """Run (or resume) training to ``config.steps``; returns the metric history.
+
+        Args:
+            until: Stop after this step instead (the schedule still spans
+                ``config.steps``), e.g. to train in stages; a later call resumes.
+        """
         config = self.config
+        last = config.steps if until is None else min(until, config.steps)
         if not self.learners:
             self.setup()
         self._open_loggers()
         bar = self._progress(config.steps, self.step)
         try:
-            while self.step < config.steps:
+            while self.step < last:
                 metrics = self.train_step()
                 if config.eval_every and (
                     self.step % config.eval_every == 0 or self.step == config.steps
@@ -234,7 +287,7 @@ class Trainer:
                     metrics.update(self.evaluate())
                 self._log(metrics)
                 if (config.save_every and self.step % config.save_every == 0) or (
-                    self.step == config.steps
+                    self.step == last
                 ):
                     self.save()
                 if bar is not None:
@@ -431,8 +484,14 @@ class Trainer:
             return _Prepared([], torch.zeros(0), empty, empty, empty, cut, invalid)
         pad_id = learner.policy.pad_token_id
         learner.model.eval()
-        old = self._logprobs(learner.model, usable, pad_id)
-        ref = self._logprobs(learner.ref_model, usable, pad_id)
+        if learner.adapter is None:
+            old = self._logprobs(learner.model, usable, pad_id)
+            ref = self._logprobs(learner.ref_model, usable, pad_id)
+        else:
+            learner.model.set_adapter(learner.adapter)
+            old = self._logprobs(learner.model, usable, pad_id)
+            with learner.model.disable_adapter():
+                ref = self._logprobs(learner.model, usable, pad_id)
         mask = torch.zeros_like(old)
         for i, sample in enumerate(usable):
             mask[i, : len(sample.response_ids)] = 1.0
@@ -489,6 +548,8 @@ class Trainer:
         stats["mean_reward"] = float(prep.rewards.mean())
         model = learner.model
         model.train()
+        if learner.adapter is not None:
+            model.set_adapter(learner.adapter)  # also makes only this adapter trainable
         pad_id = learner.policy.pad_token_id
         order = np.random.default_rng(
             derive_seed(config.seed, "minibatch", self.step, learner.agent)
@@ -535,7 +596,8 @@ class Trainer:
                 losses.append(loss.detach() * weight)
                 clips.append(clip_fraction(logp, old, mask, config.clip_eps, config.clip_eps_high))
                 tokens += sum(len(s.prompt_ids) + len(s.response_ids) for s in rows)
-            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
+            trained = [p for group in learner.optimizer.param_groups for p in group["params"]]
+            norms.append(torch.nn.utils.clip_grad_norm_(trained, config.grad_clip))
             learner.optimizer.step()
         model.eval()
         stats.update(
