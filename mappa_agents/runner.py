@@ -14,6 +14,7 @@ same hardware), the same run seed gives the same trajectories.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import hashlib
 import logging
@@ -115,8 +116,15 @@ class RolloutRunner:
         *,
         seed: int | None = None,
     ) -> list[EpisodeResult]:
-        """Synchronous :meth:`arun`; must not be called from inside a running event loop."""
-        return asyncio.run(self.arun(num_episodes, episode_options, seed=seed))
+        """Synchronous :meth:`arun` (also from inside a running loop, e.g. a notebook)."""
+        coro = self.arun(num_episodes, episode_options, seed=seed)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(coro)
+        # A loop is already running in this thread: run ours in a worker thread.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, coro).result()
 
     def close(self) -> None:
         """Close the environments kept between runs (``keep_envs=True``)."""

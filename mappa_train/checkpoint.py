@@ -84,7 +84,9 @@ def save_checkpoint(
     root.mkdir(parents=True, exist_ok=True)
     final = checkpoint_dir(root, step)
     staging = root / f".tmp-step-{step:06d}-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
+    # Staging folders left by killed saves are never complete: clear them.
+    for stale in root.glob(".tmp-step-*"):
+        shutil.rmtree(stale, ignore_errors=True)
     for agent, learner in learners.items():
         agent_dir = staging / "agents" / agent
         if getattr(learner, "adapter", None):

@@ -209,6 +209,13 @@ class Trainer:
             state = ckpt.load_trainer_state(resume_from)
             self.step = int(state["step"])
             logger.info("resumed from %s at step %d", resume_from, self.step)
+            saved = state.get("config", {})
+            changed = sorted(k for k, v in config.to_dict().items() if k in saved and saved[k] != v)
+            if changed:
+                # e.g. a different `steps` reshapes the learning-rate schedule mid-run.
+                logger.warning(
+                    "resuming with settings that differ from the checkpoint: %s", changed
+                )
         self._truncate_metrics(self.step)
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "config.json").write_text(

@@ -228,3 +228,14 @@ def test_runner_rejects_bad_arguments():
         runner.run(3, episode_options=[{}])
     with pytest.raises(ValueError, match="concurrency"):
         RolloutRunner(lambda: None, AgentSystem.shared(ScriptedPolicy(str), AGENTS), concurrency=0)
+
+
+def test_run_works_inside_a_running_event_loop():
+    import asyncio
+
+    async def notebook_cell():
+        runner, _ = make_runner()
+        return runner.run(2)
+
+    episodes = asyncio.run(notebook_cell())
+    assert len(episodes) == 2
