@@ -132,9 +132,10 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     save_jsonl(out / "transcripts.jsonl", [a for e in episodes for a in e.actions])
     plots = plot_report(episodes, out)
     print(format_table(report))
-    print(
-        f"wrote {out / 'report.json'}, {out / 'transcripts.jsonl'}, " + ", ".join(map(str, plots))
-    )
+    written = [out / "report.json", out / "transcripts.jsonl", *plots]
+    if (out / "coach_report.md").exists():
+        written.append(out / "coach_report.md")
+    print("wrote " + ", ".join(map(str, written)))
     return report
 
 

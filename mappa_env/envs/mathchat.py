@@ -313,6 +313,8 @@ class MathChatEnv(PipelineEnv):
             "answer": self.task.answer,
             "reward": 1.0 if correct else 0.0,
             "task_id": self.task.id,
+            # The problem's kind (generated tasks) or source file: groups for bias reports.
+            "task_type": self.task.metadata.get("kind") or self.task.metadata.get("source"),
         }
 
     def task_facts(self) -> tuple[str, str, str | None]:
