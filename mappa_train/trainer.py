@@ -191,9 +191,7 @@ class Trainer:
             weights = str(resume_from / "agents" / agent) if resume_from else source
             model = self._load_model(weights)
             if config.gradient_checkpointing:
-                model.gradient_checkpointing_enable(
-                    gradient_checkpointing_kwargs={"use_reentrant": False}
-                )
+                _enable_checkpointing(model)
             model.config.use_cache = True  # generation needs the cache; training ignores it
             ref = self._load_model(source)  # the initial weights, frozen
             ref.eval()
@@ -245,9 +243,7 @@ class Trainer:
         source = sources.pop()
         base = self._load_model(source)
         if config.gradient_checkpointing:
-            base.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
+            _enable_checkpointing(base)
         base.config.use_cache = True
         settings = LoRASettings(
             rank=config.lora_rank,
@@ -782,6 +778,16 @@ def _to_device(batch: Any, device: str) -> Any:
         _move(batch.response_ids, device),
         batch.prompt_lengths,
     )
+
+
+def _enable_checkpointing(model: Any) -> None:
+    """Activation checkpointing, by its new transformers name where the old one is deprecated."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False}
+        )
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _sync_device(device: str) -> None:

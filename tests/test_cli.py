@@ -40,3 +40,19 @@ def test_unknown_choices_are_rejected():
         parser.parse_args(["eval", "--sandbox", "docker"])
     with pytest.raises(SystemExit):
         parser.parse_args(["train", "--gradient-checkpointing", "maybe"])
+
+
+def test_eval_runs_dsbench_too(tmp_path, capsys):
+    model = tiny_model_dir(tmp_path / "model")
+    out = tmp_path / "ds"
+    code = main(
+        [
+            "eval", "--env", "DSBench-v0", "--system", str(model), "--episodes", "2",
+            "--concurrency", "2", "--max-new-tokens", "4", "--sandbox", "none",
+            "--task-ids", "iris,diabetes", "--out", str(out), "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["per_agent"]) == {"data_engineer", "modeler", "analyst"}
+    assert "fair_value_mean" in report

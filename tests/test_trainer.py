@@ -118,6 +118,16 @@ def test_masks_length_cut_and_invalid_actions(tmp_path, scope):
     assert stats["writer/actions"] + stats["writer/masked_length"] == 16
 
 
+def test_gradient_checkpointing_trains(tmp_path):
+    model_dir = tiny_model_dir(tmp_path / "model")
+    config = _toy_config(tmp_path, model_dir, steps=1, gradient_checkpointing=True)
+    trainer = Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
+    (metrics,) = trainer.train()
+    assert metrics["writer/grad_norm"] > 0
+    model = trainer.learners["writer"].model
+    assert getattr(model, "is_activation_checkpointing", None) or model.is_gradient_checkpointing
+
+
 def _weights(directory):
     from safetensors.torch import load_file
 
