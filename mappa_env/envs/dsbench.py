@@ -32,9 +32,8 @@ from mappa_env.envs.pipeline import (
     RewardMode,
     ToolOutcome,
     parse_turn_limits,
-    resolve_sandbox_factory,
 )
-from mappa_env.sandbox.base import Sandbox, SandboxFactory
+from mappa_env.sandbox.base import SandboxFactory
 from mappa_env.text import extract_code_blocks, strip_think, truncate_middle
 
 logger = logging.getLogger(__name__)
@@ -251,8 +250,6 @@ class DSBenchEnv(PipelineEnv):
         self._builtin_root: Path | None = None
         self._answer_tables: dict[str, pd.DataFrame] = {}
         self.tasks = self._resolve_tasks(tasks, data_dir, task_ids, 0 if seed is None else seed)
-        self._sandbox_factory = resolve_sandbox_factory(sandbox)
-        self._sandboxes: dict[str, Sandbox] = {}
         self._answers: pd.DataFrame | None = None
         self._artifacts: dict[str, dict[str, Any]] = {}
         self._slot_start_files: dict[str, list[FileInfo]] = {}
@@ -269,6 +266,7 @@ class DSBenchEnv(PipelineEnv):
             render_mode=render_mode,
             seed=seed,
             shuffle=shuffle,
+            sandbox=sandbox,
         )
 
     def _resolve_tasks(
@@ -379,16 +377,13 @@ class DSBenchEnv(PipelineEnv):
         code = "\n".join(blocks) if blocks else None
         result = None
         output = None
-        if code is not None and self._sandbox_factory is None:
-            output = "(code execution is disabled in this environment)"
-        elif code is not None:
-            sandbox = self._sandboxes.get(agent)
-            if sandbox is None:
-                sandbox = await self.open_sandbox(self._sandbox_factory)
-                self._sandboxes[agent] = sandbox
-            result = await sandbox.arun(code, timeout=self.code_timeout_s)
-            output = result.render(self.tool_output_chars)
-            self._artifacts.update(await self._inspect(agent))
+        if code is not None:
+            # Each agent has its own interpreter: work passes between agents only as files.
+            result, output = await self.run_code(
+                code, agent, self.code_timeout_s, self.tool_output_chars
+            )
+            if result is not None:
+                self._artifacts.update(await self._inspect(agent))
         # Plain dicts: infos must stay JSON-serialisable.
         extra["files"] = [asdict(f) for f in list_files(self.workdir)]
         extra["upstream_files"] = [
@@ -533,17 +528,9 @@ class DSBenchEnv(PipelineEnv):
 
     async def on_slot_end(self, agent: str, next_agent: str | None) -> None:
         """Free the agent's interpreter and snapshot the files the next agent starts from."""
-        sandbox = self._sandboxes.pop(agent, None)
-        if sandbox is not None:
-            await self.close_sandboxes([sandbox])
+        await self.release_sandbox(agent)
         if next_agent is not None:
             self._slot_start_files[next_agent] = list_files(self.workdir)
-
-    async def on_episode_end(self) -> None:
-        """Close every interpreter of the episode."""
-        sandboxes = list(self._sandboxes.values())
-        self._sandboxes = {}
-        await self.close_sandboxes(sandboxes)
 
     def on_close(self) -> None:
         """Remove the built-in task files made for this environment."""

@@ -21,10 +21,9 @@ from mappa_env.envs.pipeline import (
     RewardMode,
     ToolOutcome,
     parse_turn_limits,
-    resolve_sandbox_factory,
 )
 from mappa_env.grading.math import answers_match_any, extract_boxed
-from mappa_env.sandbox.base import Sandbox, SandboxFactory
+from mappa_env.sandbox.base import SandboxFactory
 from mappa_env.tasks import MathTask
 from mappa_env.text import extract_code_blocks, strip_think
 
@@ -177,8 +176,6 @@ class MathChatEnv(PipelineEnv):
         self.verifier_sees_solver = bool(verifier_sees_solver)
         self.strict_boxed = bool(strict_boxed)
         self.tasks = _resolve_tasks(tasks, seed=0 if seed is None else seed)
-        self._sandbox_factory = resolve_sandbox_factory(sandbox)
-        self._sandbox: Sandbox | None = None
         self.task: MathTask = self.tasks[0]
         super().__init__(
             coach=coach,
@@ -191,6 +188,7 @@ class MathChatEnv(PipelineEnv):
             render_mode=render_mode,
             seed=seed,
             shuffle=shuffle,
+            sandbox=sandbox,
         )
 
     # ------------------------------------------------------------------ pipeline hooks
@@ -281,20 +279,12 @@ class MathChatEnv(PipelineEnv):
         if not blocks:
             return ToolOutcome(ends_slot=True, extra={"code_blocks": 0})
         code = "\n".join(blocks)
-        if self._sandbox_factory is None:
-            return ToolOutcome(
-                code=code,
-                output="(code execution is disabled in this environment)",
-                extra={"code_blocks": len(blocks)},
-            )
-        if self._sandbox is None:
-            self._sandbox = await self.open_sandbox(self._sandbox_factory)
-        result = await self._sandbox.arun(code, timeout=self.code_timeout_s)
+        # One interpreter per episode: the code executor's turns build on each other.
+        result, output = await self.run_code(
+            code, "episode", self.code_timeout_s, self.tool_output_chars
+        )
         return ToolOutcome(
-            code=code,
-            result=result,
-            output=result.render(self.tool_output_chars),
-            extra={"code_blocks": len(blocks)},
+            code=code, result=result, output=output, extra={"code_blocks": len(blocks)}
         )
 
     async def episode_outcome(self) -> dict[str, Any]:
@@ -340,9 +330,3 @@ class MathChatEnv(PipelineEnv):
             ]
             metadata["earlier_stdout"] = earlier[-1] if earlier else ""
         return metadata
-
-    async def on_episode_end(self) -> None:
-        """Close the episode's sandbox."""
-        if self._sandbox is not None:
-            sandbox, self._sandbox = self._sandbox, None
-            await self.close_sandboxes([sandbox])

@@ -174,8 +174,11 @@ class PipelineEnv(AECEnv):
         render_mode: str | None = None,
         seed: int | None = None,
         shuffle: bool = True,
+        sandbox: str | SandboxFactory | None = None,
     ) -> None:
         super().__init__()
+        self._sandbox_factory = resolve_sandbox_factory(sandbox)
+        self._sandboxes: dict[str, Sandbox] = {}
         # A coach built here from a spec string belongs to this env and is closed with it;
         # a coach object passed in is shared (e.g. by every env of a runner) and is not.
         self._owns_coach = isinstance(coach, str)
@@ -331,7 +334,12 @@ class PipelineEnv(AECEnv):
         """Called when ``agent`` has taken its last turn (``next_agent`` is None at the end)."""
 
     async def on_episode_end(self) -> None:
-        """Release per-episode resources (sandboxes); called before a new episode and on close."""
+        """Release per-episode resources; called at the end, before a new episode, on close.
+
+        Subclasses that override it must call ``await super().on_episode_end()``.
+        """
+        for owner in list(self._sandboxes):
+            await self.release_sandbox(owner)
 
     def on_close(self) -> None:
         """Release what lives as long as the environment (called once by close/aclose)."""
@@ -654,20 +662,36 @@ class PipelineEnv(AECEnv):
         if self._owns_coach and callable(close_coach):
             close_coach()
 
-    async def open_sandbox(self, factory: SandboxFactory) -> Sandbox:
-        """A new sandbox in this episode's workspace, made off the event loop.
+    async def run_code(
+        self, code: str, owner: str, timeout: float, output_chars: int
+    ) -> tuple[ExecResult | None, str]:
+        """Run ``code`` in ``owner``'s sandbox in the episode's workspace.
 
-        Handing out a pooled kernel or starting a cold one blocks for a moment.
+        Each owner (an agent, or one name for a whole episode) keeps its interpreter, and
+        so its variables, until :meth:`release_sandbox` or the end of the episode. The
+        sandbox is made off the event loop: a kernel start or pooled hand-out blocks.
+
+        Returns:
+            ``(result, rendered output)``; ``(None, note)`` when code execution is disabled.
         """
-        return await asyncio.to_thread(factory, self.workdir)
+        if self._sandbox_factory is None:
+            return None, "(code execution is disabled in this environment)"
+        sandbox = self._sandboxes.get(owner)
+        if sandbox is None:
+            sandbox = await asyncio.to_thread(self._sandbox_factory, self.workdir)
+            self._sandboxes[owner] = sandbox
+        result = await sandbox.arun(code, timeout=timeout)
+        return result, result.render(output_chars)
 
-    async def close_sandboxes(self, sandboxes: Sequence[Sandbox]) -> None:
-        """Close sandboxes off the event loop (a kernel shutdown blocks for a moment)."""
-        for sandbox in sandboxes:
-            try:
-                await asyncio.to_thread(sandbox.close)
-            except OSError:
-                logger.warning("closing a sandbox failed", exc_info=True)
+    async def release_sandbox(self, owner: str) -> None:
+        """Close ``owner``'s sandbox, if it has one (off the event loop)."""
+        sandbox = self._sandboxes.pop(owner, None)
+        if sandbox is None:
+            return
+        try:
+            await asyncio.to_thread(sandbox.close)
+        except OSError:
+            logger.warning("closing the sandbox of %s failed", owner, exc_info=True)
 
     def _remove_workdir(self) -> None:
         if self._workdir is not None:
