@@ -28,10 +28,15 @@ def _env_options(args: argparse.Namespace) -> dict[str, Any]:
 
             options["tasks"] = generate_math_tasks(args.num_tasks, seed=args.task_seed)
     else:
+        task_ids = args.task_ids.split(",") if args.task_ids else None
         if args.data_dir:
             options["data_dir"] = args.data_dir
-        if args.task_ids:
-            options["task_ids"] = args.task_ids.split(",")
+            options["task_ids"] = task_ids
+        else:
+            from mappa_env.dsbench import BuiltinTaskSet
+
+            # Built once and shared by every environment of the run.
+            options["tasks"] = BuiltinTaskSet(names=task_ids)
     return options
 
 
@@ -105,6 +110,9 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     try:
         episodes = runner.run(args.episodes)
     finally:
+        shared_tasks = env_options.get("tasks")
+        if hasattr(shared_tasks, "close"):
+            shared_tasks.close()
         system.close()
         close_coach = getattr(coach, "close", None)
         if callable(close_coach):

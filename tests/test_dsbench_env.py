@@ -141,6 +141,24 @@ def test_zero_padded_ids_and_na_labels_join_correctly(tmp_path):
     env.close()
 
 
+def test_a_builtin_task_set_is_shared_by_environments():
+    from mappa_env.dsbench import BuiltinTaskSet
+
+    shared = BuiltinTaskSet(names=["iris", "wine"])
+    envs = [make_env(tasks=shared, task_ids=["iris"]) for _ in range(2)]
+    assert [t.id for t in envs[0].tasks] == ["iris"]
+    assert envs[0].tasks[0].train_path == envs[1].tasks[0].train_path  # one copy of the data
+    assert not list(shared.root.rglob("test_answer.csv"))  # answers only in memory
+    task = envs[0].tasks[0]
+    play(envs[0], good_script(task), "iris")
+    assert envs[0].state()["outcome"]["success"] is True
+    for env in envs:
+        env.close()
+    assert shared.root.exists()  # environments do not remove a set they were given
+    shared.close()
+    assert not shared.root.exists()
+
+
 # ---------------------------------------------------------------- blame and failures
 
 

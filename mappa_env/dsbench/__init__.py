@@ -8,7 +8,7 @@
   time from scikit-learn's bundled datasets and seeded synthetic data.
 """
 
-from mappa_env.dsbench.builtin import BUILTIN_TASK_NAMES, builtin_tasks
+from mappa_env.dsbench.builtin import BUILTIN_TASK_NAMES, BuiltinTaskSet, builtin_tasks
 from mappa_env.dsbench.metrics import (
     FAILED_SUBMISSION_CAP,
     METRIC_ALIASES,
@@ -39,6 +39,7 @@ __all__ = [
     "FAILED_SUBMISSION_CAP",
     "METRICS",
     "METRIC_ALIASES",
+    "BuiltinTaskSet",
     "DSBenchTask",
     "Metric",
     "Score",

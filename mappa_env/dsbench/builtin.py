@@ -18,6 +18,9 @@ are identical for the same seed; writing all tasks takes well under a second.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -537,3 +540,34 @@ def builtin_tasks(
         tasks.append(task)
     prompts_path.write_text(json.dumps(prompts, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     return tasks
+
+
+class BuiltinTaskSet:
+    """Built-in tasks written once to a private directory, with the answers only in memory.
+
+    Several environments can share one set (e.g. every environment of a rollout runner),
+    so the data is made once. The hidden answers are read into memory and their files
+    deleted, so no file an agent's code could find holds them. The directory is removed
+    by :meth:`close` or when the set is garbage-collected.
+
+    Args:
+        names: Which tasks, from :data:`BUILTIN_TASK_NAMES`; default all.
+        seed: Seed of the data (see :func:`builtin_tasks`).
+
+    Attributes:
+        tasks: The tasks.
+        answers: Task id -> hidden answers table.
+    """
+
+    def __init__(self, names: Iterable[str] | None = None, seed: int = 0) -> None:
+        from mappa_env.dsbench.metrics import read_answers
+
+        self.root = Path(tempfile.mkdtemp(prefix="mappa-dsbench-tasks-"))
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.root, True)
+        self.tasks = builtin_tasks(self.root, names=names, seed=seed)
+        self.answers = {t.id: read_answers(t.answers_path, t.id_column) for t in self.tasks}
+        shutil.rmtree(self.root / "answers", ignore_errors=True)
+
+    def close(self) -> None:
+        """Remove the task files. Idempotent."""
+        self._cleanup()

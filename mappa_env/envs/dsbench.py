@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 
 from mappa_env.coach.base import Coach, FileInfo, RevealPolicy
+from mappa_env.dsbench.builtin import BuiltinTaskSet
 from mappa_env.dsbench.tasks import DSBenchTask
 from mappa_env.envs.pipeline import (
     ActionRecord,
@@ -186,9 +187,10 @@ class DSBenchEnv(PipelineEnv):
     """DSBench-v0: data_engineer -> modeler -> analyst in one shared workspace.
 
     Args:
-        tasks: A list of :class:`~mappa_env.dsbench.tasks.DSBenchTask`, or ``None`` for the
-            built-in offline tasks (made at run time from scikit-learn datasets and
-            seeded synthetic data).
+        tasks: A list of :class:`~mappa_env.dsbench.tasks.DSBenchTask`, a
+            :class:`~mappa_env.dsbench.builtin.BuiltinTaskSet` shared with other
+            environments, or ``None`` for this environment's own built-in offline tasks
+            (made at run time from scikit-learn datasets and seeded synthetic data).
         data_dir: A real DSBench data directory (``data_resplit/`` and ``answers/``);
             with ``task_ids`` selects tasks from it instead of the built-in ones.
         task_ids: Task ids to use from ``data_dir`` (or names of built-in tasks).
@@ -247,7 +249,7 @@ class DSBenchEnv(PipelineEnv):
         self.max_new_tokens = int(max_new_tokens)
         self.code_timeout_s = float(code_timeout_s)
         self.tool_output_chars = int(tool_output_chars)
-        self._builtin_root: Path | None = None
+        self._owned_builtin: BuiltinTaskSet | None = None
         self._answer_tables: dict[str, pd.DataFrame] = {}
         self.tasks = self._resolve_tasks(tasks, data_dir, task_ids, 0 if seed is None else seed)
         self._answers: pd.DataFrame | None = None
@@ -276,9 +278,14 @@ class DSBenchEnv(PipelineEnv):
         task_ids: Sequence[str] | None,
         seed: int,
     ) -> list[Any]:
-        from mappa_env.dsbench.tasks import DSBenchTask, builtin_tasks, load_dsbench_tasks
+        from mappa_env.dsbench.tasks import DSBenchTask, load_dsbench_tasks
 
-        if tasks is not None:
+        if isinstance(tasks, BuiltinTaskSet):
+            # Shared with other environments: its answers are already in memory.
+            wanted = None if task_ids is None else set(task_ids)
+            resolved = [t for t in tasks.tasks if wanted is None or t.id in wanted]
+            self._answer_tables = tasks.answers
+        elif tasks is not None:
             resolved = list(tasks)
             bad = [t for t in resolved if not isinstance(t, DSBenchTask)]
             if bad:
@@ -289,18 +296,10 @@ class DSBenchEnv(PipelineEnv):
         elif data_dir is not None:
             resolved = load_dsbench_tasks(data_dir, task_ids=task_ids)
         else:
-            import tempfile
-
-            self._builtin_root = Path(tempfile.mkdtemp(prefix="mappa-dsbench-tasks-"))
-            resolved = builtin_tasks(self._builtin_root, names=task_ids, seed=seed)
-            # Built-in answers live only in memory: nothing an agent's code can find on disk
-            # holds them (answers of a real DSBench data_dir stay where the user keeps them).
-            from mappa_env.dsbench.metrics import read_answers
-
-            self._answer_tables = {
-                t.id: read_answers(t.answers_path, t.id_column) for t in resolved
-            }
-            shutil.rmtree(self._builtin_root / "answers", ignore_errors=True)
+            builtin = BuiltinTaskSet(names=task_ids, seed=seed)
+            self._owned_builtin = builtin
+            resolved = builtin.tasks
+            self._answer_tables = builtin.answers
         if not resolved:
             raise ValueError("no DSBench tasks selected: check tasks, data_dir and task_ids")
         return resolved
@@ -534,6 +533,6 @@ class DSBenchEnv(PipelineEnv):
 
     def on_close(self) -> None:
         """Remove the built-in task files made for this environment."""
-        if self._builtin_root is not None:
-            shutil.rmtree(self._builtin_root, ignore_errors=True)
-            self._builtin_root = None
+        if self._owned_builtin is not None:
+            self._owned_builtin.close()
+            self._owned_builtin = None
