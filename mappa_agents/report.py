@@ -38,6 +38,9 @@ def summarize(
     if not episodes:
         raise ValueError("no episodes to summarise")
     env_id = episodes[0].env_id
+    aborted = sum(e.aborted for e in episodes)
+    # Aborted episodes have no graded outcome: rates are over the finished ones.
+    finished = [e for e in episodes if not e.aborted]
     actions = [a for e in episodes for a in e.actions]
     agents = list(dict.fromkeys(a.agent for a in actions))
     per_agent: dict[str, dict[str, Any]] = {}
@@ -58,9 +61,10 @@ def summarize(
     report: dict[str, Any] = {
         "env_id": env_id,
         "episodes": len(episodes),
+        "aborted_episodes": aborted,
         "actions": len(actions),
-        "success_rate": sum(e.succeeded for e in episodes) / len(episodes),
-        "mean_outcome_reward": _mean([float(e.outcome.get("reward", 0.0)) for e in episodes]),
+        "success_rate": sum(e.succeeded for e in finished) / len(finished) if finished else 0.0,
+        "mean_outcome_reward": _mean([float(e.outcome.get("reward", 0.0)) for e in finished]),
         "invalid_coach_rate": (
             sum(1 for v in verdicts if not v.get("valid", False)) / len(verdicts)
             if verdicts
@@ -79,8 +83,8 @@ def summarize(
         if code_agent in per_agent:
             report["code_agent_tool_call_rate"] = per_agent[code_agent]["tool_call_rate"]
     if env_id == "DSBench-v0":
-        values = [e.outcome.get("value") for e in episodes if e.outcome.get("success")]
-        fair = [e.outcome.get("fair_value") for e in episodes]
+        values = [e.outcome.get("value") for e in finished if e.outcome.get("success")]
+        fair = [e.outcome.get("fair_value") for e in finished]
         report["metric_mean_when_successful"] = _mean([float(v) for v in values if v is not None])
         report["fair_value_mean"] = _mean([float(v) for v in fair if v is not None])
     if wall_time_s is not None:

@@ -72,9 +72,10 @@ class RolloutRunner:
             many steps); then call :meth:`close` when done. By default each run closes
             the environments it made.
 
-    A generation that fails (an API error after its retries, for example) ends only the
-    episodes it was for: they are returned with ``outcome["error"]`` set and no further
-    actions, and the other episodes carry on.
+    A generation that fails (an API error after its retries, for example) or an
+    environment step that raises ends only the episodes concerned: they are returned with
+    ``outcome["error"]`` and ``outcome["aborted"]`` set and no outcome reward, and the
+    other episodes carry on.
     """
 
     def __init__(
@@ -205,28 +206,48 @@ class RolloutRunner:
                 await env.areset(seed=episode_seed, options=reset_options)
                 return _Live(index=index, env=env, samples=[], started=time.perf_counter())
 
-            started = await asyncio.gather(*(start(env) for env in envs))
+            async def refill(env: PipelineEnv) -> _Live | None:
+                """The slot's next episode; one whose reset fails is recorded as aborted."""
+                while True:
+                    index = next_index
+                    try:
+                        return await start(env)
+                    except Exception as exc:  # a broken env must not lose the run
+                        logger.exception("resetting the environment for episode %d failed", index)
+                        results[index] = self._aborted(index, env, f"reset failed: {exc!r}")
+                        self._update_bar(bar, results)
+
+            started = await asyncio.gather(*(refill(env) for env in envs))
             live = [episode for episode in started if episode is not None]
             tick = 0
             while live:
                 requests = [self._request(episode) for episode in live]
                 generations = await self._generate_all(requests, tick, run_seed)
-                await asyncio.gather(
+                # Steps of all episodes together; one that raises ends only its episode.
+                stepped = await asyncio.gather(
                     *(
                         self._step(request, gen)
                         for request, gen in zip(requests, generations)
                         if isinstance(gen, Generation)
-                    )
+                    ),
+                    return_exceptions=True,
                 )
+                step_errors = iter(stepped)
                 still_live = []
                 for request, gen in zip(requests, generations):
                     episode = request.live
-                    failed = not isinstance(gen, Generation)
-                    if failed or self._finished(episode.env):
-                        error = None if not failed else gen
+                    error: str | None = None if isinstance(gen, Generation) else gen
+                    if error is None:
+                        raised = next(step_errors)
+                        if isinstance(raised, BaseException):
+                            if not isinstance(raised, Exception):
+                                raise raised  # KeyboardInterrupt, cancellation: stop the run
+                            logger.error("episode %d failed: %r", episode.index, raised)
+                            error = f"environment step failed: {raised!r}"
+                    if error is not None or self._finished(episode.env):
                         results[episode.index] = await self._collect(episode, error)
                         self._update_bar(bar, results)
-                        replacement = await start(episode.env)
+                        replacement = await refill(episode.env)
                         if replacement is not None:
                             still_live.append(replacement)
                     else:
@@ -340,8 +361,9 @@ class RolloutRunner:
         env = episode.env
         outcome = dict(env.outcome or {})
         if error is not None:
-            # The episode could not go on; it has no graded outcome and earns nothing.
-            outcome = {"error": error, "reward": 0.0, "aborted": True}
+            # The episode could not go on: it has no graded outcome, so no outcome reward
+            # (credit modes that use the outcome leave its actions out of training).
+            outcome = {"error": error, "aborted": True}
         for sample in episode.samples:
             sample.outcome = outcome
         task_id = episode.samples[0].task_id if episode.samples else ""
@@ -352,6 +374,16 @@ class RolloutRunner:
             actions=episode.samples,
             outcome=outcome,
             wall_time_s=time.perf_counter() - episode.started,
+        )
+
+    @staticmethod
+    def _aborted(index: int, env: PipelineEnv, error: str) -> EpisodeResult:
+        return EpisodeResult(
+            episode_id=f"ep-{index:05d}",
+            task_id="",
+            env_id=env.env_id,
+            actions=[],
+            outcome={"error": error, "aborted": True},
         )
 
     def _progress_bar(self, total: int) -> Any:

@@ -121,6 +121,11 @@ class EpisodeResult:
     wall_time_s: float = 0.0
 
     @property
+    def aborted(self) -> bool:
+        """True when the episode could not be finished (it has no graded outcome)."""
+        return bool(self.outcome.get("aborted", False))
+
+    @property
     def succeeded(self) -> bool:
         """MathChat ``correct`` or DSBench ``success``."""
         return bool(self.outcome.get("correct", self.outcome.get("success", False)))
@@ -130,7 +135,8 @@ def save_jsonl(path: str | Path, samples: Iterable[ActionSample]) -> Path:
     """Write one JSON line per action to ``path`` (parents created). Returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as handle:
+    # errors="replace": a lone surrogate that slipped into a record must not lose the file.
+    with path.open("w", encoding="utf-8", errors="replace") as handle:
         for sample in samples:
             handle.write(sample.to_json() + "\n")
     return path

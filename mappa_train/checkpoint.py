@@ -84,9 +84,11 @@ def save_checkpoint(
     root.mkdir(parents=True, exist_ok=True)
     final = checkpoint_dir(root, step)
     staging = root / f".tmp-step-{step:06d}-{os.getpid()}"
-    # Staging folders left by killed saves are never complete: clear them.
+    # Staging folders left by killed saves are never complete: clear those whose
+    # process is gone (another live process may be saving into its own).
     for stale in root.glob(".tmp-step-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+        if not _pid_alive(stale.name.rsplit("-", 1)[-1]):
+            shutil.rmtree(stale, ignore_errors=True)
     for agent, learner in learners.items():
         agent_dir = staging / "agents" / agent
         if getattr(learner, "adapter", None):
@@ -143,6 +145,20 @@ def load_optimizer_states(path: Path, learners: Mapping[str, Any]) -> None:
             torch.load(agent_dir / "optimizer.pt", map_location="cpu", weights_only=False)
         )
     set_rng_state(torch.load(path / "rng.pt", weights_only=False))
+
+
+def _pid_alive(text: str) -> bool:
+    try:
+        pid = int(text)
+    except ValueError:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
 
 
 def _fsync_tree(root: Path) -> None:

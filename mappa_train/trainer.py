@@ -304,15 +304,23 @@ class Trainer:
             if bar is not None:
                 bar.close()
             self._close_loggers()
-            self.close()
+            # A staged run (``until``) keeps its coach for the next call; the runners'
+            # environments (and their kernels) are released either way.
+            if self.step >= config.steps:
+                self.close()
+            else:
+                self._close_runners()
         self._plot()
         return self.history
 
-    def close(self) -> None:
-        """Close the rollout environments and the coach this trainer made."""
+    def _close_runners(self) -> None:
         runners, self._runners = self._runners, {}
         for runner in runners.values():
             runner.close()
+
+    def close(self) -> None:
+        """Close the rollout environments and the coach this trainer made."""
+        self._close_runners()
         close_coach = getattr(self.coach, "close", None)
         if callable(close_coach):
             close_coach()
@@ -436,6 +444,11 @@ class Trainer:
         config = self.config
         rewards: dict[int, float | None] = {}
         for episode in episodes:
+            if episode.aborted:
+                # No graded outcome: its actions are left out of training, not scored 0.
+                for action in episode.actions:
+                    rewards[id(action)] = None
+                continue
             scores = [
                 (a.coach or {}).get("reward") if (a.coach or {}).get("valid") else None
                 for a in episode.actions

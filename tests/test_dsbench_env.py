@@ -267,3 +267,35 @@ def test_real_jupyter_episode(tmp_path):
     play(env, good_script(task), "iris")
     assert env.state()["outcome"]["success"] is True
     env.close()
+
+
+def test_agent_deleting_the_workspace_or_writing_odd_names_does_not_crash(env, tmp_path):
+    from mappa_agents.trajectory import ActionSample, save_jsonl
+
+    env.reset(options={"task_id": "iris"})
+    env.step(code("open(b'odd\\xff.pkl', 'w').write('x')"))
+    names = [f["name"] for f in env.infos["data_engineer"]["files"]]
+    assert "odd?.pkl" in names
+    env.step(code("import os, shutil; shutil.rmtree(os.getcwd())"))
+    env.step(code("print(1)"))  # the workspace is back for the next run
+    assert env.infos["data_engineer"]["tool"]["stdout"].strip() == "1"
+    row = ActionSample(
+        episode_id="e", task_id="t", env_id="DSBench-v0", agent="a", turn=0, step=0,
+        policy="p", messages=[], text="x\udcff", reasoning=None, prompt_ids=[],
+        response_ids=[], logprobs=[], finish_reason="stop", reward=0.0, reward_valid=True,
+    )  # fmt: skip
+    save_jsonl(tmp_path / "rows.jsonl", [row])  # a stray surrogate does not lose the file
+
+
+def test_a_shared_task_set_rejects_unknown_ids_and_lives_with_its_env():
+    import gc
+
+    from mappa_env.dsbench import BuiltinTaskSet
+
+    with pytest.raises(ValueError, match="not in the task set"):
+        make_env(tasks=BuiltinTaskSet(names=["iris"]), task_ids=["nope"])
+    env = make_env(tasks=BuiltinTaskSet(names=["iris"]), task_ids=None)
+    gc.collect()  # only the environment holds the set now
+    env.reset(options={"task_id": "iris"})
+    assert (env.workdir / "train.csv").exists()
+    env.close()

@@ -239,3 +239,32 @@ def test_run_works_inside_a_running_event_loop():
 
     episodes = asyncio.run(notebook_cell())
     assert len(episodes) == 2
+
+
+def test_an_env_step_that_raises_ends_only_its_episode():
+    class Fragile(mappa_env.env_class("MathChat-v0")):
+        async def episode_outcome(self):
+            if self.task.id == "t2":
+                raise OSError("disk full")
+            return await super().episode_outcome()
+
+    runner = RolloutRunner(
+        lambda: Fragile(tasks=TASKS, sandbox=InProcessSandbox),
+        AgentSystem.shared(ScriptedPolicy(solver_script), AGENTS),
+        concurrency=3,
+        progress=False,
+    )
+    episodes = runner.run(6)
+    assert episodes[2].aborted
+    assert "disk full" in episodes[2].outcome["error"]
+    assert "reward" not in episodes[2].outcome  # no graded outcome, no outcome reward
+    assert [e.succeeded for i, e in enumerate(episodes) if i != 2] == [
+        True,
+        False,
+        False,
+        True,
+        False,
+    ]
+    report = summarize(episodes)
+    assert report["aborted_episodes"] == 1
+    assert report["success_rate"] == pytest.approx(2 / 5)

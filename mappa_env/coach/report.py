@@ -379,7 +379,7 @@ def records_from_actions(actions: Iterable[Any], step: int | None = None) -> lis
         if not coach:
             continue
         outcome = field("outcome") or {}
-        reward = outcome.get("reward")
+        reward = None if outcome.get("aborted") else outcome.get("reward")
         records.append(
             {
                 "agent": field("agent"),

@@ -159,7 +159,10 @@ def list_files(root: Path, limit: int = _LISTING_LIMIT) -> list[FileInfo]:
             continue
         try:
             if path.is_file():
-                found.append(FileInfo(str(rel), path.stat().st_size))
+                # Names that are not valid UTF-8 (bytes written by agent code) would break
+                # prompts and JSON exports: show them with the bad bytes replaced.
+                name = str(rel).encode("utf-8", "replace").decode("utf-8")
+                found.append(FileInfo(name, path.stat().st_size))
         except OSError:  # deleted while listing
             continue
         if len(found) >= limit:
@@ -250,6 +253,7 @@ class DSBenchEnv(PipelineEnv):
         self.code_timeout_s = float(code_timeout_s)
         self.tool_output_chars = int(tool_output_chars)
         self._owned_builtin: BuiltinTaskSet | None = None
+        self._shared_builtin: BuiltinTaskSet | None = None
         self._answer_tables: dict[str, pd.DataFrame] = {}
         self.tasks = self._resolve_tasks(tasks, data_dir, task_ids, 0 if seed is None else seed)
         self._answers: pd.DataFrame | None = None
@@ -282,9 +286,14 @@ class DSBenchEnv(PipelineEnv):
 
         if isinstance(tasks, BuiltinTaskSet):
             # Shared with other environments: its answers are already in memory.
+            known = {t.id for t in tasks.tasks}
+            unknown = sorted(set(task_ids or ()) - known)
+            if unknown:
+                raise ValueError(f"task_ids {unknown} are not in the task set: {sorted(known)}")
             wanted = None if task_ids is None else set(task_ids)
             resolved = [t for t in tasks.tasks if wanted is None or t.id in wanted]
             self._answer_tables = tasks.answers
+            self._shared_builtin = tasks  # keeps its files alive as long as this env
         elif tasks is not None:
             resolved = list(tasks)
             bad = [t for t in resolved if not isinstance(t, DSBenchTask)]
@@ -409,6 +418,7 @@ class DSBenchEnv(PipelineEnv):
 
         limits = SandboxLimits()
         code = _INSPECT_CODE % {"rlimits": limits.rlimits(), "names": names}
+        self.workdir.mkdir(parents=True, exist_ok=True)  # agent code may have deleted it
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",

@@ -36,7 +36,7 @@ from mappa_env.coach.base import (
     RevealPolicy,
 )
 from mappa_env.envs._sync import SyncRunner
-from mappa_env.sandbox.base import ExecResult, Sandbox, SandboxFactory
+from mappa_env.sandbox.base import ExecError, ExecResult, Sandbox, SandboxFactory
 from mappa_env.spaces import UnicodeText, make_observation, text_observation_space
 
 logger = logging.getLogger(__name__)
@@ -429,7 +429,15 @@ class PipelineEnv(AECEnv):
             action_truncated=cut,
             tool=ToolOutcome(),
         )
-        record.tool = await self.run_action(agent, text)
+        try:
+            record.tool = await self.run_action(agent, text)
+        except Exception as exc:  # an agent's action must never crash the environment
+            logger.exception("carrying out %s's action failed", agent)
+            record.tool = ToolOutcome(
+                output=f"[environment error] the action could not be carried out: "
+                f"{type(exc).__name__}: {exc}",
+                extra={"environment_error": f"{type(exc).__name__}: {exc}"},
+            )
         if self.coach is not None:
             record.verdict = await self._judge(record)
         record.reward = self._step_reward(record.verdict)
@@ -678,7 +686,14 @@ class PipelineEnv(AECEnv):
             return None, "(code execution is disabled in this environment)"
         sandbox = self._sandboxes.get(owner)
         if sandbox is None:
-            sandbox = await asyncio.to_thread(self._sandbox_factory, self.workdir)
+            self.workdir.mkdir(parents=True, exist_ok=True)  # agent code may have removed it
+            try:
+                sandbox = await asyncio.to_thread(self._sandbox_factory, self.workdir)
+            except Exception as exc:  # e.g. a closed pool: a tool failure, not a crash
+                logger.exception("making a sandbox failed")
+                error = ExecError("SandboxError", f"no sandbox could be made: {exc}")
+                result = ExecResult(error=error)
+                return result, result.render(output_chars)
             self._sandboxes[owner] = sandbox
         result = await sandbox.arun(code, timeout=timeout)
         return result, result.render(output_chars)

@@ -517,7 +517,7 @@ class JupyterSandbox:
             duration_s=time.monotonic() - started,
             truncated=stdout_cut or stderr_cut,
             restarted=restarted,
-            files_written=_changed_files(before, after),
+            files_written=tuple(utf8_safe(n) for n in _changed_files(before, after)),
         )
 
     def _start_failed(self, exc: SandboxError, notes: list[str], started: float) -> ExecResult:
