@@ -98,7 +98,9 @@ class RolloutRunner:
         self.seed = seed
         self.progress = progress
         self.keep_envs = keep_envs
-        self._policy_index: dict[int, int] = {}
+        # A policy's place in the system (agent order) salts its generation seeds; it does
+        # not depend on which policy happened to generate first in a run.
+        self._policy_index = {id(p): i for i, p in enumerate(system.unique_policies())}
         self._envs: list[PipelineEnv] = []
 
     def sampling_for(self, agent: str) -> SamplingParams:
@@ -289,7 +291,7 @@ class RolloutRunner:
             policy_id, params = key
             policy = policies[policy_id]
             if run_seed is not None and params.seed is None:
-                slot = self._policy_index.setdefault(policy_id, len(self._policy_index))
+                slot = self._policy_index[policy_id]
                 params = dataclasses.replace(params, seed=derive_seed(run_seed, tick, slot))
             batch = [requests[i].messages for i in members]
             try:
