@@ -88,6 +88,23 @@ def random_model_dir(shape: str, directory: Path) -> Path:
     return directory
 
 
+def profile_one_step(trainer, step: int, out: Path) -> str:
+    """Run ``step`` under torch.profiler; write and return the top-operator table."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        trainer.train(until=step)
+    sort_by = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort_by, row_limit=30)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"profile_step{step}.txt").write_text(table + "\n")
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="0.5b", help="0.5b, 1.5b, or a model directory / spec")
@@ -104,6 +121,12 @@ def main() -> None:
         help="train on responses cut by the length limit (default for random-weight shapes)",
     )
     parser.add_argument("--peak-tflops", type=float, default=796.0)
+    parser.add_argument(
+        "--profile-step",
+        type=int,
+        default=0,
+        help="run this step (1-based) under torch.profiler and write the top operators",
+    )
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     args = parser.parse_args()
 
@@ -145,6 +168,11 @@ def main() -> None:
         sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
     )
     setup_s = time.perf_counter() - started
+    if args.profile_step:
+        # Steps before the profiled one, the profiled one, then the rest (one schedule).
+        trainer.train(until=args.profile_step - 1)
+        profile_table = profile_one_step(trainer, args.profile_step, Path(args.out))
+        print(profile_table)
     history = trainer.train()
     rows = []
     for m in history:
