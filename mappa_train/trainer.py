@@ -52,7 +52,7 @@ from mappa_train.algorithms.reinforce_pp import (
     whiten,
 )
 from mappa_train.config import TrainConfig
-from mappa_train.logprobs import pack, response_logprobs
+from mappa_train.logprobs import move_to, pack, response_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -582,12 +582,11 @@ class Trainer:
                 cpu_mask = prep.mask[micro, :width]
                 # Copy everything this micro-batch needs before launching its forward pass:
                 # a blocking host-to-device copy in between would wait for the GPU queue.
-                batch = _to_device(
-                    pack([s.prompt_ids for s in rows], [s.response_ids for s in rows], pad_id),
-                    self.device,
-                )
+                batch = pack(
+                    [s.prompt_ids for s in rows], [s.response_ids for s in rows], pad_id
+                ).to(self.device)
                 old, adv, mask = (
-                    _move(t, self.device)
+                    move_to(t, self.device)
                     for t in (
                         prep.old_logprobs[micro, :width],
                         prep.advantages[micro, :width],
@@ -772,25 +771,6 @@ class Trainer:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         return path
-
-
-def _move(tensor: torch.Tensor, device: str) -> torch.Tensor:
-    """Copy to ``device`` without blocking the host (pinned staging on CUDA)."""
-    if device.startswith("cuda"):
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor.to(device)
-
-
-def _to_device(batch: Any, device: str) -> Any:
-    from mappa_train.logprobs import PackedBatch
-
-    return PackedBatch(
-        _move(batch.input_ids, device),
-        _move(batch.attention_mask, device),
-        _move(batch.response_mask, device),
-        _move(batch.response_ids, device),
-        batch.prompt_lengths,
-    )
 
 
 def _enable_checkpointing(model: Any) -> None:

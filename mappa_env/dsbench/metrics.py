@@ -847,11 +847,16 @@ def _prepare_truth(metric: Metric, series: pd.Series, column: str) -> np.ndarray
             raise _ScoringFailure(f"{description} has negative values; RMSLE is undefined")
         return truth
     if metric.input_type == "ranked_labels":
-        return np.array(
-            [" ".join(_canonical_token(t) for t in str(v).split()) for v in _texts(series)],
-            dtype=object,
-        )
+        return _ranked_texts(series)
     return _texts(series)
+
+
+def _ranked_texts(series: pd.Series) -> np.ndarray:
+    """Space-separated ranked labels, each label in its canonical form."""
+    return np.array(
+        [" ".join(_canonical_token(t) for t in str(v).split()) for v in _texts(series)],
+        dtype=object,
+    )
 
 
 def _canonical_token(token: str) -> str:
@@ -880,10 +885,7 @@ def _prepare_prediction(metric: Metric, series: pd.Series, column: str) -> np.nd
             )
         return values
     if metric.input_type == "ranked_labels":
-        return np.array(
-            [" ".join(_canonical_token(t) for t in str(v).split()) for v in _texts(series)],
-            dtype=object,
-        )
+        return _ranked_texts(series)
     return _texts(series)
 
 
