@@ -124,7 +124,13 @@ class TrainConfig:
     """Actions per optimizer step (per agent); a step's rollouts are used once (one epoch)."""
 
     micro_batch_size: int = 4
-    """Actions per forward/backward pass (gradient accumulation up to ``train_batch_size``)."""
+    """Actions per forward/backward pass (gradient accumulation up to ``train_batch_size``).
+    Actions of a mini-batch are grouped by length into micro-batches, so little of a
+    pass is spent on padding; the summed gradient does not depend on the grouping."""
+
+    rollout_batch_size: int = 64
+    """Largest number of prompts one agent's model generates at once during rollouts
+    (local models); prompts of similar length are batched together."""
 
     logprob_chunk_size: int = 1024
     """Response positions per output-head chunk when computing log-probs."""
@@ -144,7 +150,13 @@ class TrainConfig:
     """Recompute decoder activations in the backward pass to save memory."""
 
     dtype: str = "auto"
-    """Model dtype: ``auto`` (bf16 on CUDA, fp32 on CPU), ``bfloat16``, ``float32``."""
+    """Compute dtype: ``auto`` (bf16 on CUDA, fp32 on CPU), ``bfloat16``, ``float32``."""
+
+    mixed_precision: bool = True
+    """With a 16-bit ``dtype``: keep trainable weights, gradients and optimizer states in
+    float32 and run every forward pass (rollouts included) under autocast in ``dtype``.
+    Off, weights are stored in ``dtype`` itself: half the memory, but a bf16 weight has
+    8 bits of mantissa, so Adam steps at the paper's lr 1e-6 are mostly rounded away."""
 
     device: str = "auto"
     """Torch device (``auto``: CUDA when available)."""
@@ -198,6 +210,7 @@ class TrainConfig:
             "max_new_tokens",
             "train_batch_size",
             "micro_batch_size",
+            "rollout_batch_size",
         )
         for name in positive:
             if getattr(self, name) < 1:

@@ -22,6 +22,7 @@ the algorithm functions.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -156,6 +157,10 @@ class Trainer:
         probe.close()
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        half = self.dtype in (torch.bfloat16, torch.float16)
+        # Mixed precision: float32 master weights, 16-bit compute under autocast.
+        self.autocast_dtype = self.dtype if (half and config.mixed_precision) else None
+        self.param_dtype = torch.float32 if self.autocast_dtype is not None else self.dtype
         self.learners: dict[str, AgentLearner] = {}
         # The learning rate is a function of the rollout step (no scheduler state to save).
         self.lr_factor = warmup_cosine(config.steps, config.warmup_ratio)
@@ -166,11 +171,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup
 
-    def _load_model(self, source: str) -> Any:
+    def _load_model(self, source: str, dtype: torch.dtype) -> Any:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=self.dtype)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
         return model.to(self.device)
+
+    def _autocast(self) -> Any:
+        """Autocast to the compute dtype under mixed precision; a no-op otherwise."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(torch.device(self.device).type, dtype=self.autocast_dtype)
 
     def setup(self) -> None:
         """Load models (or resume from the latest complete checkpoint) and optimizers."""
@@ -189,16 +200,23 @@ class Trainer:
         for agent in self.agents if config.lora_rank == 0 else ():
             source = str(resolve_model(specs[agent]))
             weights = str(resume_from / "agents" / agent) if resume_from else source
-            model = self._load_model(weights)
+            # A checkpoint holds the float32 master weights: resume is exact.
+            model = self._load_model(weights, self.param_dtype)
             if config.gradient_checkpointing:
                 _enable_checkpointing(model)
             model.config.use_cache = True  # generation needs the cache; training ignores it
-            ref = self._load_model(source)  # the initial weights, frozen
+            ref = self._load_model(source, self.dtype)  # the initial weights, frozen
             ref.eval()
             ref.requires_grad_(False)
             tokenizer = AutoTokenizer.from_pretrained(source)
             optimizer = self._optimizer(model.parameters())
-            policy = HFPolicy(model, tokenizer, name=f"{agent}:{Path(source).name}")
+            policy = HFPolicy(
+                model,
+                tokenizer,
+                name=f"{agent}:{Path(source).name}",
+                max_batch_size=config.rollout_batch_size,
+                autocast_dtype=self.autocast_dtype,
+            )
             self.learners[agent] = AgentLearner(
                 agent, model, ref, tokenizer, optimizer, policy, source
             )
@@ -223,7 +241,12 @@ class Trainer:
     def _optimizer(self, params: Any) -> torch.optim.Optimizer:
         config = self.config
         return torch.optim.AdamW(
-            params, lr=config.lr, betas=tuple(config.adam_betas), weight_decay=config.weight_decay
+            params,
+            lr=config.lr,
+            betas=tuple(config.adam_betas),
+            weight_decay=config.weight_decay,
+            # One kernel for all parameters instead of a few per tensor.
+            fused=self.device.startswith("cuda"),
         )
 
     def _setup_lora(self, specs: dict[str, str], resume_from: Path | None) -> None:
@@ -241,7 +264,8 @@ class Trainer:
                 f"lora_rank > 0 shares one base model, but the system names {sorted(sources)}"
             )
         source = sources.pop()
-        base = self._load_model(source)
+        # The base is frozen: it stays in the compute dtype; peft keeps adapters float32.
+        base = self._load_model(source, self.dtype)
         if config.gradient_checkpointing:
             _enable_checkpointing(base)
         base.config.use_cache = True
@@ -261,7 +285,14 @@ class Trainer:
                 None,
                 tokenizer,
                 self._optimizer(adapter_parameters(model, agent)),
-                HFPolicy(model, tokenizer, adapter=agent, name=f"{agent}:lora"),
+                HFPolicy(
+                    model,
+                    tokenizer,
+                    adapter=agent,
+                    name=f"{agent}:lora",
+                    max_batch_size=config.rollout_batch_size,
+                    autocast_dtype=self.autocast_dtype,
+                ),
                 source,
                 adapter=agent,
             )
@@ -403,10 +434,11 @@ class Trainer:
         for learner in self.learners.values():
             for group in learner.optimizer.param_groups:
                 group["lr"] = lr
-        tokens_trained = 0
+        tokens_trained = response_tokens_trained = 0
         for agent, prep in prepared.items():
             stats = self._update(self.learners[agent], prep)
             tokens_trained += int(stats.pop("tokens", 0))
+            response_tokens_trained += int(stats.pop("response_tokens", 0))
             for key, value in stats.items():
                 metrics[f"{agent}/{key}"] = value
         _sync_device(self.device)
@@ -425,6 +457,7 @@ class Trainer:
                 "rollout/tokens_per_s": response_tokens / rollout_s if rollout_s > 0 else None,
                 "train/seconds": train_s,
                 "train/tokens": tokens_trained,
+                "train/response_tokens": response_tokens_trained,
                 "train/tokens_per_s": tokens_trained / train_s if train_s > 0 else None,
                 "train/logprob_seconds": logprob_s,
                 "train/update_seconds": train_s - logprob_s,
@@ -470,16 +503,19 @@ class Trainer:
         width = max(len(s.response_ids) for s in rows)
         out = torch.zeros((len(rows), width))
         step = self.config.micro_batch_size
-        for start in range(0, len(rows), step):
-            chunk = rows[start : start + step]
+        order = _by_length(rows, range(len(rows)))
+        for start in range(0, len(order), step):
+            indices = order[start : start + step]
+            chunk = [rows[i] for i in indices]
             batch = pack([s.prompt_ids for s in chunk], [s.response_ids for s in chunk], pad_id)
-            values = response_logprobs(
-                model,
-                batch.to(self.device),
-                chunk_size=self.config.logprob_chunk_size,
-                temperature=self.config.temperature,
-            ).cpu()
-            out[start : start + len(chunk), : values.shape[1]] = values
+            with self._autocast():
+                values = response_logprobs(
+                    model,
+                    batch.to(self.device),
+                    chunk_size=self.config.logprob_chunk_size,
+                    temperature=self.config.temperature,
+                ).cpu()
+            out[indices, : values.shape[1]] = values
         return out
 
     def _prepare(
@@ -570,9 +606,11 @@ class Trainer:
         order = np.random.default_rng(
             derive_seed(config.seed, "minibatch", self.step, learner.agent)
         ).permutation(len(prep.samples))
-        losses, clips, norms, tokens = [], [], [], 0
+        losses, clips, norms, tokens, response_tokens = [], [], [], 0, 0
         for start in range(0, len(order), config.train_batch_size):
-            members = [int(i) for i in order[start : start + config.train_batch_size]]
+            members = _by_length(
+                prep.samples, [int(i) for i in order[start : start + config.train_batch_size]]
+            )
             total = float(prep.mask[members].sum())
             learner.optimizer.zero_grad(set_to_none=True)
             for mstart in range(0, len(members), config.micro_batch_size):
@@ -593,12 +631,13 @@ class Trainer:
                         cpu_mask,
                     )
                 )
-                logp = response_logprobs(
-                    model,
-                    batch,
-                    chunk_size=config.logprob_chunk_size,
-                    temperature=config.temperature,
-                )
+                with self._autocast():
+                    logp = response_logprobs(
+                        model,
+                        batch,
+                        chunk_size=config.logprob_chunk_size,
+                        temperature=config.temperature,
+                    )
                 loss = ppo_clip_loss(logp, old, adv, mask, config.clip_eps, config.clip_eps_high)
                 if config.advantage_estimator != "reinforce_pp" and config.kl_coef:
                     ref = prep.ref_logprobs[micro, :width].to(self.device)
@@ -611,6 +650,7 @@ class Trainer:
                 losses.append(loss.detach() * weight)
                 clips.append(clip_fraction(logp, old, mask, config.clip_eps, config.clip_eps_high))
                 tokens += sum(len(s.prompt_ids) + len(s.response_ids) for s in rows)
+                response_tokens += sum(len(s.response_ids) for s in rows)
             trained = [p for group in learner.optimizer.param_groups for p in group["params"]]
             norms.append(torch.nn.utils.clip_grad_norm_(trained, config.grad_clip))
             learner.optimizer.step()
@@ -622,6 +662,7 @@ class Trainer:
                 "grad_norm": float(torch.stack(norms).float().mean()),
                 "optimizer_steps": float(len(norms)),
                 "tokens": float(tokens),
+                "response_tokens": float(response_tokens),
             }
         )
         return stats
@@ -781,6 +822,13 @@ def _enable_checkpointing(model: Any) -> None:
         )
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def _by_length(samples: Sequence[ActionSample], indices: Sequence[int]) -> list[int]:
+    """``indices`` ordered by prompt + response length, so micro-batches pad little."""
+    return sorted(
+        indices, key=lambda i: (len(samples[i].prompt_ids) + len(samples[i].response_ids), i)
+    )
 
 
 def _sync_device(device: str) -> None:

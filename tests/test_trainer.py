@@ -128,6 +128,52 @@ def test_gradient_checkpointing_trains(tmp_path):
     assert getattr(model, "is_activation_checkpointing", None) or model.is_gradient_checkpointing
 
 
+def _changed_share(trainer, initial):
+    model = trainer.learners["writer"].model
+    changed = total = 0
+    for name, param in model.named_parameters():
+        changed += int((param.detach().float() != initial[name]).sum())
+        total += param.numel()
+    return changed / total
+
+
+@pytest.mark.parametrize("mixed", [True, False])
+def test_bf16_training_keeps_float32_master_weights(tmp_path, mixed):
+    # At lr 1e-6 an Adam step is ~1e-6 per weight, far below a bf16 weight's rounding
+    # step (~1e-4 for weights near 0.02): stored in bf16, the update is lost.
+    model_dir = tiny_model_dir(tmp_path / "model")
+    config = _toy_config(
+        tmp_path, model_dir, steps=1, lr=1e-6, dtype="bfloat16", mixed_precision=mixed
+    )
+    trainer = Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
+    trainer.setup()
+    learner = trainer.learners["writer"]
+    expected = torch.float32 if mixed else torch.bfloat16
+    assert next(learner.model.parameters()).dtype == expected
+    assert next(learner.ref_model.parameters()).dtype == torch.bfloat16
+    assert learner.policy.autocast_dtype == (torch.bfloat16 if mixed else None)
+    assert learner.policy.max_batch_size == config.rollout_batch_size
+    initial = {n: p.detach().float().clone() for n, p in learner.model.named_parameters()}
+    (metrics,) = trainer.train()
+    assert metrics["writer/grad_norm"] > 0
+    share = _changed_share(trainer, initial)
+    if mixed:
+        assert share > 0.5, share
+    else:
+        assert share < 0.05, share
+
+
+def test_micro_batches_are_grouped_by_length():
+    from types import SimpleNamespace
+
+    from mappa_train.trainer import _by_length
+
+    lengths = [(3, 9), (1, 1), (5, 2), (2, 2)]
+    samples = [SimpleNamespace(prompt_ids=[1] * p, response_ids=[2] * r) for p, r in lengths]
+    assert _by_length(samples, [0, 1, 2, 3]) == [1, 3, 2, 0]
+    assert _by_length(samples, [2, 0]) == [2, 0]
+
+
 def _weights(directory):
     from safetensors.torch import load_file
 
