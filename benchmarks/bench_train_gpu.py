@@ -5,12 +5,20 @@ few steps and reads the trainer's own per-step timings. Models are either random
 weights at real shapes (``0.5b``, ``1.5b``: Qwen2-style, 151,936-token vocabulary) with a
 word-level tokenizer covering the whole vocabulary, or a real model directory.
 
-MFU counts model FLOPs only, with ``N`` the parameters without the input embedding (a
-lookup, not a matmul): ``6 N`` per trained token (forward + backward) plus ``2 N`` per
-token for each of the two no-grad log-prob passes (old policy, reference), against the
-bf16 peak given by ``--peak-tflops`` (796 measured on an H200). Random
-models never emit EOS, so every response runs to ``--max-new-tokens`` and is trained on
-(``mask_truncated=False``).
+MFU counts the matmul FLOPs the work needs, against the bf16 peak given by
+``--peak-tflops`` (796 measured on an H200). With ``B`` the decoder's parameters (no
+input embedding: a lookup) and ``H`` the output head's: a trained token costs
+``6 B``, plus ``6 H`` where its logit is needed; the two no-grad log-prob passes of a
+step (old policy, reference) cost a third of that each. The trainer needs logits on
+response tokens only; a plain language-model step computes them on every token.
+
+Side by side, in the same process and on the same GPU, the script times two naive
+baselines with a fresh bf16 model: a plain transformers training step (``model(...,
+labels=...)``, backward, AdamW) over the very rows the trainer trained on in its last
+step, and the same over dense random ``micro-batch x --dense-length`` batches.
+
+Random models never emit EOS, so every response runs to ``--max-new-tokens`` and is
+trained on (``mask_truncated=False``).
 
 Run:  python -m benchmarks.bench_train_gpu --shape 0.5b --steps 3
 """
@@ -18,13 +26,14 @@ Run:  python -m benchmarks.bench_train_gpu --shape 0.5b --steps 3
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks._common import print_table, write_results
 
 SHAPES = {
     "0.5b": {
@@ -105,6 +114,47 @@ def profile_one_step(trainer, step: int, out: Path) -> str:
     return table
 
 
+def naive_seconds(model_dir: str, batches: list[list], optimizer_every: int, repeats: int) -> float:
+    """Median seconds of plain transformers training over ``batches`` of id rows.
+
+    A bf16 model as loaded, ``model(input_ids, attention_mask, labels)`` (logits and
+    loss over every position), backward, and a default AdamW step after every
+    ``optimizer_every`` micro-batches. One untimed warm-up pass first.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda()
+    model.train()
+    model.config.use_cache = False
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    tensors = []
+    for rows in batches:
+        width = max(len(r) for r in rows)
+        ids = torch.zeros((len(rows), width), dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = torch.tensor(row)
+            mask[i, : len(row)] = 1
+        labels = ids.masked_fill(mask == 0, -100)
+        tensors.append((ids.cuda(), mask.cuda(), labels.cuda()))
+    times = []
+    for repeat in range(repeats + 1):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for index, (ids, mask, labels) in enumerate(tensors):
+            model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+            if (index + 1) % optimizer_every == 0 or index + 1 == len(tensors):
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        if repeat:
+            times.append(time.perf_counter() - started)
+    del model, optimizer, tensors
+    torch.cuda.empty_cache()
+    return statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="0.5b", help="0.5b, 1.5b, or a model directory / spec")
@@ -114,13 +164,21 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--train-batch", type=int, default=64)
+    parser.add_argument("--rollout-batch", type=int, default=64)
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument(
+        "--no-mixed-precision",
+        action="store_true",
+        help="store weights in bf16 (no float32 master weights)",
+    )
     parser.add_argument(
         "--train-truncated",
         action="store_true",
         help="train on responses cut by the length limit (default for random-weight shapes)",
     )
     parser.add_argument("--peak-tflops", type=float, default=796.0)
+    parser.add_argument("--dense-length", type=int, default=512)
+    parser.add_argument("--naive-repeats", type=int, default=3)
     parser.add_argument(
         "--profile-step",
         type=int,
@@ -132,12 +190,16 @@ def main() -> None:
 
     import torch
 
+    from mappa_agents.models import resolve_model
+    from mappa_agents.trajectory import load_jsonl
     from mappa_train.config import TrainConfig
     from mappa_train.trainer import Trainer
 
     work = Path(tempfile.mkdtemp(prefix="mappa-bench-"))
     system = (
-        str(random_model_dir(args.shape, work / "model")) if args.shape in SHAPES else args.shape
+        str(random_model_dir(args.shape, work / "model"))
+        if args.shape in SHAPES
+        else str(resolve_model(args.shape))
     )
     config = TrainConfig(
         env="MathChat-v0",
@@ -151,7 +213,9 @@ def main() -> None:
         mask_truncated=not (args.train_truncated or args.shape in SHAPES),
         train_batch_size=args.train_batch,
         micro_batch_size=args.micro_batch,
+        rollout_batch_size=args.rollout_batch,
         gradient_checkpointing=args.gradient_checkpointing,
+        mixed_precision=not args.no_mixed_precision,
         save_every=0,
         keep_checkpoints=1,
         tensorboard=False,
@@ -163,10 +227,10 @@ def main() -> None:
     trainer = Trainer(config)
     trainer.setup()
     model = next(iter(trainer.learners.values())).model
-    # The input embedding is a lookup, not a matmul: leave it out of the 6N count.
-    n_params = (
-        sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
-    )
+    head = model.get_output_embeddings().weight.numel()
+    # The input embedding is a lookup, not a matmul: it is not counted.
+    body = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
+    body -= head
     setup_s = time.perf_counter() - started
     if args.profile_step:
         # Steps before the profiled one, the profiled one, then the rest (one schedule).
@@ -174,12 +238,13 @@ def main() -> None:
         profile_table = profile_one_step(trainer, args.profile_step, Path(args.out))
         print(profile_table)
     history = trainer.train()
+    peak_memory = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+    peak = args.peak_tflops * 1e12
     rows = []
     for m in history:
-        tokens = m["train/tokens"]
-        flops_update = 6 * n_params * tokens
-        flops_logprob = 2 * 2 * n_params * tokens
-        peak = args.peak_tflops * 1e12
+        tokens, response_tokens = m["train/tokens"], m["train/response_tokens"]
+        flops_update = 6 * (body * tokens + head * response_tokens)
+        flops_logprob = 2 * flops_update / 3  # two no-grad passes
         rows.append(
             {
                 "step": m["step"],
@@ -187,6 +252,7 @@ def main() -> None:
                 "rollout_tok_s": round(m["rollout/tokens_per_s"]),
                 "train_s": round(m["train/seconds"], 2),
                 "train_tok_s": round(tokens / m["train/seconds"]),
+                "update_tok_s": round(tokens / m["train/update_seconds"]),
                 "mfu_train_phase": round(
                     (flops_update + flops_logprob) / m["train/seconds"] / peak, 4
                 ),
@@ -194,30 +260,103 @@ def main() -> None:
             }
         )
     steady = rows[1:] or rows
+    steady_median = {
+        key: statistics.median(r[key] for r in steady)
+        for key in (
+            "rollout_tok_s",
+            "train_tok_s",
+            "update_tok_s",
+            "mfu_train_phase",
+            "mfu_update_only",
+        )
+    }
+    last_step = history[-1]["step"] - 1
+    samples = load_jsonl(work / "run" / "rollouts" / f"step-{last_step:06d}.jsonl")
+    agents = list(trainer.agents)
+    trainer.close()
+    del trainer, model
+    torch.cuda.empty_cache()
+
+    # Naive baselines on the same GPU, in the same run.
+    naive = {}
+    if torch.cuda.is_available():
+        same_rows, trained_tokens = [], 0
+        for agent in agents:
+            mine = [s for s in samples if s.agent == agent and s.response_ids]
+            if config.mask_truncated:
+                mine = [s for s in mine if s.finish_reason != "length"]
+            rows_of_agent = [s.prompt_ids + s.response_ids for s in mine]
+            trained_tokens += sum(len(r) for r in rows_of_agent)
+            same_rows += [
+                rows_of_agent[i : i + args.micro_batch]
+                for i in range(0, len(rows_of_agent), args.micro_batch)
+            ]
+        per_step = max(1, args.train_batch // args.micro_batch)
+        seconds = naive_seconds(system, same_rows, per_step, args.naive_repeats)
+        naive["same_rows"] = {
+            "tokens": trained_tokens,
+            "seconds": round(seconds, 3),
+            "tok_s": round(trained_tokens / seconds),
+            "mfu": round(6 * (body + head) * trained_tokens / seconds / peak, 4),
+        }
+        generator = torch.Generator().manual_seed(0)
+        vocab = vocab_size(system)
+        shape = (args.micro_batch, args.dense_length)
+        dense = [torch.randint(vocab, shape, generator=generator).tolist() for _ in range(per_step)]
+        dense_tokens = per_step * args.micro_batch * args.dense_length
+        seconds = naive_seconds(system, dense, per_step, args.naive_repeats)
+        naive["dense"] = {
+            "tokens": dense_tokens,
+            "seconds": round(seconds, 3),
+            "tok_s": round(dense_tokens / seconds),
+            "mfu": round(6 * (body + head) * dense_tokens / seconds / peak, 4),
+        }
     summary = {
         "shape": args.shape,
-        "params_per_agent": n_params,
-        "agents": len(trainer.agents),
+        "decoder_params": body,
+        "head_params": head,
+        "agents": len(agents),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "setup_s": setup_s,
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "steps": rows,
-        "steady_median": {
-            key: statistics.median(r[key] for r in steady)
-            for key in ("rollout_tok_s", "train_tok_s", "mfu_train_phase", "mfu_update_only")
-        },
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30
-        if torch.cuda.is_available()
-        else None,
+        "steady_median": steady_median,
+        "naive": naive,
+        "peak_memory_gib": peak_memory,
     }
     # Model copies, optimizer states and the final checkpoint take gigabytes per run.
     shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps(summary, indent=2))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"train_gpu_{Path(args.shape).name}.json").write_text(
-        json.dumps(summary, indent=2) + "\n"
-    )
+    table = [
+        {
+            "measure": "trainer update (ours)",
+            "tokens/s": steady_median["update_tok_s"],
+            "MFU": steady_median["mfu_update_only"],
+        },
+        {
+            "measure": "trainer step with its 2 log-prob passes",
+            "tokens/s": steady_median["train_tok_s"],
+            "MFU": steady_median["mfu_train_phase"],
+        },
+    ]
+    for name, values in naive.items():
+        table.append(
+            {
+                "measure": f"naive HF step, {name.replace('_', ' ')}",
+                "tokens/s": values["tok_s"],
+                "MFU": values["mfu"],
+            }
+        )
+    print(f"rollout: {steady_median['rollout_tok_s']} tok/s")
+    print_table(table, title=f"training, {args.shape}")
+    name = Path(args.shape).name + ("-bf16-weights" if args.no_mixed_precision else "")
+    write_results(f"train_gpu_{name}", summary, Path(args.out))
+
+
+def vocab_size(model_dir: str) -> int:
+    """The vocabulary size in a model directory's config."""
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(model_dir).vocab_size)
 
 
 if __name__ == "__main__":
