@@ -3,8 +3,9 @@
 A causal LM's logits for a batch are ``[B, L, V]``: for a 50k vocabulary and long
 responses, materialising them in float32 dominates training memory. Here the decoder
 runs once, and the output head plus log-softmax run over chunks of response positions
-only, each chunk under activation checkpointing, so at most ``chunk_size x V`` float32
-logits exist at any time, in the forward and in the backward pass.
+only, each chunk under activation checkpointing (by default), so at most
+``chunk_size x V`` float32 logits exist at any time, in the forward and in the backward
+pass.
 """
 
 from __future__ import annotations
@@ -86,11 +87,17 @@ def _chunk_logprobs(
     hidden: Tensor, head_weight: Tensor, head_bias: Tensor | None, targets: Tensor
 ) -> Tensor:
     logits = torch.nn.functional.linear(hidden, head_weight, head_bias).float()
-    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    # log p(y) = -cross_entropy: one fused log-softmax pass over the vocabulary, where
+    # logsumexp plus a gather makes several (this is most of the head's time on a GPU).
+    return -torch.nn.functional.cross_entropy(logits, targets, reduction="none")
 
 
 def response_logprobs(
-    model: Any, batch: PackedBatch, chunk_size: int = 1024, temperature: float = 1.0
+    model: Any,
+    batch: PackedBatch,
+    chunk_size: int = 1024,
+    temperature: float = 1.0,
+    recompute_logits: bool = True,
 ) -> Tensor:
     """Log-probs of each response token under ``model``: ``[B, T]`` (0 on padding).
 
@@ -102,6 +109,9 @@ def response_logprobs(
         batch: Packed prompt + response rows.
         chunk_size: Response positions per output-head chunk.
         temperature: Divide logits by this before the log-softmax (1.0 = the model).
+        recompute_logits: With grad enabled, recompute each chunk's logits in the
+            backward pass instead of keeping its float32 log-softmax (4 bytes x
+            vocabulary per response token) until then.
 
     Returns:
         ``[B, T]`` float32 log-probs; gradients flow when called with grad enabled.
@@ -127,7 +137,7 @@ def response_logprobs(
     for start in range(0, flat_hidden.shape[0], chunk_size):
         h = flat_hidden[start : start + chunk_size]
         y = flat_targets[start : start + chunk_size]
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and recompute_logits:
             pieces.append(checkpoint(_chunk_logprobs, h, weight, bias, y, use_reentrant=False))
         else:
             pieces.append(_chunk_logprobs(h, weight, bias, y))

@@ -637,6 +637,7 @@ class Trainer:
                         batch,
                         chunk_size=config.logprob_chunk_size,
                         temperature=config.temperature,
+                        recompute_logits=config.recompute_logits,
                     )
                 loss = ppo_clip_loss(logp, old, adv, mask, config.clip_eps, config.clip_eps_high)
                 if config.advantage_estimator != "reinforce_pp" and config.kl_coef:

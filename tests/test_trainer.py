@@ -47,10 +47,18 @@ def test_chunked_logprobs_match_a_full_forward_pass():
         with torch.no_grad():
             got = response_logprobs(model, batch, chunk_size=chunk)
         assert torch.allclose(got, expected, atol=1e-5)
-    got = response_logprobs(model, batch, chunk_size=2)  # with grad + checkpointed chunks
-    got.sum().backward()
-    assert model.lm_head.weight.grad is not None
-    assert model.lm_head.weight.grad.abs().sum() > 0
+    grads = []
+    for recompute in (True, False):
+        model.zero_grad(set_to_none=True)
+        got = response_logprobs(model, batch, chunk_size=2, recompute_logits=recompute)
+        assert torch.allclose(got, expected, atol=1e-5)
+        got.sum().backward()
+        grads.append(model.lm_head.weight.grad.clone())
+    assert grads[0].abs().sum() > 0
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+    model.zero_grad(set_to_none=True)
+    full_forward_logprobs(model, batch).sum().backward()
+    assert torch.allclose(grads[0], model.lm_head.weight.grad, atol=1e-5)
 
 
 def test_warmup_cosine_schedule():
