@@ -118,14 +118,15 @@ def response_logprobs(
     """
     decoder = model.get_decoder()
     head = model.get_output_embeddings()
+    # No KV cache: nothing generates from this pass, and building one costs memory.
     hidden = decoder(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
     ).last_hidden_state
     rows, resp_width = batch.response_ids.shape
-    index = torch.zeros((rows, resp_width), dtype=torch.long, device=hidden.device)
-    for i, start in enumerate(batch.prompt_lengths):
-        positions = torch.arange(start - 1, start - 1 + resp_width, device=hidden.device)
-        index[i] = positions.clamp(max=hidden.shape[1] - 1)
+    # Through pinned memory: a plain copy to the GPU would wait for its queue.
+    starts = move_to(torch.tensor(batch.prompt_lengths) - 1, hidden.device)
+    offsets = torch.arange(resp_width, device=hidden.device)
+    index = (starts[:, None] + offsets[None, :]).clamp(max=hidden.shape[1] - 1)
     selected = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
     flat_hidden = selected.reshape(-1, hidden.shape[-1])
     flat_targets = batch.response_ids.reshape(-1).to(hidden.device)

@@ -655,6 +655,9 @@ class Trainer:
             trained = [p for group in learner.optimizer.param_groups for p in group["params"]]
             norms.append(torch.nn.utils.clip_grad_norm_(trained, config.grad_clip))
             learner.optimizer.step()
+        # Gradients are not needed until this agent's next update: free them for the
+        # other agents' updates and the rollouts (4 bytes per weight in float32).
+        learner.optimizer.zero_grad(set_to_none=True)
         model.eval()
         stats.update(
             {

@@ -164,6 +164,8 @@ def test_bf16_training_keeps_float32_master_weights(tmp_path, mixed):
     initial = {n: p.detach().float().clone() for n, p in learner.model.named_parameters()}
     (metrics,) = trainer.train()
     assert metrics["writer/grad_norm"] > 0
+    # Gradients are released after the update, not held until the next step.
+    assert all(p.grad is None for p in learner.model.parameters())
     share = _changed_share(trainer, initial)
     if mixed:
         assert share > 0.5, share
