@@ -54,6 +54,7 @@ from mappa_train.algorithms.reinforce_pp import (
 )
 from mappa_train.config import TrainConfig
 from mappa_train.logprobs import move_to, pack, response_logprobs
+from mappa_train.memory import check_fits, count_parameters, static_memory_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -195,6 +196,9 @@ class Trainer:
         np.random.seed(config.seed % (2**32))
         specs = parse_system_spec(config.system, self.agents)
         resume_from = ckpt.latest_checkpoint(self.checkpoint_root)
+        if self.device.startswith("cuda"):
+            free, _ = torch.cuda.mem_get_info(torch.device(self.device))
+            self.check_memory([str(resolve_model(specs[a])) for a in self.agents], free)
         if config.lora_rank > 0:
             self._setup_lora(specs, resume_from)
         for agent in self.agents if config.lora_rank == 0 else ():
@@ -247,6 +251,34 @@ class Trainer:
             weight_decay=config.weight_decay,
             # One kernel for all parameters instead of a few per tensor.
             fused=self.device.startswith("cuda"),
+        )
+
+    def check_memory(self, sources: Sequence[str], available: int) -> str | None:
+        """Warn when weights, optimizer states and references would fill most of memory.
+
+        Args:
+            sources: Each agent's model directory or id (counted without loading).
+            available: Free device memory in bytes.
+
+        Returns:
+            The warning text (also logged), or ``None`` when the run looks like it fits.
+            See :func:`mappa_train.memory.static_memory_bytes` for the estimate.
+        """
+        counts: dict[str, int] = {}
+        for source in sources:
+            if source not in counts:
+                counts[source] = count_parameters(source)
+        estimate = static_memory_bytes(
+            [counts[s] for s in sources],
+            weight_bytes=torch.finfo(self.param_dtype).bits // 8,
+            reference_bytes=torch.finfo(self.dtype).bits // 8,
+            shared_base=self.config.lora_rank > 0,
+        )
+        return check_fits(
+            estimate,
+            available,
+            lora=self.config.lora_rank > 0,
+            mixed_precision=self.autocast_dtype is not None,
         )
 
     def _setup_lora(self, specs: dict[str, str], resume_from: Path | None) -> None:

@@ -1,0 +1,67 @@
+"""The static memory estimate that warns before a run that cannot fit is loaded."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from mappa_train.memory import GIB, check_fits, static_memory_bytes
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+
+def test_static_memory_by_hand():
+    # Three agents of 1e9 parameters, float32 weights, bf16 references:
+    # 3 x (3 x 4 + 2) x 1e9 + 4 x 1e9 (one agent's gradients) = 46e9 bytes.
+    assert static_memory_bytes([10**9] * 3, weight_bytes=4, reference_bytes=2) == 46 * 10**9
+    # bf16 weights: 3 x (3 x 2 + 2) x 1e9 + 2e9.
+    assert static_memory_bytes([10**9] * 3, weight_bytes=2, reference_bytes=2) == 26 * 10**9
+    # Different sizes: gradients of the largest only.
+    assert static_memory_bytes([1, 3], weight_bytes=4, reference_bytes=2) == 14 * 4 + 12
+    # LoRA on one shared base: the base in the compute dtype.
+    assert static_memory_bytes(
+        [10**9] * 3, weight_bytes=4, reference_bytes=2, shared_base=True
+    ) == (2 * 10**9)
+    assert static_memory_bytes([], weight_bytes=4, reference_bytes=2) == 0
+
+
+def test_check_fits_names_what_to_change(caplog):
+    assert check_fits(10 * GIB, 80 * GIB, lora=False, mixed_precision=True) is None
+    with caplog.at_level(logging.WARNING, logger="mappa_train.memory"):
+        text = check_fits(90 * GIB, 80 * GIB, lora=False, mixed_precision=True)
+    assert "90.0 GiB" in text
+    assert "lora_rank" in text
+    assert "mixed_precision=False" in text
+    assert text in caplog.text
+    lora_text = check_fits(90 * GIB, 80 * GIB, lora=True, mixed_precision=False)
+    assert "lora_rank" not in lora_text
+    assert "mixed_precision" not in lora_text
+
+
+def test_trainer_counts_real_parameters_without_loading(tmp_path):
+    from mappa_train.config import TrainConfig
+    from mappa_train.memory import count_parameters
+    from mappa_train.trainer import Trainer
+    from tests.tiny_models import tiny_model_dir
+    from tests.toy_env import LetterEnv
+
+    model_dir = str(tiny_model_dir(tmp_path / "model"))
+    from transformers import AutoModelForCausalLM
+
+    real = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
+    assert count_parameters(model_dir) == real
+    config = TrainConfig(
+        env="Letter-v0",
+        system=model_dir,
+        dtype="bfloat16",
+        output_dir=str(tmp_path / "run"),
+        progress=False,
+        tensorboard=False,
+    )
+    trainer = Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
+    needed = static_memory_bytes([real], weight_bytes=4, reference_bytes=2)
+    assert trainer.check_memory([model_dir], available=10 * needed) is None
+    warning = trainer.check_memory([model_dir], available=needed)
+    assert f"{needed / GIB:.1f} GiB" in warning
