@@ -449,6 +449,30 @@ class Trainer:
         rollout_s = time.perf_counter() - started
         samples = [a for e in episodes for a in e.actions]
         save_jsonl(self.out / "rollouts" / f"step-{self.step:06d}.jsonl", samples)
+        metrics = self.learn(episodes)
+        response_tokens = metrics["rollout/response_tokens"]
+        metrics["rollout/seconds"] = rollout_s
+        metrics["rollout/tokens_per_s"] = response_tokens / rollout_s if rollout_s > 0 else None
+        self.step += 1
+        return metrics
+
+    def learn(self, episodes: Sequence[EpisodeResult]) -> dict[str, Any]:
+        """Update every agent once on ``episodes``; returns the step's metrics.
+
+        Credit, old and reference log-probs, advantages, then one PPO-clipped pass per
+        agent, at the learning rate of the current step (``step`` is not advanced:
+        :meth:`train_step` does that). Episodes made elsewhere train the same way, as
+        long as their actions carry the exact prompt and response ids of the agents'
+        tokenizers: a rollout engine outside this process, or a saved run's
+        trajectories.
+
+        Args:
+            episodes: Finished episodes of this trainer's environment.
+
+        Returns:
+            Metrics: per-agent statistics, rewards, success rate and timings.
+        """
+        samples = [a for e in episodes for a in e.actions]
         rewards = self._action_rewards(episodes)
 
         train_started = time.perf_counter()
@@ -475,7 +499,6 @@ class Trainer:
                 metrics[f"{agent}/{key}"] = value
         _sync_device(self.device)
         train_s = time.perf_counter() - train_started
-        response_tokens = sum(len(s.response_ids) for s in samples)
         report = summarize(episodes)
         valid_rewards = [r for r in rewards.values() if r is not None]
         metrics.update(
@@ -484,9 +507,7 @@ class Trainer:
                 "rollout/success_rate": report["success_rate"],
                 "rollout/mean_reward": float(np.mean(valid_rewards)) if valid_rewards else None,
                 "rollout/invalid_coach_rate": report["invalid_coach_rate"],
-                "rollout/seconds": rollout_s,
-                "rollout/response_tokens": response_tokens,
-                "rollout/tokens_per_s": response_tokens / rollout_s if rollout_s > 0 else None,
+                "rollout/response_tokens": sum(len(s.response_ids) for s in samples),
                 "train/seconds": train_s,
                 "train/tokens": tokens_trained,
                 "train/response_tokens": response_tokens_trained,
@@ -499,7 +520,6 @@ class Trainer:
         for agent, stats in report["per_agent"].items():
             metrics[f"{agent}/tool_call_rate"] = stats["tool_call_rate"]
             metrics[f"{agent}/mean_response_tokens"] = stats["mean_response_tokens"]
-        self.step += 1
         return metrics
 
     # ------------------------------------------------------------------ pieces of a step
