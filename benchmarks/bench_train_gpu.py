@@ -5,12 +5,13 @@ few steps and reads the trainer's own per-step timings. Models are either random
 weights at real shapes (``0.5b``, ``1.5b``: Qwen2-style, 151,936-token vocabulary) with a
 word-level tokenizer covering the whole vocabulary, or a real model directory.
 
-MFU counts the matmul FLOPs the work needs, against the bf16 peak given by
-``--peak-tflops`` (796 measured on an H200). With ``B`` the decoder's parameters (no
-input embedding: a lookup) and ``H`` the output head's: a trained token costs
-``6 B``, plus ``6 H`` where its logit is needed; the two no-grad log-prob passes of a
-step (old policy, reference) cost a third of that each. The trainer needs logits on
-response tokens only; a plain language-model step computes them on every token.
+MFU is against the bf16 peak given by ``--peak-tflops`` (796 measured on an H200), with
+``B`` the decoder's matmul parameters (the input embedding is a lookup) and ``H`` the
+output head's. The usual count, also used for the naive baselines, is ``6 (B + H)``
+FLOPs per trained token. The trainer needs logits on response tokens only, so
+``mfu_update_needed_flops`` counts ``6 B`` per token plus ``6 H`` per response token.
+The training-phase MFU adds the step's two no-grad log-prob passes (old policy,
+reference) at a third of the usual count each.
 
 Side by side, in the same process and on the same GPU, the script times two naive
 baselines with a fresh bf16 model: a plain transformers training step (``model(...,
@@ -129,6 +130,19 @@ def profile_one_step(trainer, step: int, out: Path) -> str:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"profile_step{step}.txt").write_text(table + "\n")
     return table
+
+
+def parameter_counts(model) -> tuple[int, int]:
+    """(matmul parameters of the decoder, parameters of the output head).
+
+    The input embedding is a lookup, not a matmul, so it is not counted; a head tied to
+    the embedding (SmolLM2) is one tensor, listed once by ``parameters()``.
+    """
+    head = model.get_output_embeddings().weight
+    embedding = model.get_input_embeddings().weight
+    total = sum(p.numel() for p in model.parameters())
+    tied = head is embedding
+    return total - embedding.numel() - (0 if tied else head.numel()), head.numel()
 
 
 def naive_seconds(model_dir: str, batches: list[list], optimizer_every: int, repeats: int) -> float:
@@ -279,10 +293,7 @@ def main() -> None:
     trainer.save = lambda: None
     trainer.setup()
     model = next(iter(trainer.learners.values())).model
-    head = model.get_output_embeddings().weight.numel()
-    # The input embedding is a lookup, not a matmul: it is not counted.
-    body = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
-    body -= head
+    body, head = parameter_counts(model)
     setup_s = time.perf_counter() - started
     if args.profile_step:
         # Steps before the profiled one, the profiled one, then the rest (one schedule).

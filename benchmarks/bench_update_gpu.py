@@ -8,10 +8,10 @@ precision, recomputation and batch settings. A plain transformers training step 
 same rows runs last, in the same process (see ``bench_train_gpu`` for how MFU is
 counted).
 
-Variants: ``fp32-master`` (float32 weights, bf16 autocast, logits kept),
-``bf16-weights`` (weights stored in bf16), ``recompute`` (fp32-master, head logits
-recomputed in the backward pass), ``checkpointing`` (fp32-master with activation
-checkpointing).
+Variants: ``fp32-master`` (bf16 model, float32 master weights in the optimizer, head
+logits kept for the backward pass), ``bf16-weights`` (Adam on the bf16 weights alone),
+``recompute`` (fp32-master, head logits recomputed in the backward pass),
+``checkpointing`` (fp32-master with activation checkpointing).
 
 Run:  python -m benchmarks.bench_update_gpu --shape 1.5b --variants fp32-master,bf16-weights
 """
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import print_table, write_results
-from benchmarks.bench_train_gpu import SHAPES, naive_result, random_model_dir
+from benchmarks.bench_train_gpu import SHAPES, naive_result, parameter_counts, random_model_dir
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "fp32-master": {"mixed_precision": True, "recompute_logits": False},
@@ -59,14 +59,6 @@ def free(trainer: Any) -> None:
         print("warning: a trainer's models are still referenced")
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-
-
-def parameter_counts(trainer: Any) -> tuple[int, int]:
-    """(decoder parameters without the input embedding, output-head parameters)."""
-    model = next(iter(trainer.learners.values())).model
-    head = model.get_output_embeddings().weight.numel()
-    total = sum(p.numel() for p in model.parameters())
-    return total - model.get_input_embeddings().weight.numel() - head, head
 
 
 def profile_learn(trainer: Any, episodes: list, path: Path) -> None:
@@ -151,7 +143,7 @@ def main() -> None:
     started = time.perf_counter()
     episodes = trainer.rollout(0)
     rollout_s = time.perf_counter() - started
-    body, head = parameter_counts(trainer)
+    body, head = parameter_counts(next(iter(trainer.learners.values())).model)
     agents = list(trainer.agents)
     free(trainer)
     del trainer

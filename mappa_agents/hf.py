@@ -8,7 +8,6 @@ text. torch and transformers are imported when a policy is built, not on import.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -152,9 +151,6 @@ class HFPolicy:
             bigger batches are split (prompts of similar length are grouped).
         adapter: Name of the LoRA adapter of a peft model to generate with; it is made
             active for each call (see :mod:`mappa_agents.lora`: agents sharing one base).
-        autocast_dtype: Generate under ``torch.autocast`` in this dtype, e.g. bfloat16
-            for float32 weights that a trainer keeps in full precision (``None``: run in
-            the weights' own dtype).
         **model_kwargs: Passed to ``AutoModelForCausalLM.from_pretrained`` (e.g.
             ``attn_implementation``, ``trust_remote_code``).
 
@@ -185,7 +181,6 @@ class HFPolicy:
         chat_template_kwargs: Mapping[str, Any] | None = None,
         max_batch_size: int = 16,
         adapter: str | None = None,
-        autocast_dtype: Any = None,
         **model_kwargs: Any,
     ) -> None:
         torch = _torch()
@@ -224,9 +219,6 @@ class HFPolicy:
         first_weight = next(self.model.parameters())
         self.device = str(first_weight.device)
         self.dtype = first_weight.dtype
-        self.autocast_dtype = (
-            None if autocast_dtype is None else resolve_dtype(autocast_dtype, self.device)
-        )
         self.model.eval()
 
         if isinstance(tokenizer, (str, Path)):
@@ -368,13 +360,8 @@ class HFPolicy:
             eos_token_id=self.eos_token_ids, pad_token_id=self.pad_token_id
         )
         started = time.perf_counter()
-        autocast = (
-            torch.autocast(self.model.device.type, dtype=self.autocast_dtype)
-            if self.autocast_dtype is not None
-            else contextlib.nullcontext()
-        )
         try:
-            with torch.inference_mode(), autocast:
+            with torch.inference_mode():
                 output = self.model.generate(
                     input_ids=input_ids.to(self.model.device),
                     attention_mask=attention_mask.to(self.model.device),

@@ -141,9 +141,13 @@ def load_optimizer_states(path: Path, learners: Mapping[str, Any]) -> None:
     """Restore the optimizer state of every learner and the RNG from checkpoint ``path``."""
     for agent, learner in learners.items():
         agent_dir = path / "agents" / agent
-        learner.optimizer.load_state_dict(
-            torch.load(agent_dir / "optimizer.pt", map_location="cpu", weights_only=False)
-        )
+        state = torch.load(agent_dir / "optimizer.pt", map_location="cpu", weights_only=False)
+        if "master" in state and not hasattr(learner.optimizer, "accumulate_grads"):
+            raise ValueError(
+                f"{path} holds float32 master weights (saved with mixed_precision=True in "
+                "bf16): resume with the same setting"
+            )
+        learner.optimizer.load_state_dict(state)
     set_rng_state(torch.load(path / "rng.pt", weights_only=False))
 
 

@@ -155,13 +155,16 @@ class TrainConfig:
     """Recompute decoder activations in the backward pass to save memory."""
 
     dtype: str = "auto"
-    """Compute dtype: ``auto`` (bf16 on CUDA, fp32 on CPU), ``bfloat16``, ``float32``."""
+    """Model dtype: ``auto`` (bf16 on CUDA, fp32 on CPU), ``bfloat16`` or ``float32``
+    (``float16`` is refused: it needs loss scaling, which the trainer does not do)."""
 
     mixed_precision: bool = True
-    """With a 16-bit ``dtype``: keep trainable weights, gradients and optimizer states in
-    float32 and run every forward pass (rollouts included) under autocast in ``dtype``.
-    Off, weights are stored in ``dtype`` itself: half the memory, but a bf16 weight has
-    8 bits of mantissa, so Adam steps at the paper's lr 1e-6 are mostly rounded away."""
+    """With bf16 models and full fine-tuning: the optimizer keeps float32 master weights,
+    gradients and Adam states, and rounds the masters into the bf16 model after each
+    step (forward and backward passes, rollouts and the reference stay pure bf16). Off,
+    Adam updates the bf16 weights in place: 8 bytes per parameter less per agent, but a
+    bf16 weight has 8 bits of mantissa, so steps at the paper's lr 1e-6 are mostly
+    rounded away. No effect with LoRA (peft keeps adapters in float32) or float32."""
 
     device: str = "auto"
     """Torch device (``auto``: CUDA when available)."""
@@ -180,7 +183,9 @@ class TrainConfig:
     """Write a checkpoint every this many steps (0: only at the end)."""
 
     keep_checkpoints: int = 2
-    """Complete checkpoints kept on disk (older ones are removed)."""
+    """Complete checkpoints kept on disk (older ones are removed). Each holds every
+    agent's weights and optimizer: 14 bytes per parameter per agent with bf16 master
+    weights (2 weights + 4 master + 8 Adam), 6 in bf16 without, 12 in float32."""
 
     output_dir: str = "runs/train"
     """Where metrics, checkpoints and plots go."""

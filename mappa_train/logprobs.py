@@ -143,4 +143,5 @@ def response_logprobs(
         else:
             pieces.append(_chunk_logprobs(h, weight, bias, y))
     logprobs = torch.cat(pieces).reshape(rows, resp_width)
-    return logprobs * batch.response_mask.to(logprobs.device)
+    # where, not a product: an inf on a padded position would turn into NaN.
+    return torch.where(batch.response_mask.to(logprobs.device) > 0, logprobs, 0.0)

@@ -19,25 +19,25 @@ def static_memory_bytes(
     params_per_agent: Sequence[int],
     *,
     weight_bytes: int,
-    reference_bytes: int,
+    master_weights: bool = False,
     shared_base: bool = False,
 ) -> int:
     """Bytes that stay on the device for a whole run: weights, optimizer, references.
 
-    Full fine-tuning, per agent with ``N_a`` parameters: trainable weights ``w N_a``,
-    Adam's two states ``2 w N_a`` (torch keeps them in the weights' dtype) and a frozen
-    reference ``r N_a``; gradients ``w N_a`` of one agent at a time (each agent's are
-    freed after its update)::
+    Full fine-tuning, per agent with ``N_a`` parameters in ``w`` bytes each: the weights
+    ``w N_a``, a frozen reference ``w N_a``, Adam's two states (float32 with master
+    weights, else in the weights' dtype) and, with master weights, a float32 copy;
+    gradients of one agent at a time (each agent's are freed after its update)::
 
-        sum_a (3 w + r) N_a  +  w max_a N_a
+        sum_a (2 w + 2 s + m) N_a  +  (w + m) max_a N_a,   s = 4 if m else w, m = 4 or 0
 
-    With LoRA on a shared base: the frozen base, ``r N``; the adapters are left out
+    With LoRA on a shared base: the frozen base, ``w N``; the adapters are left out
     (well under 1% of the base at the usual ranks).
 
     Args:
         params_per_agent: Parameter count of each agent's model.
-        weight_bytes: Bytes per trainable weight (4 under mixed precision, else 2).
-        reference_bytes: Bytes per weight in the compute dtype (frozen copies).
+        weight_bytes: Bytes per weight of the models (2 for bf16, 4 for float32).
+        master_weights: The optimizer keeps float32 master weights (mixed precision).
         shared_base: Agents train LoRA adapters on one shared frozen base.
 
     Returns:
@@ -46,9 +46,11 @@ def static_memory_bytes(
     if not params_per_agent:
         return 0
     if shared_base:
-        return reference_bytes * max(params_per_agent)
-    total = sum((3 * weight_bytes + reference_bytes) * n for n in params_per_agent)
-    return total + weight_bytes * max(params_per_agent)
+        return weight_bytes * max(params_per_agent)
+    master = 4 if master_weights else 0
+    state = 4 if master_weights else weight_bytes
+    total = sum((2 * weight_bytes + 2 * state + master) * n for n in params_per_agent)
+    return total + (weight_bytes + master) * max(params_per_agent)
 
 
 def count_parameters(source: str) -> int:
@@ -62,8 +64,14 @@ def count_parameters(source: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def check_fits(estimate: int, available: int, *, lora: bool, mixed_precision: bool) -> str | None:
+def check_fits(estimate: int, available: int, *, lora: bool, master_weights: bool) -> str | None:
     """A warning when the static estimate leaves under 15% of ``available`` for the rest.
+
+    Args:
+        estimate: Bytes from :func:`static_memory_bytes`.
+        available: Free device memory in bytes.
+        lora: The run trains LoRA adapters (the advice then leaves LoRA out).
+        master_weights: The run keeps float32 master weights.
 
     Returns:
         The warning text (also logged), or ``None`` when the run looks like it fits.
@@ -72,10 +80,10 @@ def check_fits(estimate: int, available: int, *, lora: bool, mixed_precision: bo
         return None
     advice = [
         "set gradient_checkpointing=True and a smaller micro_batch_size",
-        "train LoRA adapters on one shared base (lora_rank=16)" if not lora else "",
-        "store weights in 16 bits (mixed_precision=False; only with learning rates "
-        "well above 1e-4, since smaller Adam steps are rounded away)"
-        if mixed_precision
+        "" if lora else "train LoRA adapters on one shared base (lora_rank=16)",
+        "drop the float32 master weights (mixed_precision=False; only with learning rates "
+        "well above 1e-4, since smaller Adam steps are rounded away in bf16)"
+        if master_weights
         else "",
         "use a smaller model for some agents, or a device with more memory",
     ]

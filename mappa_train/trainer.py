@@ -22,7 +22,6 @@ the algorithm functions.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -55,6 +54,7 @@ from mappa_train.algorithms.reinforce_pp import (
 from mappa_train.config import TrainConfig
 from mappa_train.logprobs import move_to, pack, response_logprobs
 from mappa_train.memory import check_fits, count_parameters, static_memory_bytes
+from mappa_train.precision import MasterWeightAdamW
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class AgentLearner:
     model: Any
     ref_model: Any
     tokenizer: Any
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer | MasterWeightAdamW
     policy: Any
     source: str
     adapter: str | None = None
@@ -158,10 +158,16 @@ class Trainer:
         probe.close()
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        half = self.dtype in (torch.bfloat16, torch.float16)
-        # Mixed precision: float32 master weights, 16-bit compute under autocast.
-        self.autocast_dtype = self.dtype if (half and config.mixed_precision) else None
-        self.param_dtype = torch.float32 if self.autocast_dtype is not None else self.dtype
+        if self.dtype == torch.float16:
+            raise ValueError(
+                "dtype float16 needs loss scaling, which this trainer does not do: "
+                "use bfloat16 (or float32)"
+            )
+        # Full fine-tuning in bf16 keeps float32 master weights in the optimizer; LoRA
+        # adapters are float32 already (peft), over a frozen bf16 base.
+        self.master_weights = (
+            config.mixed_precision and self.dtype == torch.bfloat16 and config.lora_rank == 0
+        )
         self.learners: dict[str, AgentLearner] = {}
         # The learning rate is a function of the rollout step (no scheduler state to save).
         self.lr_factor = warmup_cosine(config.steps, config.warmup_ratio)
@@ -177,12 +183,6 @@ class Trainer:
 
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
         return model.to(self.device)
-
-    def _autocast(self) -> Any:
-        """Autocast to the compute dtype under mixed precision; a no-op otherwise."""
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(torch.device(self.device).type, dtype=self.autocast_dtype)
 
     def setup(self) -> None:
         """Load models (or resume from the latest complete checkpoint) and optimizers."""
@@ -204,8 +204,8 @@ class Trainer:
         for agent in self.agents if config.lora_rank == 0 else ():
             source = str(resolve_model(specs[agent]))
             weights = str(resume_from / "agents" / agent) if resume_from else source
-            # A checkpoint holds the float32 master weights: resume is exact.
-            model = self._load_model(weights, self.param_dtype)
+            # Under mixed precision the optimizer state holds the float32 masters.
+            model = self._load_model(weights, self.dtype)
             if config.gradient_checkpointing:
                 _enable_checkpointing(model)
             model.config.use_cache = True  # generation needs the cache; training ignores it
@@ -219,13 +219,17 @@ class Trainer:
                 tokenizer,
                 name=f"{agent}:{Path(source).name}",
                 max_batch_size=config.rollout_batch_size,
-                autocast_dtype=self.autocast_dtype,
             )
             self.learners[agent] = AgentLearner(
                 agent, model, ref, tokenizer, optimizer, policy, source
             )
         if resume_from is not None:
             ckpt.load_optimizer_states(resume_from, self.learners)
+            fused = self.device.startswith("cuda")
+            for learner in self.learners.values():
+                for group in learner.optimizer.param_groups:
+                    # Loading restores the saved groups' kernel choice; use this device's.
+                    group["fused"], group["foreach"] = fused, None
             state = ckpt.load_trainer_state(resume_from)
             self.step = int(state["step"])
             logger.info("resumed from %s at step %d", resume_from, self.step)
@@ -242,16 +246,18 @@ class Trainer:
             json.dumps(config.to_dict(), indent=2, default=str) + "\n"
         )
 
-    def _optimizer(self, params: Any) -> torch.optim.Optimizer:
+    def _optimizer(self, params: Any) -> Any:
         config = self.config
-        return torch.optim.AdamW(
-            params,
-            lr=config.lr,
-            betas=tuple(config.adam_betas),
-            weight_decay=config.weight_decay,
+        settings = {
+            "lr": config.lr,
+            "betas": tuple(config.adam_betas),
+            "weight_decay": config.weight_decay,
             # One kernel for all parameters instead of a few per tensor.
-            fused=self.device.startswith("cuda"),
-        )
+            "fused": self.device.startswith("cuda"),
+        }
+        if self.master_weights:
+            return MasterWeightAdamW(params, **settings)
+        return torch.optim.AdamW(params, **settings)
 
     def check_memory(self, sources: Sequence[str], available: int) -> str | None:
         """Warn when weights, optimizer states and references would fill most of memory.
@@ -267,18 +273,23 @@ class Trainer:
         counts: dict[str, int] = {}
         for source in sources:
             if source not in counts:
-                counts[source] = count_parameters(source)
+                try:
+                    counts[source] = count_parameters(source)
+                except (OSError, ValueError, ImportError) as error:
+                    # Only a pre-flight check: the load itself reports real problems.
+                    logger.info("memory check skipped: cannot size %s (%s)", source, error)
+                    return None
         estimate = static_memory_bytes(
             [counts[s] for s in sources],
-            weight_bytes=torch.finfo(self.param_dtype).bits // 8,
-            reference_bytes=torch.finfo(self.dtype).bits // 8,
+            weight_bytes=torch.finfo(self.dtype).bits // 8,
+            master_weights=self.master_weights,
             shared_base=self.config.lora_rank > 0,
         )
         return check_fits(
             estimate,
             available,
             lora=self.config.lora_rank > 0,
-            mixed_precision=self.autocast_dtype is not None,
+            master_weights=self.master_weights,
         )
 
     def _setup_lora(self, specs: dict[str, str], resume_from: Path | None) -> None:
@@ -323,7 +334,6 @@ class Trainer:
                     adapter=agent,
                     name=f"{agent}:lora",
                     max_batch_size=config.rollout_batch_size,
-                    autocast_dtype=self.autocast_dtype,
                 ),
                 source,
                 adapter=agent,
@@ -560,13 +570,12 @@ class Trainer:
             indices = order[start : start + step]
             chunk = [rows[i] for i in indices]
             batch = pack([s.prompt_ids for s in chunk], [s.response_ids for s in chunk], pad_id)
-            with self._autocast():
-                values = response_logprobs(
-                    model,
-                    batch.to(self.device),
-                    chunk_size=self.config.logprob_chunk_size,
-                    temperature=self.config.temperature,
-                ).cpu()
+            values = response_logprobs(
+                model,
+                batch.to(self.device),
+                chunk_size=self.config.logprob_chunk_size,
+                temperature=self.config.temperature,
+            ).cpu()
             out[indices, : values.shape[1]] = values
         return out
 
@@ -683,14 +692,13 @@ class Trainer:
                         cpu_mask,
                     )
                 )
-                with self._autocast():
-                    logp = response_logprobs(
-                        model,
-                        batch,
-                        chunk_size=config.logprob_chunk_size,
-                        temperature=config.temperature,
-                        recompute_logits=config.recompute_logits,
-                    )
+                logp = response_logprobs(
+                    model,
+                    batch,
+                    chunk_size=config.logprob_chunk_size,
+                    temperature=config.temperature,
+                    recompute_logits=config.recompute_logits,
+                )
                 loss = ppo_clip_loss(logp, old, adv, mask, config.clip_eps, config.clip_eps_high)
                 if config.advantage_estimator != "reinforce_pp" and config.kl_coef:
                     ref = prep.ref_logprobs[micro, :width].to(self.device)
@@ -700,6 +708,9 @@ class Trainer:
                 # micro-batch would stall the GPU queue every time.
                 weight = float(cpu_mask.sum()) / max(total, 1.0)
                 (loss * weight).backward()
+                accumulate = getattr(learner.optimizer, "accumulate_grads", None)
+                if accumulate is not None:
+                    accumulate()  # bf16 gradients into the float32 masters
                 losses.append(loss.detach() * weight)
                 clips.append(clip_fraction(logp, old, mask, config.clip_eps, config.clip_eps_high))
                 tokens += sum(len(s.prompt_ids) + len(s.response_ids) for s in rows)

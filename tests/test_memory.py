@@ -13,29 +13,31 @@ pytest.importorskip("transformers")
 
 
 def test_static_memory_by_hand():
-    # Three agents of 1e9 parameters, float32 weights, bf16 references:
-    # 3 x (3 x 4 + 2) x 1e9 + 4 x 1e9 (one agent's gradients) = 46e9 bytes.
-    assert static_memory_bytes([10**9] * 3, weight_bytes=4, reference_bytes=2) == 46 * 10**9
-    # bf16 weights: 3 x (3 x 2 + 2) x 1e9 + 2e9.
-    assert static_memory_bytes([10**9] * 3, weight_bytes=2, reference_bytes=2) == 26 * 10**9
+    n = 10**9
+    # Three bf16 agents with float32 masters: per agent 2 (weights) + 2 (reference)
+    # + 8 (float32 Adam) + 4 (master) = 16 bytes per parameter; gradients of one agent,
+    # 2 (bf16) + 4 (float32 master gradients).
+    assert static_memory_bytes([n] * 3, weight_bytes=2, master_weights=True) == (48 + 6) * n
+    # bf16 weights only: 2 + 2 + 4 (bf16 Adam) = 8 per agent, 2 for gradients.
+    assert static_memory_bytes([n] * 3, weight_bytes=2) == (24 + 2) * n
+    # float32 (CPU): 4 + 4 + 8 = 16 per agent, 4 for gradients.
+    assert static_memory_bytes([n] * 3, weight_bytes=4) == (48 + 4) * n
     # Different sizes: gradients of the largest only.
-    assert static_memory_bytes([1, 3], weight_bytes=4, reference_bytes=2) == 14 * 4 + 12
+    assert static_memory_bytes([1, 3], weight_bytes=4) == 16 * 4 + 12
     # LoRA on one shared base: the base in the compute dtype.
-    assert static_memory_bytes(
-        [10**9] * 3, weight_bytes=4, reference_bytes=2, shared_base=True
-    ) == (2 * 10**9)
-    assert static_memory_bytes([], weight_bytes=4, reference_bytes=2) == 0
+    assert static_memory_bytes([n] * 3, weight_bytes=2, shared_base=True) == 2 * n
+    assert static_memory_bytes([], weight_bytes=2) == 0
 
 
 def test_check_fits_names_what_to_change(caplog):
-    assert check_fits(10 * GIB, 80 * GIB, lora=False, mixed_precision=True) is None
+    assert check_fits(10 * GIB, 80 * GIB, lora=False, master_weights=True) is None
     with caplog.at_level(logging.WARNING, logger="mappa_train.memory"):
-        text = check_fits(90 * GIB, 80 * GIB, lora=False, mixed_precision=True)
+        text = check_fits(90 * GIB, 80 * GIB, lora=False, master_weights=True)
     assert "90.0 GiB" in text
     assert "lora_rank" in text
     assert "mixed_precision=False" in text
     assert text in caplog.text
-    lora_text = check_fits(90 * GIB, 80 * GIB, lora=True, mixed_precision=False)
+    lora_text = check_fits(90 * GIB, 80 * GIB, lora=True, master_weights=False)
     assert "lora_rank" not in lora_text
     assert "mixed_precision" not in lora_text
 
@@ -61,7 +63,7 @@ def test_trainer_counts_real_parameters_without_loading(tmp_path):
         tensorboard=False,
     )
     trainer = Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
-    needed = static_memory_bytes([real], weight_bytes=4, reference_bytes=2)
+    needed = static_memory_bytes([real], weight_bytes=2, master_weights=True)
     assert trainer.check_memory([model_dir], available=10 * needed) is None
     warning = trainer.check_memory([model_dir], available=needed)
     assert f"{needed / GIB:.1f} GiB" in warning

@@ -337,23 +337,6 @@ def test_loads_from_a_directory_with_dtype(tmp_path, tiny):
     assert len(generation.response_ids) == len(generation.logprobs) == 6
 
 
-def test_autocast_generates_in_16_bit_from_float32_weights(tmp_path):
-    directory = tiny_model_dir(tmp_path / "tiny")
-    policy = HFPolicy(directory, device="cpu", autocast_dtype="bfloat16")
-    assert policy.dtype == torch.float32
-    assert policy.autocast_dtype == torch.bfloat16
-    seen = []
-    hook = policy.model.lm_head.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
-    try:
-        (generation,) = policy.generate([SHORT], SamplingParams(max_new_tokens=4, seed=0))
-    finally:
-        hook.remove()
-    assert seen
-    assert set(seen) == {torch.bfloat16}
-    assert len(generation.response_ids) == len(generation.logprobs) == 4
-    assert next(policy.model.parameters()).dtype == torch.float32  # weights untouched
-
-
 def test_agenerate_matches_generate(policy):
     params = SamplingParams(max_new_tokens=8, temperature=0)
 

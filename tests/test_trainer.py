@@ -148,29 +148,73 @@ def _changed_share(trainer, initial):
 @pytest.mark.parametrize("mixed", [True, False])
 def test_bf16_training_keeps_float32_master_weights(tmp_path, mixed):
     # At lr 1e-6 an Adam step is ~1e-6 per weight, far below a bf16 weight's rounding
-    # step (~1e-4 for weights near 0.02): stored in bf16, the update is lost.
+    # step (~1e-4 for weights near 0.02): stored in bf16 alone, the update is lost.
+    from mappa_train.precision import MasterWeightAdamW
+
     model_dir = tiny_model_dir(tmp_path / "model")
     config = _toy_config(
-        tmp_path, model_dir, steps=1, lr=1e-6, dtype="bfloat16", mixed_precision=mixed
+        tmp_path, model_dir, steps=2, lr=1e-6, dtype="bfloat16", mixed_precision=mixed
     )
     trainer = Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
     trainer.setup()
     learner = trainer.learners["writer"]
-    expected = torch.float32 if mixed else torch.bfloat16
-    assert next(learner.model.parameters()).dtype == expected
-    assert next(learner.ref_model.parameters()).dtype == torch.bfloat16
-    assert learner.policy.autocast_dtype == (torch.bfloat16 if mixed else None)
+    assert {p.dtype for p in learner.model.parameters()} == {torch.bfloat16}
+    assert isinstance(learner.optimizer, MasterWeightAdamW) == mixed
     assert learner.policy.max_batch_size == config.rollout_batch_size
     initial = {n: p.detach().float().clone() for n, p in learner.model.named_parameters()}
-    (metrics,) = trainer.train()
-    assert metrics["writer/grad_norm"] > 0
+    history = trainer.train()
+    # Policy and reference compute alike before any update: the first KL is exactly 0.
+    assert history[0]["writer/kl"] == 0.0
+    assert history[0]["writer/grad_norm"] > 0
     # Gradients are released after the update, not held until the next step.
     assert all(p.grad is None for p in learner.model.parameters())
-    share = _changed_share(trainer, initial)
     if mixed:
-        assert share > 0.5, share
+        names = [n for n, p in learner.model.named_parameters() if p.requires_grad]
+        changed = sum(int((m != initial[n]).sum()) for n, m in zip(names, learner.optimizer.master))
+        assert changed / sum(m.numel() for m in learner.optimizer.master) > 0.5
+        # The model holds the masters rounded to bf16.
+        for param, master in zip(learner.optimizer.params, learner.optimizer.master):
+            assert master.dtype == torch.float32
+            assert torch.equal(param, master.to(torch.bfloat16))
     else:
-        assert share < 0.05, share
+        assert _changed_share(trainer, initial) < 0.05
+
+
+def test_bf16_master_weights_resume_exactly(tmp_path):
+    model_dir = tiny_model_dir(tmp_path / "model")
+    settings = dict(steps=3, lr=1e-4, dtype="bfloat16", save_every=1, keep_checkpoints=0)
+
+    def trainer_for(name):
+        config = _toy_config(tmp_path, model_dir, **settings)
+        config.output_dir = str(tmp_path / name)
+        return Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
+
+    straight = trainer_for("straight")
+    straight.train()
+    first = trainer_for("staged")
+    first.train(until=2)
+    first.close()
+    resumed = trainer_for("staged")
+    resumed.setup()
+    assert resumed.step == 2
+    resumed.train()
+    a, b = straight.learners["writer"], resumed.learners["writer"]
+    for x, y in zip(a.optimizer.master, b.optimizer.master):
+        assert torch.equal(x, y)
+    for (name, x), y in zip(a.model.named_parameters(), b.model.parameters()):
+        assert torch.equal(x, y), name
+    assert straight.history[-1]["writer/loss"] == resumed.history[-1]["writer/loss"]
+    # A checkpoint with masters refuses to resume without them, saying why.
+    config = _toy_config(tmp_path, model_dir, **settings, mixed_precision=False)
+    config.output_dir = str(tmp_path / "staged")
+    with pytest.raises(ValueError, match="mixed_precision=True"):
+        Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv).setup()
+
+
+def test_float16_training_is_refused(tmp_path):
+    config = _toy_config(tmp_path, tiny_model_dir(tmp_path / "model"), dtype="float16")
+    with pytest.raises(ValueError, match="bfloat16"):
+        Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
 
 
 def test_micro_batches_are_grouped_by_length():
