@@ -14,10 +14,11 @@ reference model (its initial weights). A step:
    then one pass of PPO-clipped mini-batch updates.
 4. Metrics (JSONL, TensorBoard), periodic held-out evaluation, atomic checkpoints.
 
-The rollout phase only needs an object that turns agents' prompts into generations with
-exact ids, so a distributed mode can swap the runner's policies for remote rollout
-engines (e.g. vLLM actors on Ray) and the learners for remote workers without touching
-the algorithm functions.
+Seams for other rollout engines (e.g. vLLM actors on Ray): a subclass overrides
+:meth:`Trainer.rollout` to return episodes whose actions carry the exact prompt and
+response ids, and :meth:`Trainer.after_update` to push each agent's new weights to those
+engines; :meth:`Trainer.learn` is the update half of a step on any such episodes. The
+schedule, logging, evaluation and checkpoints of :meth:`Trainer.train` stay as they are.
 """
 
 from __future__ import annotations
@@ -460,11 +461,20 @@ class Trainer:
         samples = [a for e in episodes for a in e.actions]
         save_jsonl(self.out / "rollouts" / f"step-{self.step:06d}.jsonl", samples)
         metrics = self.learn(episodes)
+        self.after_update()
         response_tokens = metrics["rollout/response_tokens"]
         metrics["rollout/seconds"] = rollout_s
         metrics["rollout/tokens_per_s"] = response_tokens / rollout_s if rollout_s > 0 else None
         self.step += 1
         return metrics
+
+    def after_update(self) -> None:
+        """Called after each step's update, before the next rollout; does nothing here.
+
+        Rollouts here run on the very modules being trained, so nothing needs syncing. A
+        subclass whose :meth:`rollout` uses other engines sends them the new weights
+        here, e.g. from ``self.learners[agent].model.state_dict()``.
+        """
 
     def learn(self, episodes: Sequence[EpisodeResult]) -> dict[str, Any]:
         """Update every agent once on ``episodes``; returns the step's metrics.

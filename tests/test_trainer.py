@@ -258,6 +258,53 @@ def test_learn_trains_on_episodes_made_by_another_engine(tmp_path):
     learner_side.close()
 
 
+def test_a_subclass_can_roll_out_on_other_engines_and_sync_their_weights(tmp_path):
+    import copy
+
+    from mappa_agents.hf import HFPolicy
+    from mappa_agents.policy import SamplingParams
+    from mappa_agents.runner import RolloutRunner
+    from mappa_agents.system import AgentSystem
+
+    class CopiedEngineTrainer(Trainer):
+        """Rollouts on separate copies of the models (as remote engines would be)."""
+
+        def setup(self):
+            super().setup()
+            self.engines = {a: copy.deepcopy(x.model) for a, x in self.learners.items()}
+            system = AgentSystem(
+                {a: HFPolicy(m, self.learners[a].tokenizer) for a, m in self.engines.items()}
+            )
+            self.engine_runner = RolloutRunner(LetterEnv, system, concurrency=16, progress=False)
+            self.syncs = 0
+
+        def rollout(self, step):
+            options = [{"task_id": t} for t in self.sample_task_ids(step) for _ in range(4)]
+            self.engine_runner.sampling = SamplingParams(max_new_tokens=12, temperature=1.0)
+            return self.engine_runner.run(len(options), options, seed=step)
+
+        def after_update(self):
+            for agent, learner in self.learners.items():
+                self.engines[agent].load_state_dict(learner.model.state_dict())
+            self.syncs += 1
+
+    model_dir = tiny_model_dir(tmp_path / "model")
+    trainer = CopiedEngineTrainer(
+        _toy_config(tmp_path, model_dir, steps=2),
+        env_factory=LetterEnv,
+        eval_env_factory=LetterEnv,
+    )
+    history = trainer.train()
+    assert [m["step"] for m in history] == [1, 2]
+    assert all(m["writer/actions"] == 16 for m in history)
+    assert trainer.syncs == 2
+    assert "train" not in trainer._runners  # the trainer's own runner never ran
+    engine = dict(trainer.engines["writer"].named_parameters())
+    for name, param in trainer.learners["writer"].model.named_parameters():
+        assert torch.equal(param, engine[name]), name
+    trainer.engine_runner.close()
+
+
 def _weights(directory):
     from safetensors.torch import load_file
 
