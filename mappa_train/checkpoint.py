@@ -144,9 +144,16 @@ def load_optimizer_states(path: Path, learners: Mapping[str, Any]) -> None:
         state = torch.load(agent_dir / "optimizer.pt", map_location="cpu", weights_only=False)
         if "master" in state and not hasattr(learner.optimizer, "accumulate_grads"):
             raise ValueError(
-                f"{path} holds float32 master weights (saved with mixed_precision=True in "
-                "bf16): resume with the same setting"
+                f"{path} holds float32 master weights (saved in bf16 with "
+                "mixed_precision=True): resume with the same dtype and mixed_precision"
             )
+        saved_groups = (state.get("optimizer") or state)["param_groups"]
+        for saved, live in zip(saved_groups, learner.optimizer.param_groups):
+            # The kernel choice follows this run's device, not the saving run's; torch
+            # also places Adam's step counters by it while loading.
+            for key in ("fused", "foreach"):
+                if key in live:
+                    saved[key] = live[key]
         learner.optimizer.load_state_dict(state)
     set_rng_state(torch.load(path / "rng.pt", weights_only=False))
 

@@ -22,9 +22,10 @@ class MasterWeightAdamW:
 
     Use it like a torch optimizer, calling :meth:`accumulate_grads` after each
     backward pass: the model's 16-bit gradients are added into float32 master
-    gradients and freed, so micro-batches accumulate in float32, and gradient
-    clipping sees float32 values through :attr:`param_groups`. :meth:`step` updates the
-    masters and rounds them into the model's weights.
+    gradients and freed, so micro-batches accumulate in float32. Clip after that, on
+    the masters of :attr:`param_groups`: before it they have no gradients, and a clip
+    would see a norm of 0. :meth:`step` updates the masters and rounds them into the
+    model's weights.
 
     Memory per trainable parameter: 4 bytes (master) + 8 (Adam states) on top of the
     model's own 2, and 4 + 2 for gradients while an update runs.
@@ -97,8 +98,9 @@ class MasterWeightAdamW:
         if saved is None or len(saved) != len(self.master):
             raise ValueError(
                 "the optimizer state holds no float32 master weights for this model: it was "
-                "saved with mixed_precision=False (or for another model); resume with the "
-                "same setting"
+                "saved by a run without them (mixed_precision=False, float32, LoRA, or an "
+                "older version of mappa) or for another model; resume with the settings "
+                "it was saved with, dtype included"
             )
         for master, value in zip(self.master, saved):
             if master.shape != value.shape:

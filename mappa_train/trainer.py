@@ -226,11 +226,6 @@ class Trainer:
             )
         if resume_from is not None:
             ckpt.load_optimizer_states(resume_from, self.learners)
-            fused = self.device.startswith("cuda")
-            for learner in self.learners.values():
-                for group in learner.optimizer.param_groups:
-                    # Loading restores the saved groups' kernel choice; use this device's.
-                    group["fused"], group["foreach"] = fused, None
             state = ckpt.load_trainer_state(resume_from)
             self.step = int(state["step"])
             logger.info("resumed from %s at step %d", resume_from, self.step)
