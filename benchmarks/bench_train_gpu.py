@@ -145,6 +145,42 @@ def parameter_counts(model) -> tuple[int, int]:
     return total - embedding.numel() - (0 if tied else head.numel()), head.numel()
 
 
+def free_trainer(trainer) -> None:
+    """Close ``trainer`` and drop its models, so what runs next has the whole GPU."""
+    import torch
+
+    alive = weakref.ref(next(iter(trainer.learners.values())).model)
+    trainer.close()
+    trainer.learners.clear()
+    gc.collect()
+    if alive() is not None:
+        print("warning: a trainer's models are still referenced; what runs next shares the GPU")
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def naive_batches(
+    samples, agents, micro_batch: int, mask_truncated: bool
+) -> tuple[list[list[list[int]]], int]:
+    """The rows the trainer trained on (prompt + response ids), per agent in micro-batches.
+
+    Returns:
+        The micro-batches and their total token count.
+    """
+    batches, tokens = [], 0
+    for agent in agents:
+        rows = [
+            s.prompt_ids + s.response_ids
+            for s in samples
+            if s.agent == agent
+            and s.response_ids
+            and not (mask_truncated and s.finish_reason == "length")
+        ]
+        tokens += sum(len(r) for r in rows)
+        batches += [rows[i : i + micro_batch] for i in range(0, len(rows), micro_batch)]
+    return batches, tokens
+
+
 def naive_seconds(model_dir: str, batches: list[list], optimizer_every: int, repeats: int) -> float:
     """Median seconds of plain transformers training over ``batches`` of id rows.
 
@@ -358,31 +394,18 @@ def main() -> None:
     name = Path(args.shape).name + ("-bf16-weights" if args.no_mixed_precision else "")
     write_results(f"train_gpu_{name}", summary, Path(args.out))  # kept if a baseline fails
     # Free the trainer's models before the baselines load theirs.
-    alive = weakref.ref(model)
-    trainer.close()
-    trainer.learners.clear()
-    del trainer, model
-    gc.collect()
-    if alive() is not None:
-        print("warning: the trained models are still referenced; baselines share the GPU")
+    del model
+    free_trainer(trainer)
+    del trainer
     if torch.cuda.is_available():
-        torch.cuda.empty_cache()
         print(f"GPU memory before the baselines: {torch.cuda.memory_allocated() / 2**30:.1f} GiB")
 
     # Naive baselines on the same GPU, in the same run.
     naive = {}
     if torch.cuda.is_available():
-        same_rows, trained_tokens = [], 0
-        for agent in agents:
-            mine = [s for s in samples if s.agent == agent and s.response_ids]
-            if config.mask_truncated:
-                mine = [s for s in mine if s.finish_reason != "length"]
-            rows_of_agent = [s.prompt_ids + s.response_ids for s in mine]
-            trained_tokens += sum(len(r) for r in rows_of_agent)
-            same_rows += [
-                rows_of_agent[i : i + args.micro_batch]
-                for i in range(0, len(rows_of_agent), args.micro_batch)
-            ]
+        same_rows, trained_tokens = naive_batches(
+            samples, agents, args.micro_batch, config.mask_truncated
+        )
         per_step = max(1, args.train_batch // args.micro_batch)
         naive["same_rows"] = naive_result(
             system, same_rows, per_step, args.naive_repeats, trained_tokens, body + head, peak

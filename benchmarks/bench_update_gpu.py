@@ -20,18 +20,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import os
 import shutil
 import statistics
 import tempfile
 import time
-import weakref
 from pathlib import Path
 from typing import Any
 
 from benchmarks._common import print_table, write_results
-from benchmarks.bench_train_gpu import SHAPES, naive_result, parameter_counts, random_model_dir
+from benchmarks.bench_train_gpu import (
+    SHAPES,
+    free_trainer,
+    naive_batches,
+    naive_result,
+    parameter_counts,
+    random_model_dir,
+)
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "fp32-master": {"mixed_precision": True, "recompute_logits": False},
@@ -43,22 +48,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "gradient_checkpointing": True,
     },
 }
-
-
-def free(trainer: Any) -> None:
-    """Close ``trainer`` and drop its models, so the next variant has the whole GPU."""
-    import torch
-
-    model = next(iter(trainer.learners.values())).model
-    alive = weakref.ref(model)
-    trainer.close()
-    trainer.learners.clear()
-    del model
-    gc.collect()
-    if alive() is not None:
-        print("warning: a trainer's models are still referenced")
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def profile_learn(trainer: Any, episodes: list, path: Path) -> None:
@@ -145,7 +134,7 @@ def main() -> None:
     rollout_s = time.perf_counter() - started
     body, head = parameter_counts(next(iter(trainer.learners.values())).model)
     agents = list(trainer.agents)
-    free(trainer)
+    free_trainer(trainer)
     del trainer
     response_tokens = sum(len(a.response_ids) for e in episodes for a in e.actions)
     print(f"rollout: {len(episodes)} episodes, {response_tokens / rollout_s:.0f} tok/s")
@@ -177,23 +166,13 @@ def main() -> None:
             if torch.cuda.is_available()
             else None,
         }
-        free(trainer)
+        free_trainer(trainer)
         del trainer
 
     naive: dict[str, Any] = {}
     if torch.cuda.is_available():
-        rows, tokens = [], 0
-        for agent in agents:
-            mine = [
-                a.prompt_ids + a.response_ids
-                for e in episodes
-                for a in e.actions
-                if a.agent == agent
-                and a.response_ids
-                and not (base.mask_truncated and a.finish_reason == "length")
-            ]
-            tokens += sum(len(r) for r in mine)
-            rows += [mine[i : i + args.micro_batch] for i in range(0, len(mine), args.micro_batch)]
+        samples = [a for e in episodes for a in e.actions]
+        rows, tokens = naive_batches(samples, agents, args.micro_batch, base.mask_truncated)
         per_step = max(1, args.train_batch // args.micro_batch)
         naive = naive_result(system, rows, per_step, args.repeats, tokens, body + head, peak)
     summary = {

@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from mappa_train.precision import MasterWeightAdamW
+
 logger = logging.getLogger(__name__)
 
 MARKER = "COMPLETE"
@@ -142,7 +144,7 @@ def load_optimizer_states(path: Path, learners: Mapping[str, Any]) -> None:
     for agent, learner in learners.items():
         agent_dir = path / "agents" / agent
         state = torch.load(agent_dir / "optimizer.pt", map_location="cpu", weights_only=False)
-        if "master" in state and not hasattr(learner.optimizer, "accumulate_grads"):
+        if "master" in state and not isinstance(learner.optimizer, MasterWeightAdamW):
             raise ValueError(
                 f"{path} holds float32 master weights (saved in bf16 with "
                 "mixed_precision=True): resume with the same dtype and mixed_precision"

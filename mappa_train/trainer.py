@@ -713,9 +713,8 @@ class Trainer:
                 # micro-batch would stall the GPU queue every time.
                 weight = float(cpu_mask.sum()) / max(total, 1.0)
                 (loss * weight).backward()
-                accumulate = getattr(learner.optimizer, "accumulate_grads", None)
-                if accumulate is not None:
-                    accumulate()  # bf16 gradients into the float32 masters
+                if isinstance(learner.optimizer, MasterWeightAdamW):
+                    learner.optimizer.accumulate_grads()  # bf16 gradients into the masters
                 losses.append(loss.detach() * weight)
                 clips.append(clip_fraction(logp, old, mask, config.clip_eps, config.clip_eps_high))
                 tokens += sum(len(s.prompt_ids) + len(s.response_ids) for s in rows)
