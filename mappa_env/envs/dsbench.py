@@ -247,6 +247,8 @@ class DSBenchEnv(PipelineEnv):
         render_mode: str | None = None,
     ) -> None:
         self._turn_limits = parse_turn_limits({DATA_ENGINEER: 4, MODELER: 4, ANALYST: 4}, turns)
+        if max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
         if code_timeout_s <= 0:
             raise ValueError(f"code_timeout_s must be positive, got {code_timeout_s}")
         self.max_new_tokens = int(max_new_tokens)
