@@ -8,6 +8,8 @@ text. torch and transformers are imported when a policy is built, not on import.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import logging
 import threading
 import time
@@ -43,6 +45,36 @@ _GENERATE_LOCK = threading.Lock()
 
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32"}
 """Short dtype names accepted besides torch's own names."""
+
+CACHE_LENGTH_STEP = 256
+"""Static KV caches (``compile_decode``) are sized in multiples of this many positions."""
+
+
+def decode_batch_rows(count: int, max_batch_size: int) -> int:
+    """Rows a compiled decode batch is padded to: the next power of two, at most the cap.
+
+    CUDA graphs are recorded per batch shape; rounding the batch up keeps the number of
+    shapes (and of recordings, each holding memory) to a handful. Decoding is bound by
+    launch overhead, not by rows, so the padding rows cost little.
+
+    Args:
+        count: Prompts in the batch (``1 <= count <= max_batch_size``).
+        max_batch_size: The policy's largest batch.
+
+    Returns:
+        ``min(2 ** ceil(log2(count)), max_batch_size)``.
+    """
+    return min(1 << (count - 1).bit_length(), max_batch_size)
+
+
+def static_cache_length(prompt_width: int, max_new_tokens: int) -> int:
+    """Positions a static KV cache needs, rounded up to a multiple of ``CACHE_LENGTH_STEP``.
+
+    Rounding lets calls with slightly different prompt widths share one cache shape, so
+    they replay the same compiled decode step instead of compiling a new one.
+    """
+    needed = prompt_width + max_new_tokens
+    return -(-needed // CACHE_LENGTH_STEP) * CACHE_LENGTH_STEP
 
 
 def _torch() -> Any:
@@ -92,6 +124,34 @@ def resolve_dtype(dtype: Any, device: str) -> Any:
     return value
 
 
+def prepare_cuda_graph_thread() -> None:
+    """Give the calling thread the per-thread state of torch's CUDA graph trees.
+
+    Compiled decoding records CUDA graphs through ``torch._inductor.cudagraph_trees``.
+    torch releases without the fix for pytorch issue 123177 set that module's
+    thread-local state up only in the thread that imported it, and fail with a bare
+    ``AssertionError`` when another thread records a graph; later releases set it up
+    lazily. This sets it up here when it is missing, as those later releases do, and
+    does nothing when it is present or torch lacks the module.
+    """
+    torch = _torch()
+    try:
+        from torch._inductor import cudagraph_trees
+    except ImportError:
+        return
+    local = getattr(cudagraph_trees, "local", None)
+    if local is None or hasattr(local, "tree_manager_containers"):
+        return
+    if torch._C._is_key_in_tls("tree_manager_containers"):
+        return
+    initialize = getattr(cudagraph_trees, "_initialize_tls", None)
+    if initialize is not None:
+        initialize(local)
+    else:
+        local.tree_manager_containers = {}
+        local.tree_manager_locks = collections.defaultdict(threading.Lock)
+
+
 class _SampledLogprobRecorder:
     """A logits processor that records the raw-model log-probability of each sampled id.
 
@@ -126,6 +186,24 @@ class _SampledLogprobRecorder:
             self._previous = None
 
 
+class _EndFillerRows:
+    """A logits processor that makes filler rows (index >= ``first``) emit EOS at once.
+
+    Compiled decoding pads a batch with copies of a prompt; without this, a filler row
+    that happened to sample a long answer would keep the whole batch decoding. It runs
+    after :class:`_SampledLogprobRecorder`, which therefore still sees raw logits.
+    """
+
+    def __init__(self, first: int, eos_token_id: int) -> None:
+        self.first = first
+        self.eos_token_id = eos_token_id
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores[self.first :] = float("-inf")
+        scores[self.first :, self.eos_token_id] = 0.0
+        return scores
+
+
 class HFPolicy:
     """A transformers causal LM as a :class:`~mappa_agents.policy.Policy`.
 
@@ -151,6 +229,16 @@ class HFPolicy:
             bigger batches are split (prompts of similar length are grouped).
         adapter: Name of the LoRA adapter of a peft model to generate with; it is made
             active for each call (see :mod:`mappa_agents.lora`: agents sharing one base).
+        compile_decode: Decode with a static KV cache and CUDA graphs (transformers'
+            automatic ``torch.compile`` of the decode step). Decoding in eager mode is
+            bound by Python and kernel launches, not by the GPU; graphs remove most of
+            that. The first call compiles (tens of seconds); a new batch shape records
+            new graphs, so batches are padded to a power of two (rows discarded) and
+            caches sized in steps of :data:`CACHE_LENGTH_STEP`. All calls run on one
+            thread of the policy's own, where the graphs were recorded. Weights may
+            change in place between calls (optimizer steps do); replacing parameter
+            tensors needs a new policy. Not with ``adapter``. Off CUDA only the
+            static cache is used (a warning says so).
         **model_kwargs: Passed to ``AutoModelForCausalLM.from_pretrained`` (e.g.
             ``attn_implementation``, ``trust_remote_code``).
 
@@ -181,13 +269,29 @@ class HFPolicy:
         chat_template_kwargs: Mapping[str, Any] | None = None,
         max_batch_size: int = 16,
         adapter: str | None = None,
+        compile_decode: bool = False,
         **model_kwargs: Any,
     ) -> None:
         torch = _torch()
         transformers = _transformers()
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if compile_decode and adapter is not None:
+            # Switching adapters changes the compiled module's graph at every call.
+            raise ValueError(
+                "compile_decode does not work with a LoRA adapter: leave compile_decode off "
+                "for policies sharing one base model"
+            )
         self.max_batch_size = max_batch_size
+        self.compile_decode = compile_decode
+        # CUDA graphs are recorded per thread: compiled decoding always runs on this one.
+        self._decode_thread = (
+            concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="mappa-decode", initializer=prepare_cuda_graph_thread
+            )
+            if compile_decode
+            else None
+        )
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.adapter = adapter
 
@@ -233,6 +337,13 @@ class HFPolicy:
         self.pad_token_id = pad if pad is not None else self.eos_token_ids[0]
         self._torch = torch
         self._transformers = transformers
+        if compile_decode and not self.device.startswith("cuda"):
+            logger.warning(
+                "compile_decode on %s: transformers compiles decoding on CUDA only, so this "
+                "policy gets the static KV cache without CUDA graphs (slower than without "
+                "compile_decode)",
+                self.device,
+            )
 
     # ----------------------------------------------------------------- public API
 
@@ -251,6 +362,11 @@ class HFPolicy:
         """
         if self.model is None:
             raise RuntimeError(f"policy {self.name!r} is closed")
+        if self._decode_thread is not None:
+            return self._decode_thread.submit(self._generate, batch, params).result()
+        return self._generate(batch, params)
+
+    def _generate(self, batch: Sequence[ChatMessages], params: SamplingParams) -> list[Generation]:
         prompts = [self.prompt_ids(messages) for messages in normalize_batch(batch)]
         if not prompts:
             return []
@@ -308,6 +424,8 @@ class HFPolicy:
         with _GENERATE_LOCK:
             on_cuda = str(self.device).startswith("cuda")
             self.model = None  # type: ignore[assignment]
+            if self._decode_thread is not None:
+                self._decode_thread.shutdown(wait=False)
             if on_cuda:
                 self._torch.cuda.empty_cache()
 
@@ -322,7 +440,7 @@ class HFPolicy:
             raise ValueError("neither the model nor the tokenizer defines an EOS token")
         return ids
 
-    def _generation_config(self, params: SamplingParams) -> Any:
+    def _generation_config(self, params: SamplingParams, prompt_width: int) -> Any:
         sampling: dict[str, Any] = {}
         if not params.greedy:
             # Explicit values, top_k=0 included: generate() fills unset ones from global
@@ -341,17 +459,29 @@ class HFPolicy:
         )
         if params.stop:
             config.stop_strings = list(params.stop)
+        if self.compile_decode:
+            config.cache_implementation = "static"
+            config.max_cache_len = static_cache_length(prompt_width, params.max_new_tokens)
+            config.compile_config = self._transformers.CompileConfig()
         return config
 
     def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         torch = self._torch
         width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, ids in enumerate(prompts):
+        rows = len(prompts)
+        if self.compile_decode:
+            # Filler rows (copies of the first prompt) keep the batch on a recorded shape.
+            rows = decode_batch_rows(len(prompts), self.max_batch_size)
+        input_ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((rows, width), dtype=torch.long)
+        for row in range(rows):
+            ids = prompts[row] if row < len(prompts) else prompts[0]
             input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
             attention_mask[row, width - len(ids) :] = 1
         recorder = _SampledLogprobRecorder()
+        processors: list[Any] = [recorder]
+        if rows > len(prompts):
+            processors.append(_EndFillerRows(len(prompts), self.eos_token_ids[0]))
         extra: dict[str, Any] = {"tokenizer": self.tokenizer} if params.stop else {}
         # The model's own generation config could add processors (repetition penalty,
         # min_p, ...) that generate() merges in; swap in a bare one for this call.
@@ -365,8 +495,8 @@ class HFPolicy:
                 output = self.model.generate(
                     input_ids=input_ids.to(self.model.device),
                     attention_mask=attention_mask.to(self.model.device),
-                    generation_config=self._generation_config(params),
-                    logits_processor=self._transformers.LogitsProcessorList([recorder]),
+                    generation_config=self._generation_config(params, width),
+                    logits_processor=self._transformers.LogitsProcessorList(processors),
                     **extra,
                 )
         finally:

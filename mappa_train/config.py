@@ -132,6 +132,12 @@ class TrainConfig:
     """Largest number of prompts one agent's model generates at once during rollouts
     (local models); prompts of similar length are batched together."""
 
+    compile_decode: bool = True
+    """Decode rollouts on CUDA with a static KV cache and CUDA graphs (``HFPolicy``'s
+    ``compile_decode``): eager decoding is bound by kernel launches, not by the GPU. The
+    first rollout compiles each agent's model (tens of seconds). Ignored on CPU and with
+    LoRA (adapters switch at every call)."""
+
     logprob_chunk_size: int = 1024
     """Response positions per output-head chunk when computing log-probs."""
 

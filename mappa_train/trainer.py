@@ -220,6 +220,7 @@ class Trainer:
                 tokenizer,
                 name=f"{agent}:{Path(source).name}",
                 max_batch_size=config.rollout_batch_size,
+                compile_decode=config.compile_decode and self.device.startswith("cuda"),
             )
             self.learners[agent] = AgentLearner(
                 agent, model, ref, tokenizer, optimizer, policy, source

@@ -13,7 +13,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from mappa_agents.hf import HFPolicy  # noqa: E402
+from mappa_agents.hf import (  # noqa: E402
+    CACHE_LENGTH_STEP,
+    HFPolicy,
+    decode_batch_rows,
+    prepare_cuda_graph_thread,
+    static_cache_length,
+)
 from mappa_agents.policy import (  # noqa: E402
     Generation,
     Policy,
@@ -401,6 +407,135 @@ def test_closed_policy_refuses_to_generate(tiny):
     policy.close()
     with pytest.raises(RuntimeError, match="closed"):
         policy.generate([SHORT], SamplingParams(max_new_tokens=2))
+
+
+# ---------------------------------------------------------------- compiled decoding
+
+
+def test_compiled_decode_shapes_are_bucketed():
+    assert [decode_batch_rows(n, 64) for n in (1, 2, 3, 5, 16, 17, 33, 64)] == [
+        1,
+        2,
+        4,
+        8,
+        16,
+        32,
+        64,
+        64,
+    ]
+    assert decode_batch_rows(40, 48) == 48  # never above the policy's largest batch
+    assert static_cache_length(1, 1) == CACHE_LENGTH_STEP
+    assert static_cache_length(200, 56) == 256
+    assert static_cache_length(200, 57) == 512
+
+
+def test_compile_decode_pads_the_batch_without_changing_results(tiny, caplog):
+    # Off CUDA transformers does not compile, so this checks what compile_decode adds
+    # around the graphs: filler rows, the static cache and the policy's own thread.
+    model, tokenizer = tiny
+    with caplog.at_level("WARNING", logger="mappa_agents.hf"):
+        compiled = HFPolicy(model, tokenizer, max_batch_size=4, compile_decode=True)
+    assert "without CUDA graphs" in caplog.text
+    plain = HFPolicy(model, tokenizer, max_batch_size=4)
+    prompts = [LONG, SHORT, THIRD]  # padded to 4 rows
+    params = SamplingParams(max_new_tokens=10, temperature=0)
+    padded = compiled.generate(prompts, params)
+    expected = plain.generate(prompts, params)
+    assert len(padded) == 3
+    for got, want in zip(padded, expected):
+        assert got.prompt_ids == want.prompt_ids
+        assert got.response_ids == want.response_ids
+        assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
+        assert got.info["batch_size"] == 3
+
+
+def test_filler_rows_end_at_once_and_real_rows_keep_decoding(tiny, monkeypatch):
+    model, tokenizer = tiny
+    compiled = HFPolicy(model, tokenizer, max_batch_size=4, compile_decode=True)
+    seen = {}
+    generate = model.generate
+
+    def spy(**kwargs):
+        output = generate(**kwargs)
+        seen["sequences"] = output.sequences
+        return output
+
+    monkeypatch.setattr(model, "generate", spy)
+    (generation,) = compiled.generate([SHORT], SamplingParams(max_new_tokens=6, temperature=0))
+    assert generation.finish_reason == "length"
+    assert len(generation.response_ids) == 6
+    assert seen["sequences"].shape[0] == 1  # one prompt: a batch of one needs no filler
+    compiled.generate([SHORT, LONG], SamplingParams(max_new_tokens=6, temperature=0))
+    assert seen["sequences"].shape[0] == 2  # nor does a power of two
+    compiled.generate([SHORT, LONG, THIRD], SamplingParams(max_new_tokens=6, temperature=0))
+    sequences = seen["sequences"]
+    width = sequences.shape[1] - 6
+    assert sequences.shape[0] == 4
+    filler = sequences[3, width:].tolist()
+    assert filler[0] == compiled.eos_token_ids[0]  # ended on its first token
+    assert set(filler[1:]) <= {compiled.pad_token_id}
+
+
+def test_compiled_decoding_runs_on_the_policy_thread_only(tiny, monkeypatch):
+    model, tokenizer = tiny
+    compiled = HFPolicy(model, tokenizer, max_batch_size=4, compile_decode=True)
+    threads = []
+    generate = model.generate
+
+    def spy(**kwargs):
+        threads.append(threading.current_thread())
+        return generate(**kwargs)
+
+    monkeypatch.setattr(model, "generate", spy)
+    params = SamplingParams(max_new_tokens=3, seed=0)
+    compiled.generate([SHORT], params)
+
+    async def from_the_event_loop():
+        await asyncio.gather(*(compiled.agenerate([LONG], params) for _ in range(3)))
+
+    asyncio.run(from_the_event_loop())
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda _: compiled.generate([THIRD], params), range(2)))
+    assert len(threads) == 6
+    assert len(set(threads)) == 1
+    assert threads[0].name.startswith("mappa-decode")
+    compiled.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        compiled.generate([SHORT], params)
+
+
+def test_compile_decode_refuses_a_lora_adapter(tiny):
+    model, tokenizer = tiny
+    with pytest.raises(ValueError, match="compile_decode"):
+        HFPolicy(model, tokenizer, adapter="writer", compile_decode=True)
+
+
+def test_cuda_graph_thread_state_is_set_up_where_torch_left_it_out(monkeypatch):
+    # Stand-in for torch releases that set the state up only in the importing thread.
+    import sys
+    import types
+
+    old_layout = types.ModuleType("torch._inductor.cudagraph_trees")
+    old_layout.local = threading.local()
+    old_layout.local.tree_manager_containers = {"main": "kept"}
+    monkeypatch.setitem(sys.modules, "torch._inductor.cudagraph_trees", old_layout)
+    monkeypatch.setattr(torch._inductor, "cudagraph_trees", old_layout, raising=False)
+    seen = {}
+
+    def in_a_new_thread():
+        seen["before"] = hasattr(old_layout.local, "tree_manager_containers")
+        prepare_cuda_graph_thread()
+        seen["containers"] = old_layout.local.tree_manager_containers
+        seen["lock"] = old_layout.local.tree_manager_locks[0]
+
+    worker = threading.Thread(target=in_a_new_thread)
+    worker.start()
+    worker.join()
+    assert seen["before"] is False
+    assert seen["containers"] == {}
+    assert hasattr(seen["lock"], "acquire")
+    prepare_cuda_graph_thread()  # the importing thread keeps its own state
+    assert old_layout.local.tree_manager_containers == {"main": "kept"}
 
 
 # ---------------------------------------------------------------- CUDA

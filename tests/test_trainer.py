@@ -161,6 +161,8 @@ def test_bf16_training_keeps_float32_master_weights(tmp_path, mixed):
     assert {p.dtype for p in learner.model.parameters()} == {torch.bfloat16}
     assert isinstance(learner.optimizer, MasterWeightAdamW) == mixed
     assert learner.policy.max_batch_size == config.rollout_batch_size
+    assert config.compile_decode
+    assert not learner.policy.compile_decode  # CUDA graphs only: off on this CPU run
     initial = {n: p.detach().float().clone() for n, p in learner.model.named_parameters()}
     history = trainer.train()
     # Policy and reference compute alike before any update: the first KL is exactly 0.
