@@ -454,6 +454,12 @@ class Trainer:
         started = time.perf_counter()
         episodes = self.rollout(self.step)
         rollout_s = time.perf_counter() - started
+        if episodes and all(e.aborted for e in episodes):
+            # Nothing to learn from, and the next step would most likely fail the same way.
+            raise RuntimeError(
+                f"every episode of step {self.step} failed, so there is nothing to train on; "
+                f"the first error: {episodes[0].outcome.get('error')}"
+            )
         samples = [a for e in episodes for a in e.actions]
         save_jsonl(self.out / "rollouts" / f"step-{self.step:06d}.jsonl", samples)
         metrics = self.learn(episodes)
