@@ -97,7 +97,35 @@ def random_model_dir(shape: str, directory: Path) -> Path:
     model = Qwen2ForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+    check_tokenizer_round_trip(tokenizer, directory)
     return directory
+
+
+def check_tokenizer_round_trip(tokenizer, directory: Path) -> None:
+    """Fail when the saved tokenizer reads a prompt differently from the one built.
+
+    A word-level tokenizer that loads wrongly can read a whole prompt as one unknown
+    token: rollouts and training rows would then run without their prompts, and every
+    figure would describe a different workload than the one named.
+    """
+    import tokenizers
+    import transformers
+    from transformers import AutoTokenizer
+
+    from mappa_agents.policy import chat_prompt_ids
+
+    sample = [
+        {"role": "system", "content": "Solve the problem."},
+        {"role": "user", "content": "w10 w20 w30\nw40"},
+    ]
+    built = chat_prompt_ids(tokenizer, sample)
+    loaded = chat_prompt_ids(AutoTokenizer.from_pretrained(directory), sample)
+    if loaded != built:
+        raise RuntimeError(
+            f"the tokenizer saved in {directory} reads a sample prompt as {loaded}, not "
+            f"{built} (transformers {transformers.__version__}, tokenizers "
+            f"{tokenizers.__version__}); the benchmark would run without real prompts"
+        )
 
 
 def profile_one_step(trainer, step: int, out: Path) -> str:

@@ -13,6 +13,10 @@ logits kept for the backward pass), ``bf16-weights`` (Adam on the bf16 weights a
 ``recompute`` (fp32-master, head logits recomputed in the backward pass),
 ``checkpointing`` (fp32-master with activation checkpointing).
 
+Rollouts decode with CUDA graphs (``compile_decode``) unless ``--eager-rollouts``;
+``--rollouts 2 --compare-eager-rollout`` times compiled steps (the first compiles) and
+one eager step in the same process.
+
 Run:  python -m benchmarks.bench_update_gpu --shape 1.5b --variants fp32-master,bf16-weights
 """
 
@@ -65,6 +69,27 @@ def profile_learn(trainer: Any, episodes: list, path: Path) -> None:
     path.write_text(prof.key_averages().table(sort_by=sort_by, row_limit=30) + "\n")
 
 
+def timed_rollout(trainer: Any, step: int, compiled: bool) -> dict[str, Any]:
+    """One step's rollouts, with compiled decoding on or off for every agent."""
+    import torch
+
+    for learner in trainer.learners.values():
+        learner.policy.compile_decode = compiled
+    started = time.perf_counter()
+    episodes = trainer.rollout(step)
+    seconds = time.perf_counter() - started
+    actions = [a for e in episodes for a in e.actions]
+    tokens = sum(len(a.response_ids) for a in actions)
+    return {
+        "prompt_tokens_mean": round(sum(len(a.prompt_ids) for a in actions) / len(actions), 1),
+        "compiled": compiled and torch.cuda.is_available(),
+        "seconds": round(seconds, 2),
+        "response_tokens": tokens,
+        "tok_s": round(tokens / seconds),
+        "episodes": episodes,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="0.5b", help="0.5b, 1.5b, or a model directory / spec")
@@ -75,6 +100,13 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--train-batch", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rollouts", type=int, default=1, help="rollout steps to time")
+    parser.add_argument("--eager-rollouts", action="store_true", help="decode without CUDA graphs")
+    parser.add_argument(
+        "--compare-eager-rollout",
+        action="store_true",
+        help="time one more rollout step with eager decoding, in the same process",
+    )
     parser.add_argument(
         "--train-truncated",
         action="store_true",
@@ -126,18 +158,24 @@ def main() -> None:
         output_dir=str(work / "rollout"),
         lr=1e-6,
         dtype=args.dtype,
+        compile_decode=not args.eager_rollouts,
     )
     trainer = Trainer(base)
     trainer.setup()
-    started = time.perf_counter()
-    episodes = trainer.rollout(0)
-    rollout_s = time.perf_counter() - started
+    rollouts = []
+    for index in range(args.rollouts):
+        # The first compiled rollout includes compilation; later ones show steady state.
+        rollouts.append(timed_rollout(trainer, index, compiled=base.compile_decode))
+    if args.compare_eager_rollout:
+        rollouts.append(timed_rollout(trainer, args.rollouts, compiled=False))
+    episodes = rollouts[0]["episodes"]  # every variant learns from the same episodes
+    for row in rollouts:
+        del row["episodes"]
+        print(f"rollout: {row}")
     body, head = parameter_counts(next(iter(trainer.learners.values())).model)
     agents = list(trainer.agents)
     free_trainer(trainer)
     del trainer
-    response_tokens = sum(len(a.response_ids) for e in episodes for a in e.actions)
-    print(f"rollout: {len(episodes)} episodes, {response_tokens / rollout_s:.0f} tok/s")
 
     peak = args.peak_tflops * 1e12
     results: dict[str, Any] = {}
@@ -181,7 +219,7 @@ def main() -> None:
         "head_params": head,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
-        "rollout_tok_s": response_tokens / rollout_s,
+        "rollouts": rollouts,
         "variants": results,
         "naive_same_rows": naive,
     }
