@@ -13,6 +13,15 @@ from typing import Any
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
+def parse_variants(parser: Any, text: str, known: Sequence[str]) -> list[str]:
+    """Comma-separated variant names, checked against ``known`` (argparse error if not)."""
+    names = [name for name in text.split(",") if name]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {sorted(known)}")
+    return names
+
+
 def machine_info() -> dict[str, Any]:
     """Facts about the machine a measurement was taken on."""
     return {

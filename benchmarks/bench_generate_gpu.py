@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import print_table, write_results
+from benchmarks._common import parse_variants, print_table, write_results
 from benchmarks.bench_train_gpu import SHAPES, random_model_dir
 
 VARIANTS = (
@@ -173,10 +173,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     args = parser.parse_args()
-    names = [v for v in args.variants.split(",") if v]
-    unknown = [v for v in names if v not in VARIANTS]
-    if unknown:
-        parser.error(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
+    names = parse_variants(parser, args.variants, list(VARIANTS))
 
     import torch
     from transformers import CompileConfig
