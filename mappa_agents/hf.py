@@ -8,6 +8,7 @@ text. torch and transformers are imported when a policy is built, not on import.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import concurrent.futures
 import logging
@@ -54,8 +55,9 @@ def decode_batch_rows(count: int, max_batch_size: int) -> int:
     """Rows a compiled decode batch is padded to: the next power of two, at most the cap.
 
     CUDA graphs are recorded per batch shape; rounding the batch up keeps the number of
-    shapes (and of recordings, each holding memory) to a handful. Decoding is bound by
-    launch overhead, not by rows, so the padding rows cost little.
+    shapes (and of recordings, each holding memory) to a handful. A decode step is bound
+    by launch overhead, not by rows, so filler rows cost little there; they do take
+    their share of the (eager) prefill and of the KV cache: 33 prompts run as 64 rows.
 
     Args:
         count: Prompts in the batch (``1 <= count <= max_batch_size``).
@@ -72,6 +74,13 @@ def static_cache_length(prompt_width: int, max_new_tokens: int) -> int:
 
     Rounding lets calls with slightly different prompt widths share one cache shape, so
     they replay the same compiled decode step instead of compiling a new one.
+
+    Args:
+        prompt_width: Positions of the (left-padded) prompts.
+        max_new_tokens: Most tokens the call may generate.
+
+    Returns:
+        ``prompt_width + max_new_tokens`` rounded up to a multiple of the step.
     """
     needed = prompt_width + max_new_tokens
     return -(-needed // CACHE_LENGTH_STEP) * CACHE_LENGTH_STEP
@@ -237,8 +246,8 @@ class HFPolicy:
             caches sized in steps of :data:`CACHE_LENGTH_STEP`. All calls run on one
             thread of the policy's own, where the graphs were recorded. Weights may
             change in place between calls (optimizer steps do); replacing parameter
-            tensors needs a new policy. Not with ``adapter``. Off CUDA only the
-            static cache is used (a warning says so).
+            tensors needs a new policy. Not with ``adapter``. On CPU only the static
+            cache is used (a warning says so). Fixed when the policy is built.
         **model_kwargs: Passed to ``AutoModelForCausalLM.from_pretrained`` (e.g.
             ``attn_implementation``, ``trust_remote_code``).
 
@@ -283,15 +292,15 @@ class HFPolicy:
                 "for policies sharing one base model"
             )
         self.max_batch_size = max_batch_size
-        self.compile_decode = compile_decode
+        self._compile_decode = compile_decode
         # CUDA graphs are recorded per thread: compiled decoding always runs on this one.
-        self._decode_thread = (
-            concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="mappa-decode", initializer=prepare_cuda_graph_thread
-            )
+        self._decode_executor = (
+            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mappa-decode")
             if compile_decode
             else None
         )
+        self._decode_thread_ready = False
+        self._closing = False
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.adapter = adapter
 
@@ -337,13 +346,23 @@ class HFPolicy:
         self.pad_token_id = pad if pad is not None else self.eos_token_ids[0]
         self._torch = torch
         self._transformers = transformers
-        if compile_decode and not self.device.startswith("cuda"):
+        if compile_decode and self.device == "cpu":
             logger.warning(
-                "compile_decode on %s: transformers compiles decoding on CUDA only, so this "
-                "policy gets the static KV cache without CUDA graphs (slower than without "
-                "compile_decode)",
-                self.device,
+                "compile_decode on the CPU: transformers compiles decoding on accelerators "
+                "only, so this policy gets the static KV cache without CUDA graphs (slower "
+                "than without compile_decode)"
             )
+        if compile_decode and not hasattr(transformers.GenerationConfig(), "max_cache_len"):
+            logger.warning(
+                "transformers %s sizes each call's static KV cache itself: calls with new "
+                "prompt widths will compile again; a newer transformers avoids that",
+                transformers.__version__,
+            )
+
+    @property
+    def compile_decode(self) -> bool:
+        """Whether decoding uses CUDA graphs (see the class arguments); fixed at build."""
+        return self._compile_decode
 
     # ----------------------------------------------------------------- public API
 
@@ -360,11 +379,56 @@ class HFPolicy:
         Raises:
             RuntimeError: If the policy was closed.
         """
-        if self.model is None:
-            raise RuntimeError(f"policy {self.name!r} is closed")
-        if self._decode_thread is not None:
-            return self._decode_thread.submit(self._generate, batch, params).result()
+        if self.model is None or self._closing:
+            raise self._closed_error()
+        if self._decode_executor is None:
+            return self._generate(batch, params)
+        future = self._submit(batch, params)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:  # close() dropped the queued call
+            raise self._closed_error() from None
+
+    async def agenerate(
+        self, batch: Sequence[ChatMessages], params: SamplingParams
+    ) -> list[Generation]:
+        """:meth:`generate` off the event loop's thread, so the loop keeps running."""
+        if self._decode_executor is None:
+            return await generate_in_thread(self, batch, params)
+        if self.model is None or self._closing:
+            raise self._closed_error()
+        future = self._submit(batch, params)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            if future.cancelled() and self._closing:  # dropped by close()
+                raise self._closed_error() from None
+            raise  # the awaiting task itself was cancelled
+
+    def _submit(
+        self, batch: Sequence[ChatMessages], params: SamplingParams
+    ) -> concurrent.futures.Future[list[Generation]]:
+        """Queue a call on the decode thread (policies built with ``compile_decode``)."""
+        executor = self._decode_executor
+        if executor is None:
+            raise RuntimeError(f"policy {self.name!r} has no decode thread (compile_decode off)")
+        try:
+            return executor.submit(self._generate_on_decode_thread, batch, params)
+        except RuntimeError:  # the executor was shut down by close()
+            raise self._closed_error() from None
+
+    def _generate_on_decode_thread(
+        self, batch: Sequence[ChatMessages], params: SamplingParams
+    ) -> list[Generation]:
+        if not self._decode_thread_ready:
+            # Here, not as the executor's initializer: an error reaches the caller.
+            if self.device.startswith("cuda"):
+                prepare_cuda_graph_thread()
+            self._decode_thread_ready = True
         return self._generate(batch, params)
+
+    def _closed_error(self) -> RuntimeError:
+        return RuntimeError(f"policy {self.name!r} is closed")
 
     def _generate(self, batch: Sequence[ChatMessages], params: SamplingParams) -> list[Generation]:
         prompts = [self.prompt_ids(messages) for messages in normalize_batch(batch)]
@@ -375,31 +439,26 @@ class HFPolicy:
         order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
         results: list[Generation | None] = [None] * len(prompts)
         torch = self._torch
-        devices = [self.model.device] if self.model.device.type == "cuda" else []
         # Unseeded calls take the lock too: their draws would land inside another
         # policy's seeded call.
-        with (
-            _GENERATE_LOCK,
-            torch.random.fork_rng(devices=devices, enabled=params.seed is not None),
-        ):
-            if params.seed is not None:
-                torch.manual_seed(params.seed)
-            if self.adapter is not None:
-                # Policies sharing one base model take turns under the lock: switch to
-                # this agent's adapter for the whole call.
-                self.model.set_adapter(self.adapter)
-            for start in range(0, len(order), self.max_batch_size):
-                chunk = order[start : start + self.max_batch_size]
-                generations = self._generate_chunk([prompts[i] for i in chunk], params)
-                for index, generation in zip(chunk, generations):
-                    results[index] = generation
+        with _GENERATE_LOCK:
+            model = self.model
+            if model is None:  # closed while this call waited for the lock
+                raise self._closed_error()
+            devices = [model.device] if model.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices, enabled=params.seed is not None):
+                if params.seed is not None:
+                    torch.manual_seed(params.seed)
+                if self.adapter is not None:
+                    # Policies sharing one base model take turns under the lock: switch
+                    # to this agent's adapter for the whole call.
+                    model.set_adapter(self.adapter)
+                for start in range(0, len(order), self.max_batch_size):
+                    chunk = order[start : start + self.max_batch_size]
+                    generations = self._generate_chunk([prompts[i] for i in chunk], params)
+                    for index, generation in zip(chunk, generations):
+                        results[index] = generation
         return [g for g in results if g is not None]
-
-    async def agenerate(
-        self, batch: Sequence[ChatMessages], params: SamplingParams
-    ) -> list[Generation]:
-        """:meth:`generate` in a worker thread, so an event loop keeps running."""
-        return await generate_in_thread(self, batch, params)
 
     def prompt_ids(self, messages: ChatMessages) -> list[int]:
         """The exact ids of a prompt: chat template with the generation prompt, tokenised.
@@ -419,13 +478,18 @@ class HFPolicy:
         )
 
     def close(self) -> None:
-        """Drop the model; frees GPU memory once no one else holds it."""
-        # Waits for a running generate to finish before the model goes.
+        """Drop the model; frees GPU memory once no one else holds it.
+
+        A running generate call finishes first; calls still queued on a compiled
+        policy's decode thread raise the closed error.
+        """
+        self._closing = True
+        if self._decode_executor is not None:
+            # Not waiting for the thread: its running call needs the lock taken below.
+            self._decode_executor.shutdown(wait=False, cancel_futures=True)
         with _GENERATE_LOCK:
             on_cuda = str(self.device).startswith("cuda")
             self.model = None  # type: ignore[assignment]
-            if self._decode_thread is not None:
-                self._decode_thread.shutdown(wait=False)
             if on_cuda:
                 self._torch.cuda.empty_cache()
 
@@ -459,7 +523,7 @@ class HFPolicy:
         )
         if params.stop:
             config.stop_strings = list(params.stop)
-        if self.compile_decode:
+        if self._compile_decode:
             config.cache_implementation = "static"
             config.max_cache_len = static_cache_length(prompt_width, params.max_new_tokens)
             config.compile_config = self._transformers.CompileConfig()
@@ -469,7 +533,7 @@ class HFPolicy:
         torch = self._torch
         width = max(len(p) for p in prompts)
         rows = len(prompts)
-        if self.compile_decode:
+        if self._compile_decode:
             # Filler rows (copies of the first prompt) keep the batch on a recorded shape.
             rows = decode_batch_rows(len(prompts), self.max_batch_size)
         input_ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
@@ -510,7 +574,12 @@ class HFPolicy:
                 f"recorded {tuple(logprobs.shape)} logprobs for {tuple(new_tokens.shape)} "
                 "generated tokens; another logits processor or decoding mode is interfering"
             )
-        info = {"model": self.name, "batch_size": len(prompts), "latency_s": elapsed}
+        info = {
+            "model": self.name,
+            "batch_size": len(prompts),
+            "decode_rows": rows,
+            "latency_s": elapsed,
+        }
         return [
             self.finish_generation(
                 prompt, new_tokens[row].tolist(), logprobs[row].tolist(), params, dict(info)

@@ -429,7 +429,7 @@ def test_compiled_decode_shapes_are_bucketed():
     assert static_cache_length(200, 57) == 512
 
 
-def test_compile_decode_pads_the_batch_without_changing_results(tiny, caplog):
+def test_compile_decode_pads_the_batch_without_changing_results(tiny, caplog, monkeypatch):
     # Off CUDA transformers does not compile, so this checks what compile_decode adds
     # around the graphs: filler rows, the static cache and the policy's own thread.
     model, tokenizer = tiny
@@ -437,6 +437,14 @@ def test_compile_decode_pads_the_batch_without_changing_results(tiny, caplog):
         compiled = HFPolicy(model, tokenizer, max_batch_size=4, compile_decode=True)
     assert "without CUDA graphs" in caplog.text
     plain = HFPolicy(model, tokenizer, max_batch_size=4)
+    configs = []
+    generate = model.generate
+
+    def spy(**kwargs):
+        configs.append(kwargs["generation_config"])
+        return generate(**kwargs)
+
+    monkeypatch.setattr(model, "generate", spy)
     prompts = [LONG, SHORT, THIRD]  # padded to 4 rows
     params = SamplingParams(max_new_tokens=10, temperature=0)
     padded = compiled.generate(prompts, params)
@@ -447,6 +455,19 @@ def test_compile_decode_pads_the_batch_without_changing_results(tiny, caplog):
         assert got.response_ids == want.response_ids
         assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
         assert got.info["batch_size"] == 3
+        assert got.info["decode_rows"] == 4
+    with_graphs, without = configs
+    assert with_graphs.cache_implementation == "static"
+    assert with_graphs.compile_config is not None
+    width = max(len(g.prompt_ids) for g in padded)
+    assert with_graphs.max_cache_len == static_cache_length(width, 10)
+    assert without.cache_implementation is None
+    assert without.compile_config is None
+
+    seeded = SamplingParams(max_new_tokens=8, temperature=1.0, seed=7)
+    first = compiled.generate(prompts, seeded)
+    again = compiled.generate(prompts, seeded)
+    assert [g.response_ids for g in first] == [g.response_ids for g in again]
 
 
 def test_filler_rows_end_at_once_and_real_rows_keep_decoding(tiny, monkeypatch):
@@ -502,6 +523,69 @@ def test_compiled_decoding_runs_on_the_policy_thread_only(tiny, monkeypatch):
     compiled.close()
     with pytest.raises(RuntimeError, match="closed"):
         compiled.generate([SHORT], params)
+
+
+def test_closing_a_compiled_policy_ends_queued_calls_with_the_closed_error(tiny, monkeypatch):
+    model, tokenizer = tiny
+    compiled = HFPolicy(model, tokenizer, max_batch_size=4, compile_decode=True)
+    entered, release = threading.Event(), threading.Event()
+    generate = model.generate
+
+    def slow(**kwargs):
+        entered.set()
+        release.wait(10)
+        return generate(**kwargs)
+
+    monkeypatch.setattr(model, "generate", slow)
+    params = SamplingParams(max_new_tokens=2, seed=0)
+
+    def call():
+        try:
+            return compiled.generate([SHORT], params)
+        except RuntimeError as error:
+            return error
+
+    with ThreadPoolExecutor(4) as pool:
+        running = pool.submit(call)
+        assert entered.wait(10)  # inside generate, holding the generate lock
+        queued = [pool.submit(call) for _ in range(2)]
+        while compiled._decode_executor._work_queue.qsize() < 2:
+            threading.Event().wait(0.01)
+        closing = pool.submit(compiled.close)
+        # Queued calls end at once, while the running one still holds the lock.
+        for future in queued:
+            assert "closed" in str(future.result(timeout=10))
+        release.set()
+        closing.result(timeout=10)
+        assert isinstance(running.result(timeout=10), list)  # the running call finished
+    with pytest.raises(RuntimeError, match="closed"):
+        compiled.generate([SHORT], params)
+    with pytest.raises(RuntimeError, match="closed"):
+        asyncio.run(compiled.agenerate([SHORT], params))
+
+
+def test_compile_decode_is_fixed_when_the_policy_is_built(tiny):
+    model, tokenizer = tiny
+    policy = HFPolicy(model, tokenizer)
+    with pytest.raises(AttributeError):
+        policy.compile_decode = True
+
+
+def test_cuda_graph_thread_state_with_this_torch():
+    from torch._inductor import cudagraph_trees
+
+    seen = {}
+
+    def in_a_new_thread():
+        prepare_cuda_graph_thread()
+        seen["containers"] = cudagraph_trees.get_obj(
+            cudagraph_trees.local, "tree_manager_containers"
+        )
+
+    worker = threading.Thread(target=in_a_new_thread)
+    worker.start()
+    worker.join()
+    assert isinstance(seen["containers"], dict)
 
 
 def test_compile_decode_refuses_a_lora_adapter(tiny):
