@@ -220,7 +220,7 @@ class Trainer:
                 tokenizer,
                 name=f"{agent}:{Path(source).name}",
                 max_batch_size=config.rollout_batch_size,
-                compile_decode=config.compile_decode and self.device.startswith("cuda"),
+                compile_decode=self.compiles_decoding,
             )
             self.learners[agent] = AgentLearner(
                 agent, model, ref, tokenizer, optimizer, policy, source
@@ -241,6 +241,19 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "config.json").write_text(
             json.dumps(config.to_dict(), indent=2, default=str) + "\n"
+        )
+
+    @property
+    def compiles_decoding(self) -> bool:
+        """Whether the agents' policies decode with CUDA graphs (``compile_decode``).
+
+        Only full fine-tuning on CUDA does: transformers compiles decoding on
+        accelerators, and LoRA policies switch adapters at every call.
+        """
+        return (
+            self.config.compile_decode
+            and self.config.lora_rank == 0
+            and self.device.startswith("cuda")
         )
 
     def _optimizer(self, params: Any) -> Any:
@@ -454,14 +467,14 @@ class Trainer:
         started = time.perf_counter()
         episodes = self.rollout(self.step)
         rollout_s = time.perf_counter() - started
+        samples = [a for e in episodes for a in e.actions]
+        save_jsonl(self.out / "rollouts" / f"step-{self.step:06d}.jsonl", samples)
         if episodes and all(e.aborted for e in episodes):
             # Nothing to learn from, and the next step would most likely fail the same way.
             raise RuntimeError(
                 f"every episode of step {self.step} failed, so there is nothing to train on; "
                 f"the first error: {episodes[0].outcome.get('error')}"
             )
-        samples = [a for e in episodes for a in e.actions]
-        save_jsonl(self.out / "rollouts" / f"step-{self.step:06d}.jsonl", samples)
         metrics = self.learn(episodes)
         self.after_update()
         response_tokens = metrics["rollout/response_tokens"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -162,7 +163,15 @@ def test_bf16_training_keeps_float32_master_weights(tmp_path, mixed):
     assert isinstance(learner.optimizer, MasterWeightAdamW) == mixed
     assert learner.policy.max_batch_size == config.rollout_batch_size
     assert config.compile_decode
-    assert not learner.policy.compile_decode  # CUDA graphs only: off on this CPU run
+    assert not trainer.compiles_decoding  # CUDA graphs only: off on this CPU run
+    assert learner.policy.compile_decode == trainer.compiles_decoding
+    trainer.device = "cuda:0"  # what the policies would get on a GPU
+    assert trainer.compiles_decoding
+    trainer.config = dataclasses.replace(config, lora_rank=8)
+    assert not trainer.compiles_decoding  # adapters switch at every call
+    trainer.config = dataclasses.replace(config, compile_decode=False)
+    assert not trainer.compiles_decoding
+    trainer.config, trainer.device = config, "cpu"
     initial = {n: p.detach().float().clone() for n, p in learner.model.named_parameters()}
     history = trainer.train()
     # Policy and reference compute alike before any update: the first KL is exactly 0.
