@@ -69,25 +69,40 @@ def profile_learn(trainer: Any, episodes: list, path: Path) -> None:
     path.write_text(prof.key_averages().table(sort_by=sort_by, row_limit=30) + "\n")
 
 
-def timed_rollout(trainer: Any, step: int, compiled: bool) -> dict[str, Any]:
-    """One step's rollouts, with compiled decoding on or off for every agent."""
+def timed_rollout(trainer: Any, step: int) -> dict[str, Any]:
+    """One step's rollouts with the trainer's current policies."""
     import torch
 
-    for learner in trainer.learners.values():
-        learner.policy.compile_decode = compiled
     started = time.perf_counter()
     episodes = trainer.rollout(step)
     seconds = time.perf_counter() - started
     actions = [a for e in episodes for a in e.actions]
     tokens = sum(len(a.response_ids) for a in actions)
+    policy = next(iter(trainer.learners.values())).policy
     return {
+        "compiled": policy.compile_decode and torch.cuda.is_available(),
         "prompt_tokens_mean": round(sum(len(a.prompt_ids) for a in actions) / len(actions), 1),
-        "compiled": compiled and torch.cuda.is_available(),
         "seconds": round(seconds, 2),
         "response_tokens": tokens,
         "tok_s": round(tokens / seconds),
         "episodes": episodes,
     }
+
+
+def use_eager_policies(trainer: Any) -> None:
+    """Give every agent an eager policy on its same model, for a side-by-side rollout."""
+    from mappa_agents.hf import HFPolicy
+
+    for learner in trainer.learners.values():
+        compiled = learner.policy
+        learner.policy = HFPolicy(
+            learner.model,
+            learner.tokenizer,
+            name=compiled.name,
+            max_batch_size=compiled.max_batch_size,
+        )
+        compiled.close()  # its decode thread; the model stays with the learner
+    trainer._close_runners()  # the next rollout builds its runner on the new policies
 
 
 def main() -> None:
@@ -162,9 +177,10 @@ def main() -> None:
     rollouts = []
     for index in range(args.rollouts):
         # The first compiled rollout includes compilation; later ones show steady state.
-        rollouts.append(timed_rollout(trainer, index, compiled=base.compile_decode))
-    if args.compare_eager_rollout:
-        rollouts.append(timed_rollout(trainer, args.rollouts, compiled=False))
+        rollouts.append(timed_rollout(trainer, index))
+    if args.compare_eager_rollout and base.compile_decode:
+        use_eager_policies(trainer)
+        rollouts.append(timed_rollout(trainer, args.rollouts))
     episodes = rollouts[0]["episodes"]  # every variant learns from the same episodes
     for row in rollouts:
         del row["episodes"]
