@@ -69,6 +69,12 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reward-mode", default="process", choices=["process", "outcome", "mixed"])
     parser.add_argument("--device", default="auto", help="torch device for local models")
     parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float32, float16")
+    parser.add_argument(
+        "--compile-decode",
+        action="store_true",
+        help="local models on CUDA: decode with a static KV cache and CUDA graphs "
+        "(the first batches compile; see HFPolicy)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -93,7 +99,13 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     probe.close()
     logger.info("loading system %s for agents %s", args.system, agents)
     load_start = time.perf_counter()
-    system = AgentSystem.from_spec(args.system, agents, device=args.device, dtype=args.dtype)
+    system = AgentSystem.from_spec(
+        args.system,
+        agents,
+        device=args.device,
+        dtype=args.dtype,
+        **({"compile_decode": True} if args.compile_decode else {}),
+    )
     load_s = time.perf_counter() - load_start
     sampling = SamplingParams(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p

@@ -214,12 +214,13 @@ def load_policy(spec: str, **kwargs: Any) -> Policy:
             HFPolicy`; ``"api:<litellm model>"`` (e.g. ``"api:openai/gpt-4.1-mini"``) ->
             :class:`~mappa_agents.api.LiteLLMPolicy`; ``"vllm:<model>"`` (a short name,
             HF id or path) -> :class:`~mappa_agents.vllm_policy.VLLMPolicy`.
-        **kwargs: Passed to the policy's constructor. ``device`` and ``dtype`` (which
-            callers such as ``mappa eval`` pass for every spec) only apply to local
-            models: an ``api:`` spec drops both (a provider would reject them as
-            unknown request fields); a ``vllm:`` spec drops ``device`` (vLLM places
-            the model itself) and gives ``dtype`` to ``vllm.LLM``, short names such as
-            ``"bf16"`` spelled out.
+        **kwargs: Passed to the policy's constructor. ``device``, ``dtype`` and
+            ``compile_decode`` (which callers such as ``mappa eval`` pass for every
+            spec) only apply to local models: an ``api:`` spec drops all three (a
+            provider would reject them as unknown request fields); a ``vllm:`` spec
+            drops ``device`` (vLLM places the model itself) and ``compile_decode``
+            (vLLM captures CUDA graphs itself) and gives ``dtype`` to ``vllm.LLM``,
+            short names such as ``"bf16"`` spelled out.
 
     Returns:
         The policy.
@@ -235,7 +236,7 @@ def load_policy(spec: str, **kwargs: Any) -> Policy:
 
         if not rest:
             raise ValueError("'api:' needs a litellm model name, e.g. 'api:openai/gpt-4.1-mini'")
-        for key in ("device", "dtype"):
+        for key in ("device", "dtype", "compile_decode"):
             _drop_option(kwargs, key, spec, "it would be sent to the API as a request field")
         return LiteLLMPolicy(rest, **kwargs)
     if separator and backend == "vllm":
@@ -244,6 +245,7 @@ def load_policy(spec: str, **kwargs: Any) -> Policy:
         if not rest:
             raise ValueError("'vllm:' needs a model name or path")
         _drop_option(kwargs, "device", spec, "vLLM places the model on its devices itself")
+        _drop_option(kwargs, "compile_decode", spec, "vLLM captures CUDA graphs itself")
         if "dtype" in kwargs:
             kwargs["dtype"] = _vllm_dtype(kwargs["dtype"], spec)
         kwargs.setdefault("name", rest)

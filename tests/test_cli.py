@@ -34,6 +34,22 @@ def test_eval_writes_report_transcripts_and_plots(tmp_path, capsys):
     assert "MathChat-v0: 3 episodes" in capsys.readouterr().out
 
 
+def test_eval_compile_decode_reaches_local_policies(tmp_path, caplog):
+    model = tiny_model_dir(tmp_path / "model")
+    with caplog.at_level("WARNING", logger="mappa_agents.hf"):
+        code = main(
+            [
+                "eval", "--env", "MathChat-v0", "--system", str(model), "--coach", "rules",
+                "--episodes", "1", "--max-new-tokens", "4", "--num-tasks", "1",
+                "--sandbox", "none", "--out", str(tmp_path / "out"), "--no-progress",
+                "--compile-decode",
+            ]
+        )  # fmt: skip
+    assert code == 0
+    # On this CPU the policy says it gets the static cache without CUDA graphs.
+    assert "compile_decode on the CPU" in caplog.text
+
+
 def test_unknown_choices_are_rejected():
     parser = build_parser()
     with pytest.raises(SystemExit):

@@ -147,15 +147,19 @@ def test_load_policy_api_spec():
 def test_load_policy_api_spec_drops_local_model_options(caplog):
     """``mappa eval`` passes device and dtype for every spec; an API must not see them."""
     with caplog.at_level(logging.DEBUG, logger="mappa_agents.models"):
-        policy = load_policy("api:openai/gpt-4o-mini", device="cuda", dtype="bfloat16")
+        policy = load_policy(
+            "api:openai/gpt-4o-mini", device="cuda", dtype="bfloat16", compile_decode=True
+        )
     assert policy.litellm_options == {}
     kwargs = policy.request_kwargs([{"role": "user", "content": "hi"}], SamplingParams())
     assert "device" not in kwargs
     assert "dtype" not in kwargs
+    assert "compile_decode" not in kwargs
     ignored = [r.getMessage() for r in caplog.records if "ignoring" in r.getMessage()]
-    assert len(ignored) == 2
+    assert len(ignored) == 3
     assert "device='cuda'" in ignored[0]
     assert "dtype='bfloat16'" in ignored[1]
+    assert "compile_decode=True" in ignored[2]
 
 
 class _FakeLLM:
@@ -182,7 +186,9 @@ def fake_vllm(monkeypatch):
     ("dtype", "expected"), [("bf16", "bfloat16"), ("auto", "auto"), ("float16", "float16")]
 )
 def test_load_policy_vllm_spec_maps_dtype_and_drops_device(fake_vllm, dtype, expected):
-    policy = load_policy("vllm:some/model", device="cuda", dtype=dtype, max_model_len=64)
+    policy = load_policy(
+        "vllm:some/model", device="cuda", dtype=dtype, max_model_len=64, compile_decode=True
+    )
     assert policy.llm.kwargs == {"model": "some/model", "dtype": expected, "max_model_len": 64}
     assert policy.name == "some/model"
     assert "dtype" not in load_policy("vllm:some/model").llm.kwargs
@@ -206,9 +212,10 @@ def test_load_policy_local_directory(tmp_path):
     from tests.tiny_models import tiny_model_dir
 
     directory = tiny_model_dir(tmp_path / "tiny")
-    policy = load_policy(str(directory), max_batch_size=3)
+    policy = load_policy(str(directory), max_batch_size=3, compile_decode=True)
     assert isinstance(policy, HFPolicy)
     assert policy.max_batch_size == 3
+    assert policy.compile_decode
     (generation,) = policy.generate(
         [[{"role": "user", "content": "hi"}]], SamplingParams(max_new_tokens=3, seed=0)
     )
