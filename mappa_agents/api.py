@@ -35,6 +35,7 @@ from mappa_agents.policy import (
     SamplingParams,
     normalize_batch,
     normalize_finish_reason,
+    optional_sampling_fields,
     split_reasoning,
 )
 from mappa_env._optional import require
@@ -165,12 +166,7 @@ class LiteLLMPolicy:
         }
         if params.top_p < 1:
             kwargs["top_p"] = params.top_p
-        if params.top_k > 0:
-            kwargs["top_k"] = params.top_k
-        if params.stop:
-            kwargs["stop"] = list(params.stop)
-        if params.seed is not None:
-            kwargs["seed"] = params.seed + index
+        kwargs.update(optional_sampling_fields(params, index))
         if self.api_base is not None:
             kwargs["api_base"] = self.api_base
         if self.api_key is not None:

@@ -237,6 +237,27 @@ async def generate_in_thread(
     return await asyncio.to_thread(policy.generate, batch, params)
 
 
+def optional_sampling_fields(params: SamplingParams, index: int) -> dict[str, Any]:
+    """The sampling fields a request carries only when set: top-k, stop strings, seed.
+
+    Args:
+        params: Sampling settings.
+        index: Position of the prompt in its batch: a seeded batch gives prompt ``i``
+            the seed ``seed + i``, so identical prompts still get different samples.
+
+    Returns:
+        ``top_k`` when above 0, ``stop`` when any, ``seed`` when seeded.
+    """
+    fields: dict[str, Any] = {}
+    if params.top_k > 0:
+        fields["top_k"] = params.top_k
+    if params.stop:
+        fields["stop"] = list(params.stop)
+    if params.seed is not None:
+        fields["seed"] = params.seed + index
+    return fields
+
+
 def chat_prompt_ids(
     tokenizer: Any,
     messages: ChatMessages,

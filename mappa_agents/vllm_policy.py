@@ -24,6 +24,7 @@ from mappa_agents.policy import (
     generate_in_thread,
     normalize_batch,
     normalize_finish_reason,
+    optional_sampling_fields,
     split_reasoning,
 )
 from mappa_env._optional import require
@@ -51,12 +52,7 @@ def sampling_kwargs(params: SamplingParams, index: int = 0) -> dict[str, Any]:
         "skip_special_tokens": True,
         "include_stop_str_in_output": False,
     }
-    if params.top_k > 0:
-        kwargs["top_k"] = params.top_k
-    if params.stop:
-        kwargs["stop"] = list(params.stop)
-    if params.seed is not None:
-        kwargs["seed"] = params.seed + index
+    kwargs.update(optional_sampling_fields(params, index))
     return kwargs
 
 

@@ -137,6 +137,31 @@ def scripted(replies: Sequence[HandlerResult]) -> Handler:
     return handler
 
 
+def counting_in_flight(reply: HandlerResult, delay_s: float) -> tuple[Handler, dict[str, int]]:
+    """A handler that answers ``reply`` after ``delay_s`` and counts requests in flight.
+
+    Args:
+        reply: The reply to every request.
+        delay_s: Seconds each request is held.
+
+    Returns:
+        The handler and its counters: ``now`` (in flight) and ``max`` (most at once).
+    """
+    state = {"now": 0, "max": 0}
+    lock = threading.Lock()
+
+    async def handler(_request: StubRequest) -> HandlerResult:
+        with lock:
+            state["now"] += 1
+            state["max"] = max(state["max"], state["now"])
+        await asyncio.sleep(delay_s)
+        with lock:
+            state["now"] -= 1
+        return reply
+
+    return handler, state
+
+
 def _rough_tokens(text: str) -> int:
     return max(1, len(text) // 4)
 

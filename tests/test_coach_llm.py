@@ -29,7 +29,12 @@ from mappa_env.coach.templates import (  # noqa: E402
     PromptLimits,
     analyst_outcome_cap,
 )
-from tests.openai_stub_server import StubReply, run_stub_server, scripted  # noqa: E402
+from tests.openai_stub_server import (  # noqa: E402
+    StubReply,
+    counting_in_flight,
+    run_stub_server,
+    scripted,
+)
 
 litellm.suppress_debug_info = True  # keep test output readable
 # litellm's own pydantic models warn about ReadOnly TypedDict items on first use.
@@ -494,22 +499,6 @@ def test_deadline_bounds_a_verdict():
         assert 1 < verdict.attempts < 1000
 
 
-def _in_flight_handler(delay_s: float):
-    state = {"now": 0, "max": 0}
-    lock = threading.Lock()
-
-    async def handler(_request):
-        with lock:
-            state["now"] += 1
-            state["max"] = max(state["max"], state["now"])
-        await asyncio.sleep(delay_s)
-        with lock:
-            state["now"] -= 1
-        return "PROCESS_SCORE: 5"
-
-    return handler, state
-
-
 def _score_concurrently(coach: LLMCoach, n: int) -> float:
     requests = [math_request(task_id=f"t{i}") for i in range(n)]
 
@@ -523,7 +512,7 @@ def _score_concurrently(coach: LLMCoach, n: int) -> float:
 
 
 def test_concurrent_calls_overlap():
-    handler, state = _in_flight_handler(0.3)
+    handler, state = counting_in_flight("PROCESS_SCORE: 5", 0.3)
     with run_stub_server(handler) as server:
         coach = stub_coach(server, max_concurrency=16)
         coach.score(math_request(task_id="warm-up"))  # import/connection costs out of timing
@@ -533,7 +522,7 @@ def test_concurrent_calls_overlap():
 
 
 def test_max_concurrency_caps_calls_in_flight():
-    handler, state = _in_flight_handler(0.3)
+    handler, state = counting_in_flight("PROCESS_SCORE: 5", 0.3)
     with run_stub_server(handler) as server:
         coach = stub_coach(server, max_concurrency=2)
         elapsed = _score_concurrently(coach, 8)
@@ -542,7 +531,7 @@ def test_max_concurrency_caps_calls_in_flight():
 
 
 def test_cap_is_shared_across_event_loops_and_threads():
-    handler, state = _in_flight_handler(0.1)
+    handler, state = counting_in_flight("PROCESS_SCORE: 5", 0.1)
     with run_stub_server(handler) as server:
         coach = stub_coach(server, max_concurrency=3)
         threads = [threading.Thread(target=_score_concurrently, args=(coach, 4)) for _ in range(3)]

@@ -18,7 +18,11 @@ web = pytest.importorskip("aiohttp.web")
 
 from mappa_agents.api import LiteLLMPolicy, parse_response  # noqa: E402
 from mappa_agents.policy import GenerationError, Policy, SamplingParams  # noqa: E402
-from tests.openai_stub_server import StubReply, run_stub_server  # noqa: E402
+from tests.openai_stub_server import (  # noqa: E402
+    StubReply,
+    counting_in_flight,
+    run_stub_server,
+)
 
 PROMPTS = [
     [{"role": "system", "content": "You solve problems."}, {"role": "user", "content": "2 + 3?"}],
@@ -154,18 +158,7 @@ def test_http_round_trip_with_stub_server():
 
 
 def test_concurrency_limit_is_respected():
-    state = {"in_flight": 0, "most": 0}
-    lock = threading.Lock()
-
-    async def handler(_request):
-        with lock:
-            state["in_flight"] += 1
-            state["most"] = max(state["most"], state["in_flight"])
-        await asyncio.sleep(0.2)
-        with lock:
-            state["in_flight"] -= 1
-        return "ok"
-
+    handler, state = counting_in_flight("ok", 0.2)
     with run_stub_server(handler) as server:
         policy = LiteLLMPolicy(
             "openai/stub-model", api_base=server.base_url, api_key="t", max_concurrency=2
@@ -175,7 +168,7 @@ def test_concurrency_limit_is_respected():
         finally:
             policy.close()
     assert len(generations) == 6
-    assert 1 <= state["most"] <= 2
+    assert 1 <= state["max"] <= 2
 
 
 def test_failed_requests_raise_and_keep_the_rest():

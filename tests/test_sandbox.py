@@ -46,6 +46,17 @@ def wait_gone(pids: list[int], timeout: float = 5.0) -> bool:
     return all(gone(pid) for pid in pids)
 
 
+def kill_kernel_and_wait(sandbox: JupyterSandbox) -> None:
+    """Start the kernel, kill it with SIGKILL and wait until the sandbox has seen it end."""
+    sandbox.start()
+    pid = sandbox.kernel_pid
+    assert pid is not None
+    os.kill(pid, 9)
+    deadline = time.monotonic() + 5
+    while sandbox.kernel_pid is not None and time.monotonic() < deadline:
+        time.sleep(0.02)  # all of the kernel's threads must have ended
+
+
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> JupyterSandbox:
     """One sandbox for the tests whose state does not matter (saves kernel starts)."""
@@ -410,13 +421,7 @@ def test_exit_restarts_without_error(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_kernel_killed_between_calls_is_restarted(tmp_path: Path) -> None:
     with JupyterSandbox(tmp_path) as sandbox:
-        sandbox.start()
-        pid = sandbox.kernel_pid
-        assert pid is not None
-        os.kill(pid, 9)
-        deadline = time.monotonic() + 5
-        while sandbox.kernel_pid is not None and time.monotonic() < deadline:
-            time.sleep(0.02)  # all of the kernel's threads must have ended
+        kill_kernel_and_wait(sandbox)
         result = sandbox.run("'back'")
         assert result.restarted
         assert result.ok
@@ -539,13 +544,7 @@ def test_failed_start_after_the_kernel_ended_between_calls(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with JupyterSandbox(tmp_path) as sandbox:
-        sandbox.start()
-        pid = sandbox.kernel_pid
-        assert pid is not None
-        os.kill(pid, 9)
-        deadline = time.monotonic() + 5
-        while sandbox.kernel_pid is not None and time.monotonic() < deadline:
-            time.sleep(0.02)
+        kill_kernel_and_wait(sandbox)
         flaky_start(monkeypatch, failures=1)
         failed = sandbox.run("1")
         assert failed.error is not None
