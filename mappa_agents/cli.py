@@ -94,9 +94,13 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     # One coach for every environment, so its concurrency limit, cache and ledger are shared.
     coach = make_coach(args.coach)
     env_options["coach"] = coach
-    probe = mappa_env.make(args.env, **{**env_options, "sandbox": None})
-    agents = list(probe.possible_agents)
-    probe.close()
+    probe = mappa_env.make(args.env, **env_options)
+    try:
+        agents = list(probe.possible_agents)
+        # Before loading models: a sandbox that cannot run code stops here, with the cause.
+        probe.check_sandbox()
+    finally:
+        probe.close()
     logger.info("loading system %s for agents %s", args.system, agents)
     load_start = time.perf_counter()
     system = AgentSystem.from_spec(

@@ -193,6 +193,7 @@ class Trainer:
         from mappa_agents.models import resolve_model
 
         config = self.config
+        self.check_sandboxes()
         torch.manual_seed(config.seed)
         np.random.seed(config.seed % (2**32))
         specs = parse_system_spec(config.system, self.agents)
@@ -242,6 +243,22 @@ class Trainer:
         (self.out / "config.json").write_text(
             json.dumps(config.to_dict(), indent=2, default=str) + "\n"
         )
+
+    def check_sandboxes(self) -> None:
+        """Stop before loading anything when the environments' sandboxes cannot run code.
+
+        Raises:
+            SandboxUnavailableError: With the cause and the fix (see
+                :func:`mappa_env.sandbox.check_sandbox`).
+        """
+        for factory in {self.env_factory, self.eval_env_factory}:
+            env = factory()
+            try:
+                check = getattr(env, "check_sandbox", None)
+                if callable(check):
+                    check()
+            finally:
+                env.close()
 
     @property
     def compiles_decoding(self) -> bool:

@@ -36,7 +36,7 @@ from mappa_env.coach.base import (
     RevealPolicy,
 )
 from mappa_env.envs._sync import SyncRunner
-from mappa_env.sandbox.base import ExecError, ExecResult, Sandbox, SandboxFactory
+from mappa_env.sandbox.base import ExecError, ExecResult, Sandbox, SandboxFactory, check_sandbox
 from mappa_env.spaces import UnicodeText, make_observation, text_observation_space
 
 logger = logging.getLogger(__name__)
@@ -576,6 +576,13 @@ class PipelineEnv(AECEnv):
 
     async def _judge(self, record: ActionRecord) -> CoachVerdict:
         assert self.coach is not None
+        result = record.tool.result
+        if result is not None and result.error is not None and result.error.name == "SandboxError":
+            # The environment failed to run the code, not the agent: no score, flagged.
+            return CoachVerdict.invalid(
+                f"not scored: the sandbox could not run this action's code ({result.error.value})",
+                coach=self.coach.name,
+            )
         task_id, task_text, truth = self.task_facts()
         is_last = record.agent == self.possible_agents[-1]
         show_truth = self.reveal == "always" or (self.reveal == "last_agent" and is_last)
@@ -697,6 +704,19 @@ class PipelineEnv(AECEnv):
             self._sandboxes[owner] = sandbox
         result = await sandbox.arun(code, timeout=timeout)
         return result, result.render(output_chars)
+
+    def check_sandbox(self) -> None:
+        """Run one trivial cell in a sandbox made as this environment makes them.
+
+        Trainers and evaluation scripts call it before a run, so a sandbox that cannot
+        work (no kernel starts) stops the run with its cause instead of turning every
+        code action into a tool error. Does nothing when code execution is disabled.
+
+        Raises:
+            SandboxUnavailableError: With the cause and what to do.
+        """
+        if self._sandbox_factory is not None:
+            check_sandbox(self._sandbox_factory)
 
     async def release_sandbox(self, owner: str) -> None:
         """Close ``owner``'s sandbox, if it has one (off the event loop)."""

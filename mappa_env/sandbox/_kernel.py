@@ -21,7 +21,7 @@ from queue import Empty
 from typing import Any
 
 from mappa_env.sandbox import _process
-from mappa_env.sandbox.limits import SandboxLimits
+from mappa_env.sandbox.limits import SandboxLimits, inherited_import_paths
 from mappa_env.text import truncate_middle
 
 logger = logging.getLogger(__name__)
@@ -206,6 +206,7 @@ def start_kernel(cwd: Path, limits: SandboxLimits, env: dict[str, str]) -> Kerne
         "subreaper": True,
         "fault_log": str(runtime_dir / "fault.log"),
         "startup_error_log": str(runtime_dir / "startup-error.log"),
+        "sys_path": inherited_import_paths(),
     }
     argv = [
         sys.executable,

@@ -16,6 +16,9 @@ The spec is a JSON object:
 - ``fault_log``: file that receives fatal-error tracebacks (segfault, abort), read by the
   sandbox when the kernel dies.
 - ``startup_error_log``: file that receives the traceback when the kernel cannot start.
+- ``sys_path``: absolute directories put first on ``sys.path`` (the creating process's
+  ``PYTHONPATH``, which the kernel's environment does not carry), so the kernel imports
+  what that process imports.
 
 The kernel's own stderr goes to ``/dev/null``: the kernel copies everything agents write to
 file descriptor 2 there, so a file would grow without bound.
@@ -107,6 +110,9 @@ def main() -> None:
         # back itself after its imports, so a workspace file cannot shadow them.
         if sys.path and sys.path[0] in ("", os.getcwd()):
             del sys.path[0]
+        for entry in reversed(spec.get("sys_path", [])):
+            if entry not in sys.path:
+                sys.path.insert(0, entry)
         from ipykernel.kernelapp import IPKernelApp
 
         app = IPKernelApp.instance()

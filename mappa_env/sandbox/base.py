@@ -129,3 +129,58 @@ class SandboxFactory(Protocol):
     def __call__(self, workdir: Path) -> Sandbox:
         """Return a new sandbox running in ``workdir``."""
         ...
+
+
+class SandboxUnavailableError(RuntimeError):
+    """A sandbox cannot run even trivial code, so no run that needs one can be meaningful.
+
+    Raised by :func:`check_sandbox` before a run starts: otherwise every code action
+    would come back as a tool error and be scored as the agent's failure.
+    """
+
+
+#: What :func:`check_sandbox` runs, and what it must print.
+_PROBE_CODE, _PROBE_OUTPUT = "print(6 * 7)", "42"
+
+
+def check_sandbox(factory: SandboxFactory, timeout: float = 60.0) -> None:
+    """Make one sandbox from ``factory`` in a temporary directory and run ``print(6 * 7)``.
+
+    Args:
+        factory: The sandbox factory an environment will use.
+        timeout: Seconds the probe code may take (a kernel start comes first).
+
+    Raises:
+        SandboxUnavailableError: Naming the cause (the kernel's start-up error, for
+            example) and what to do, when the sandbox cannot be made, or the code fails
+            or prints something else.
+    """
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="mappa-sandbox-check-") as workdir:
+        try:
+            sandbox = factory(Path(workdir))
+        except Exception as exc:  # noqa: BLE001 - any failure to build one is the finding
+            cause = f"making a sandbox raised {type(exc).__name__}: {exc}"
+        else:
+            try:
+                result = sandbox.run(_PROBE_CODE, timeout=timeout)
+            finally:
+                sandbox.close()
+            if result.ok and result.stdout.strip() == _PROBE_OUTPUT:
+                return
+            if result.error is not None:
+                cause = f"{result.error.name}: {result.error.value}"
+            else:
+                cause = f"{_PROBE_CODE} printed {result.stdout.strip()[:200]!r}"
+            if result.stderr.strip():
+                cause += f"\nstderr:\n{truncate_middle(result.stderr.strip(), 2000)}"
+    raise SandboxUnavailableError(
+        f"the sandbox cannot run code ({cause}). Every code action would come back as a "
+        "tool error and be scored as the agent's fault, so nothing runs. For the Jupyter "
+        f"sandbox, make ipykernel and jupyter-client importable by {sys.executable} "
+        f"(`{sys.executable} -m pip install ipykernel jupyter-client`); packages that "
+        "are reachable only through PYTHONPATH are passed on to the kernel. To run "
+        "without code execution, use sandbox=None (`--sandbox none`)."
+    )

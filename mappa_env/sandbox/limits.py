@@ -151,6 +151,32 @@ class SandboxLimits:
         return spec
 
 
+def inherited_import_paths(parent: Mapping[str, str] | None = None) -> list[str]:
+    """Directories on this process's ``PYTHONPATH``, as absolute paths, for the kernel.
+
+    The kernel runs this interpreter, so it sees the same installed packages; packages
+    reachable only through ``PYTHONPATH`` would be missing, because the variable is not
+    on the environment allow-list. The launcher puts these directories on the kernel's
+    ``sys.path`` itself. Relative entries are resolved against this process's working
+    directory (what they mean here), never the workspace's; missing ones are dropped.
+
+    Args:
+        parent: Environment to read, default ``os.environ``.
+
+    Returns:
+        Existing directories in ``PYTHONPATH`` order, without duplicates.
+    """
+    source: Mapping[str, Any] = os.environ if parent is None else parent
+    paths: list[str] = []
+    for entry in str(source.get("PYTHONPATH", "")).split(os.pathsep):
+        if not entry:
+            continue  # an empty entry means the current directory: never the workspace
+        path = os.path.abspath(entry)
+        if os.path.isdir(path) and path not in paths:
+            paths.append(path)
+    return paths
+
+
 def kernel_environment(
     limits: SandboxLimits,
     extra: Mapping[str, str] | None = None,
