@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from mappa_agents.cli import build_parser, main
-from tests.tiny_models import tiny_model_dir
+from mappa_agents.tiny_models import tiny_model_dir
 
 
 def test_eval_writes_report_transcripts_and_plots(tmp_path, capsys):

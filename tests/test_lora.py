@@ -10,10 +10,10 @@ pytest.importorskip("peft")
 from mappa_agents.hf import HFPolicy  # noqa: E402
 from mappa_agents.lora import adapter_parameters, lora_system  # noqa: E402
 from mappa_agents.policy import SamplingParams  # noqa: E402
+from mappa_agents.tiny_models import tiny_model_dir  # noqa: E402
 from mappa_train import checkpoint as ckpt  # noqa: E402
 from mappa_train.config import TrainConfig  # noqa: E402
 from mappa_train.trainer import Trainer  # noqa: E402
-from tests.tiny_models import tiny_model_dir  # noqa: E402
 from tests.toy_env import LetterEnv  # noqa: E402
 
 AGENTS = ["solver", "checker"]

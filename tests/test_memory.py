@@ -43,10 +43,10 @@ def test_check_fits_names_what_to_change(caplog):
 
 
 def test_trainer_counts_real_parameters_without_loading(tmp_path):
+    from mappa_agents.tiny_models import tiny_model_dir
     from mappa_train.config import TrainConfig
     from mappa_train.memory import count_parameters
     from mappa_train.trainer import Trainer
-    from tests.tiny_models import tiny_model_dir
     from tests.toy_env import LetterEnv
 
     model_dir = str(tiny_model_dir(tmp_path / "model"))

@@ -196,7 +196,7 @@ def test_load_policy_vllm_spec_maps_dtype_and_drops_device(fake_vllm, dtype, exp
 
 def test_vllm_prompt_ids_are_the_chat_template(fake_vllm, monkeypatch):
     pytest.importorskip("torch")
-    from tests.tiny_models import build_tiny_tokenizer
+    from mappa_agents.tiny_models import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     monkeypatch.setattr(_FakeLLM, "tokenizer", tokenizer)
@@ -209,7 +209,7 @@ def test_vllm_prompt_ids_are_the_chat_template(fake_vllm, monkeypatch):
 def test_load_policy_local_directory(tmp_path):
     pytest.importorskip("torch")
     from mappa_agents.hf import HFPolicy
-    from tests.tiny_models import tiny_model_dir
+    from mappa_agents.tiny_models import tiny_model_dir
 
     directory = tiny_model_dir(tmp_path / "tiny")
     policy = load_policy(str(directory), max_batch_size=3, compile_decode=True)
@@ -272,8 +272,8 @@ def test_vllm_sampling_kwargs():
 @pytest.mark.slow
 def test_vllm_policy_exact_ids(tmp_path):
     pytest.importorskip("vllm")
+    from mappa_agents.tiny_models import build_tiny_model, build_tiny_tokenizer
     from mappa_agents.vllm_policy import VLLMPolicy
-    from tests.tiny_models import build_tiny_model, build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     # vLLM's CPU attention needs head_dim >= 32.

@@ -28,7 +28,7 @@ from mappa_agents.policy import (  # noqa: E402
     normalize_batch,
     split_reasoning,
 )
-from tests.tiny_models import (  # noqa: E402
+from mappa_agents.tiny_models import (  # noqa: E402
     CHAT_TEMPLATE,
     build_tiny_model,
     build_tiny_tokenizer,

@@ -16,11 +16,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from mappa_agents.tiny_models import tiny_model_and_tokenizer, tiny_model_dir  # noqa: E402
 from mappa_train import checkpoint as ckpt  # noqa: E402
 from mappa_train.config import TrainConfig  # noqa: E402
 from mappa_train.logprobs import pack, response_logprobs  # noqa: E402
 from mappa_train.trainer import Trainer, warmup_cosine  # noqa: E402
-from tests.tiny_models import tiny_model_and_tokenizer, tiny_model_dir  # noqa: E402
 from tests.toy_env import LetterEnv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,8 +1,10 @@
 """Tiny random causal LMs with a real tokenizer and chat template, built in-process.
 
-Tests that need a model use these instead of downloading one: a byte-level BPE
-tokenizer trained in well under a second on a fixed corpus, and a 2-layer Llama- or
-Qwen3-shaped model with random weights (seeded, so every test sees the same model).
+For tests and smoke runs (of this project, and of your own environments and
+algorithms) that need a model without downloading one: a byte-level BPE tokenizer
+trained in well under a second on a fixed corpus (plus any text you add, so your
+prompts tokenise compactly), and a 2-layer Llama- or Qwen3-shaped model with random
+weights (seeded, so every run sees the same model). Needs the ``agents`` extra.
 
 Example:
     >>> model, tokenizer = tiny_model_and_tokenizer()
@@ -12,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -69,8 +72,8 @@ def _training_corpus() -> list[str]:
     return lines
 
 
-@functools.lru_cache(maxsize=4)
-def _tokenizer_json(vocab_size: int) -> str:
+@functools.lru_cache(maxsize=8)
+def _tokenizer_json(vocab_size: int, extra_corpus: tuple[str, ...] = ()) -> str:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -80,22 +83,26 @@ def _tokenizer_json(vocab_size: int) -> str:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_training_corpus(), trainer=trainer)
+    tokenizer.train_from_iterator([*_training_corpus(), *extra_corpus], trainer=trainer)
     return tokenizer.to_str()
 
 
-def build_tiny_tokenizer(vocab_size: int = 512) -> PreTrainedTokenizerFast:
+def build_tiny_tokenizer(
+    vocab_size: int = 512, extra_corpus: Sequence[str] = ()
+) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer with pad/eos tokens, role tokens and a chat template.
 
     Args:
         vocab_size: Target vocabulary size of the BPE training (special and
             reasoning tokens come on top).
+        extra_corpus: More training text, e.g. an environment's prompts, so that they
+            take few tokens.
 
     Returns:
         A fresh tokenizer (training is cached, the wrapper is new on every call).
     """
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(_tokenizer_json(vocab_size)),
+        tokenizer_object=Tokenizer.from_str(_tokenizer_json(vocab_size, tuple(extra_corpus))),
         pad_token=PAD_TOKEN,
         eos_token=EOS_TOKEN,
         additional_special_tokens=list(ROLE_TOKENS),
@@ -115,6 +122,7 @@ def build_tiny_model(
     hidden_size: int = 64,
     num_layers: int = 2,
     initializer_range: float = 0.2,
+    max_positions: int = 1024,
 ) -> PreTrainedModel:
     """A random causal LM sized for ``tokenizer``, in float32 and eval mode.
 
@@ -127,6 +135,7 @@ def build_tiny_model(
         initializer_range: Standard deviation of the random weights; larger than the
             usual 0.02 so that next-token distributions are peaked and greedy decoding
             has no near-ties that float noise could flip.
+        max_positions: Longest sequence (prompt and response) the model takes.
 
     Returns:
         The model.
@@ -138,7 +147,7 @@ def build_tiny_model(
         "num_hidden_layers": num_layers,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
-        "max_position_embeddings": 1024,
+        "max_position_embeddings": max_positions,
         "initializer_range": initializer_range,
         "tie_word_embeddings": False,
         "pad_token_id": tokenizer.pad_token_id,
