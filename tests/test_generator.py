@@ -15,6 +15,7 @@ import pytest
 import sympy
 
 from mappa_env.tasks import KINDS, MathTask, generate_math_tasks
+from mappa_env.tasks.generator import DEFAULT_KINDS
 
 # --------------------------------------------------------------------------------------
 # Brute-force reference computations, one per kind
@@ -179,6 +180,17 @@ BRUTE_FORCE = {
 }
 
 
+def brute_expression_from_prompt(prompt: str) -> int:
+    """The value of the expression as the prompt writes it, evaluated by Python's parser."""
+    import ast
+
+    (expression,) = re.fullmatch(r"Compute (.+)\.", prompt).groups()
+    tree = ast.parse(expression, mode="eval")
+    allowed = (ast.Expression, ast.BinOp, ast.Constant, ast.Add, ast.Sub, ast.Mult)
+    assert all(isinstance(node, allowed) for node in ast.walk(tree)), expression
+    return eval(compile(tree, "<prompt>", "eval"))
+
+
 def numbers_in(text: str) -> set[int]:
     """Integers written in ``text``, with their signs."""
     return {int(n) for n in re.findall(r"-?\d+", text)}
@@ -210,6 +222,8 @@ def params_shown(task: MathTask) -> set[int]:
         return {*p["elements"], p["modulus"]}
     if kind == "polynomial_roots":
         return {abs(c) for c in p["coefficients"][1:] if abs(c) > 1}
+    if kind == "expression":
+        return {v for v in p.values() if isinstance(v, int)}
     return {abs(v) for row in p["matrix"] for v in row if abs(v) > 1} | set(p["rhs"])
 
 
@@ -223,7 +237,10 @@ def params_shown(task: MathTask) -> set[int]:
 def test_answers_agree_with_brute_force(kind, difficulty):
     for seed in (0, 1, 2):
         (task,) = generate_math_tasks(1, seed=seed, kinds=[kind], difficulty=difficulty)
-        expected = BRUTE_FORCE[kind](task.metadata["params"])
+        if kind == "expression":
+            expected = brute_expression_from_prompt(task.prompt)
+        else:
+            expected = BRUTE_FORCE[kind](task.metadata["params"])
         assert task.answer == str(expected), (task.id, task.prompt)
         missing = params_shown(task) - magnitudes_in(task.prompt)
         assert not missing, f"{task.id}: prompt does not state {missing}: {task.prompt}"
@@ -240,7 +257,7 @@ def test_same_seed_same_tasks_and_prefix_stability():
 def test_ids_and_metadata():
     tasks = generate_math_tasks(25, seed=3)
     assert [t.id for t in tasks] == [f"gen-s3-{i:05d}" for i in range(25)]
-    kinds = list(KINDS)
+    kinds = list(DEFAULT_KINDS)
     for index, task in enumerate(tasks):
         meta = task.metadata
         assert meta["kind"] == kinds[index % len(kinds)]
@@ -282,6 +299,19 @@ def test_hard_problems_need_large_enumeration_or_arithmetic():
             assert p["exponent"] >= 10**9
         elif kind == "divisor_sum":
             assert p["n"] >= 10**8
+
+
+def test_expression_kind_is_named_not_default():
+    assert "expression" in KINDS
+    assert "expression" not in DEFAULT_KINDS
+    assert tuple(k for k in KINDS if k != "expression") == DEFAULT_KINDS
+    # Tasks of the default rotation do not depend on the starter family existing.
+    assert {t.metadata["kind"] for t in generate_math_tasks(44, seed=0)} == set(DEFAULT_KINDS)
+    hard = generate_math_tasks(20, seed=2, kinds=["expression"], difficulty="hard")
+    assert all(min(t.metadata["params"]["a"], t.metadata["params"]["b"]) >= 1000 for t in hard)
+    medium = generate_math_tasks(200, seed=2, kinds=["expression"], difficulty="medium")
+    assert all(re.fullmatch(r"Compute \d+ \* \d+ [+-] \d+\.", t.prompt) for t in medium)
+    assert len({t.prompt for t in medium}) == 200  # a large enough space for disjoint splits
 
 
 def test_kind_selection_and_invalid_arguments():

@@ -502,3 +502,39 @@ def test_lone_surrogates_in_actions_are_replaced_not_fatal():
     assert env.transcript[0].action == "draft ?"
     assert env.infos["code_executor"]["tool"]["stdout"].strip() == "5"
     env.close()
+
+
+def test_generated_task_sets_from_a_mapping():
+    spec = {"n": 5, "seed": 3, "kinds": ["expression"], "difficulty": "medium"}
+    env = mappa_env.make("MathChat-v0", tasks=spec, sandbox=None)
+    assert [t.id for t in env.tasks] == [f"gen-s3-{i:05d}" for i in range(5)]
+    assert {t.metadata["kind"] for t in env.tasks} == {"expression"}
+    env.close()
+    env = mappa_env.make("MathChat-v0", tasks={"n": 2, "kinds": "expression,gcd_lcm"}, seed=4)
+    assert [t.metadata["kind"] for t in env.tasks] == ["expression", "gcd_lcm"]
+    assert env.tasks[0].metadata["seed"] == 4  # the env's seed when the spec names none
+    env.close()
+    with pytest.raises(ValueError, match="mapping with 'n'"):
+        mappa_env.make("MathChat-v0", tasks={"count": 3})
+    with pytest.raises(ValueError, match="got keys"):
+        mappa_env.make("MathChat-v0", tasks={"n": 3, "level": 2})
+
+
+def test_every_prompt_ends_with_what_to_do_now():
+    env = mappa_env.make("MathChat-v0", tasks="gen:2", sandbox=None, seed=0)
+    env.reset(seed=0)
+    endings = {}
+    for agent in env.agent_iter():
+        *_, terminated, truncated, _ = env.last()
+        if terminated or truncated:
+            env.step(None)
+            continue
+        endings.setdefault(agent, env.observe(agent)["messages"][-1]["content"].splitlines()[-1])
+        env.step("```python\nprint(1)\n```" if agent == "code_executor" else "It is 1.")
+    assert endings == {
+        "problem_solver": "Solve it step by step and end with your answer in \\boxed{}.",
+        "code_executor": "Check it with Python: reply with one ```python block that prints "
+        "the answer.",
+        "verifier": "Give the final answer as \\boxed{}.",
+    }
+    env.close()

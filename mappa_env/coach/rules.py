@@ -30,6 +30,7 @@ verifier:
     10  boxed answer correct
      4  correct answer only as a fallback (no box): right, but in the wrong format
      2  boxed answer wrong (right format, wrong answer: above a missing one)
+     1  a wrong answer, not boxed (an answer was given at all)
      0  no answer
 
 The gaps are chosen so that no cheap behaviour (an empty reply, printing many numbers,
@@ -123,6 +124,10 @@ def mathchat_rubric(request: CoachRequest) -> tuple[float, str]:
             return 4.0, f"Correct answer {loose}, but not in \\boxed{{}}."
         if boxed is not None:
             return 2.0, f"Final boxed answer {boxed} is wrong."
+        if loose is not None:
+            # Each step of the ladder (none < wrong < boxed < correct) is a signal: a
+            # verifier scored 0 on every action learns nothing.
+            return 1.0, f"Answer {loose} is wrong and not in \\boxed{{}}."
         return 0.0, "No final answer."
 
     raise ValueError(f"no MathChat rubric for agent {request.agent!r}")

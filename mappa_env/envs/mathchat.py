@@ -72,12 +72,45 @@ _ROLE_TEMPLATES = {
     ),
 }
 
+# The closing line of each agent's user message: what to do now.
+_SOLVER_ASK = "Solve it step by step and end with your answer in \\boxed{}."
+_EXECUTOR_ASK = "Check it with Python: reply with one ```python block that prints the answer."
+_VERIFIER_ASK = "Give the final answer as \\boxed{}."
 
-def _resolve_tasks(tasks: str | Sequence[MathTask] | None, seed: int) -> list[MathTask]:
+
+_GENERATOR_OPTIONS = ("n", "seed", "kinds", "difficulty")
+
+
+def _generated_tasks(spec: Mapping[str, Any], seed: int) -> list[MathTask]:
+    """Tasks of a generator spec such as ``{"n": 512, "kinds": ["expression"]}``."""
+    from mappa_env.tasks import generate_math_tasks
+
+    unknown = sorted(set(spec) - set(_GENERATOR_OPTIONS))
+    if unknown or "n" not in spec:
+        raise ValueError(
+            f"a generated task set is a mapping with 'n' and optionally 'seed', 'kinds', "
+            f"'difficulty' (see generate_math_tasks); got keys {sorted(spec)}"
+        )
+    kinds = spec.get("kinds")
+    if isinstance(kinds, str):
+        kinds = [k for k in kinds.split(",") if k]
+    return generate_math_tasks(
+        int(spec["n"]),
+        seed=int(spec.get("seed", seed)),
+        kinds=kinds,
+        difficulty=spec.get("difficulty", "mixed"),
+    )
+
+
+def _resolve_tasks(
+    tasks: str | Mapping[str, Any] | Sequence[MathTask] | None, seed: int
+) -> list[MathTask]:
     from mappa_env.tasks import generate_math_tasks, load_math_tasks
 
     if tasks is None:
         return generate_math_tasks(64, seed=seed)
+    if isinstance(tasks, Mapping):
+        return _generated_tasks(tasks, seed)
     if isinstance(tasks, str) and tasks.startswith("gen:"):
         # "gen:N" or "gen:N:SEED": N generated problems (handy in configs and CLIs).
         parts = tasks.split(":")
@@ -107,8 +140,10 @@ class MathChatEnv(PipelineEnv):
     Args:
         tasks: A list of :class:`~mappa_env.tasks.MathTask`, a task file or short name
             understood by :func:`~mappa_env.tasks.load_math_tasks`, ``"gen:N"`` /
-            ``"gen:N:SEED"`` for N generated problems, or ``None`` for 64 generated
-            problems (offline default).
+            ``"gen:N:SEED"`` for N generated problems, a mapping of
+            :func:`~mappa_env.tasks.generate_math_tasks` arguments (``{"n": 512,
+            "seed": 1, "kinds": ["expression"], "difficulty": "medium"}``; handy in
+            YAML configs), or ``None`` for 64 generated problems (offline default).
         coach: A :class:`~mappa_env.coach.Coach`, a coach spec string (``"rules"``,
             ``"llm:<model>"``), or ``None`` (only with ``reward_mode="outcome"``).
             Defaults to the rules coach.
@@ -143,7 +178,7 @@ class MathChatEnv(PipelineEnv):
 
     def __init__(
         self,
-        tasks: str | Sequence[MathTask] | None = None,
+        tasks: str | Mapping[str, Any] | Sequence[MathTask] | None = None,
         coach: Coach | str | None = "rules",
         sandbox: str | SandboxFactory | None = "jupyter",
         seed: int | None = None,
@@ -217,8 +252,10 @@ class MathChatEnv(PipelineEnv):
         """The chat messages ``agent`` is prompted with, given the episode so far."""
         problem = f"Problem:\n{self.task.prompt}"
         messages = [{"role": "system", "content": self.role_description(agent)}]
+        # Each user message ends with what to do now: small models follow the last line
+        # of a prompt far more often than a system prompt read hundreds of tokens earlier.
         if agent == PROBLEM_SOLVER:
-            messages.append({"role": "user", "content": problem})
+            messages.append({"role": "user", "content": f"{problem}\n\n{_SOLVER_ASK}"})
         elif agent == CODE_EXECUTOR:
             draft = self.last_record(PROBLEM_SOLVER)
             draft_text = strip_think(draft.action).strip() if draft else ""
@@ -226,7 +263,7 @@ class MathChatEnv(PipelineEnv):
                 {
                     "role": "user",
                     "content": f"{problem}\n\nThe problem solver's draft:\n"
-                    f"{draft_text or '(the problem solver wrote nothing)'}",
+                    f"{draft_text or '(the problem solver wrote nothing)'}\n\n{_EXECUTOR_ASK}",
                 }
             )
             own = self.records_of(CODE_EXECUTOR)
@@ -266,6 +303,7 @@ class MathChatEnv(PipelineEnv):
                 None,
             )
             parts.append(f"Output of its last code run:\n{last_output or '(no code ran)'}")
+            parts.append(_VERIFIER_ASK)
             messages.append({"role": "user", "content": "\n\n".join(parts)})
         else:
             raise KeyError(f"unknown agent {agent!r}")

@@ -1,6 +1,6 @@
 """Task sources: math problems from files, datasets or a seeded generator."""
 
-from mappa_env.tasks.generator import DIFFICULTY_LEVELS, KINDS, generate_math_tasks
+from mappa_env.tasks.generator import DEFAULT_KINDS, DIFFICULTY_LEVELS, KINDS, generate_math_tasks
 from mappa_env.tasks.math import (
     BENCH_DIR_ENV,
     MathTask,
@@ -13,6 +13,7 @@ from mappa_env.tasks.math import (
 
 __all__ = [
     "BENCH_DIR_ENV",
+    "DEFAULT_KINDS",
     "DIFFICULTY_LEVELS",
     "KINDS",
     "MathTask",

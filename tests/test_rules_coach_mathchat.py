@@ -1,0 +1,80 @@
+"""The rules coach's MathChat-v0 rubric, row by row, and the order of its ladder."""
+
+from __future__ import annotations
+
+import pytest
+
+from mappa_env.coach.base import CoachRequest
+from mappa_env.coach.rules import RulesCoach, mathchat_rubric
+
+
+def request(agent: str, action: str, tool: dict | None = None, **metadata) -> CoachRequest:
+    return CoachRequest(
+        env_id="MathChat-v0",
+        task_id="t",
+        task="Compute 12 * 11 - 10.",
+        agent=agent,
+        system_description="",
+        role_description="",
+        agent_input=(),
+        action=action,
+        tool_result=tool,
+        ground_truth="122",
+        metadata=metadata,
+    )
+
+
+def ran(stdout: str) -> dict:
+    return {"ok": True, "stdout": stdout, "stderr": "", "error": None, "timed_out": False}
+
+
+RAISED = {"ok": False, "stdout": "", "error": {"name": "NameError"}, "timed_out": False}
+
+
+@pytest.mark.parametrize(
+    ("agent", "action", "tool", "metadata", "score"),
+    [
+        ("problem_solver", "So \\boxed{122}.", None, {}, 10),
+        ("problem_solver", "The answer is 122.", None, {}, 7),
+        ("problem_solver", "So \\boxed{120}.", None, {}, 3),
+        ("problem_solver", "Let me think about it.", None, {}, 1),
+        ("problem_solver", "   ", None, {}, 0),
+        ("code_executor", "```python\nprint(12*11-10)\n```", ran("122\n"), {}, 10),
+        ("code_executor", "```python\nprint(12*11)\n```", ran("132\n"), {}, 4),
+        ("code_executor", "```python\nprint('hi')\n```", ran("hi\n"), {}, 4),
+        ("code_executor", "```python\nprint(x)\n```", RAISED, {}, 2),
+        ("code_executor", "So \\boxed{122}.", None, {"earlier_stdout": "122\n"}, 8),
+        ("code_executor", "So \\boxed{122}.", None, {"earlier_stdout": ""}, 6),
+        ("code_executor", "So \\boxed{7}.", None, {}, 2),
+        ("code_executor", "Done.", None, {}, 1),
+        ("verifier", "Final: \\boxed{122}", None, {}, 10),
+        ("verifier", "The final answer is 122.", None, {}, 4),
+        ("verifier", "Final: \\boxed{121}", None, {}, 2),
+        ("verifier", "The final answer is 121.", None, {}, 1),
+        ("verifier", "I cannot tell.", None, {}, 0),
+    ],
+)
+def test_each_row_of_the_rubric(agent, action, tool, metadata, score):
+    got, analysis = mathchat_rubric(request(agent, action, tool, **metadata))
+    assert got == score, analysis
+
+
+def test_the_verifier_ladder_rewards_each_step_toward_the_job():
+    ladder = [
+        "I cannot tell.",  # nothing
+        "The final answer is 121.",  # an answer
+        "Final: \\boxed{121}",  # in the graded format
+        "Final: \\boxed{122}",  # correct
+    ]
+    scores = [mathchat_rubric(request("verifier", text))[0] for text in ladder]
+    assert scores == sorted(scores)
+    assert len(set(scores)) == len(scores)
+
+
+def test_without_the_truth_the_verdict_is_invalid_not_a_score():
+    coach = RulesCoach()
+    blind = request("verifier", "\\boxed{122}")
+    blind = CoachRequest(**{**blind.__dict__, "ground_truth": None})
+    verdict = coach.score(blind)
+    assert verdict.valid is False
+    assert "ground truth" in verdict.analysis
