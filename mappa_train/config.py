@@ -179,6 +179,10 @@ class TrainConfig:
     eval_every: int = 0
     """Evaluate on held-out tasks every this many steps (0: never; also at the end if > 0)."""
 
+    eval_at_start: bool = False
+    """Also evaluate before the first step (logged as step 0): the untrained system's
+    score on the same held-out tasks and sampling seeds as the later evaluations."""
+
     eval_episodes: int = 32
     """Episodes per evaluation."""
 

@@ -382,6 +382,12 @@ class Trainer:
         self._open_loggers()
         bar = self._progress(config.steps, self.step)
         try:
+            if (
+                config.eval_at_start
+                and self.step == 0
+                and not any(m.get("step") == 0 for m in self.history)
+            ):
+                self._log({"step": 0, **self.evaluate()})
             while self.step < last:
                 metrics = self.train_step()
                 if config.eval_every and (
@@ -906,7 +912,8 @@ class Trainer:
             ax.set_xlabel("step")
             ax.legend(fontsize=8)
         ax = axes[1, 1]
-        ax.plot(steps, [m.get("rollout/success_rate") for m in self.history], label="rollout")
+        rollout = [m.get("rollout/success_rate") for m in self.history]
+        ax.plot(steps, [math.nan if y is None else y for y in rollout], label="rollout")
         evals = [
             (m["step"], m["eval/success_rate"]) for m in self.history if "eval/success_rate" in m
         ]

@@ -459,3 +459,22 @@ def test_config_rejects_bad_values_and_reads_yaml(tmp_path):
     path.write_text("stepz: 5\n")
     with pytest.raises(ValueError, match="unknown config fields"):
         TrainConfig.from_file(path)
+
+
+def test_eval_at_start_logs_the_untrained_system_once(tmp_path):
+    model_dir = tiny_model_dir(tmp_path / "model")
+    config = _toy_config(
+        tmp_path, model_dir, steps=1, eval_every=1, eval_episodes=4, eval_at_start=True
+    )
+    Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv).train()
+    path = tmp_path / "run" / "metrics.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1]
+    assert "eval/success_rate" in records[0]
+    assert "rollout/episodes" not in records[0]  # an evaluation, not a training step
+    # Continuing the run resumes from its checkpoint and does not evaluate step 0 again.
+    longer = dataclasses.replace(config, steps=2)
+    Trainer(longer, env_factory=LetterEnv, eval_env_factory=LetterEnv).train()
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert (tmp_path / "run" / "training.png").exists()
