@@ -1,0 +1,635 @@
+"""Does MAPPA learn? Process rewards against outcome-only rewards on MathChat-v0.
+
+Trains the same base system under each credit mode (``process``: the coach's score of
+every action, the paper; ``outcome``: the episode's rule-graded correctness given to every
+action), several seeds each, at equal rollouts (same episodes per step, same steps), and
+evaluates every run on held-out problems it never trained on: rule-graded accuracy with
+several samples per problem at temperature 0.6 (the paper: 4), the code executor's
+tool-call rate, response lengths and coach scores per agent.
+
+    python -m benchmarks.repro_mathchat                  # the recipe, 3 seeds x 2 modes (GPU)
+    python -m benchmarks.repro_mathchat --smoke          # CPU check with a tiny model, < 3 min
+    python -m benchmarks.repro_mathchat --report-only    # rebuild results from the run dirs
+
+Each run is a ``mappa train --config`` subprocess (so runs share one GPU side by side and a
+killed run resumes from its checkpoints when the command is repeated). The results file
+(``benchmarks/results/repro/<name>.json``) holds every run, every evaluation point, the base
+system's accuracy, the exact config and the commit; two plots go beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks._common import RESULTS_DIR, print_table, write_results
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = ROOT / "configs" / "mathchat-smollm2.yaml"
+REPRO_DIR = RESULTS_DIR / "repro"
+AGENTS = ("problem_solver", "code_executor", "verifier")
+CODE_AGENT = "code_executor"
+EMA_ALPHA = 1 / 3
+
+
+# --------------------------------------------------------------------------------------
+# Statistics
+# --------------------------------------------------------------------------------------
+
+
+def mean_ci95(values: Sequence[float]) -> dict[str, Any]:
+    """Mean and 95% Student-t interval half-width over ``values`` (seeds).
+
+    ``half_width = t_{0.975, n-1} * s / sqrt(n)``; ``None`` with fewer than 2 values.
+    """
+    clean = [float(v) for v in values if v is not None and not math.isnan(v)]
+    if not clean:
+        return {"mean": None, "ci95": None, "n": 0, "values": []}
+    mean = statistics.fmean(clean)
+    if len(clean) < 2:
+        return {"mean": mean, "ci95": None, "n": 1, "values": clean}
+    from scipy import stats
+
+    half = (
+        float(stats.t.ppf(0.975, len(clean) - 1)) * statistics.stdev(clean) / math.sqrt(len(clean))
+    )
+    return {"mean": mean, "ci95": half, "n": len(clean), "values": clean}
+
+
+def ema(values: Sequence[float | None], alpha: float = EMA_ALPHA) -> list[float]:
+    """Exponential moving average ``m_t = alpha * x_t + (1 - alpha) * m_{t-1}``; gaps carry."""
+    out: list[float] = []
+    current: float | None = None
+    for value in values:
+        if value is not None and not math.isnan(value):
+            current = value if current is None else alpha * value + (1 - alpha) * current
+        out.append(math.nan if current is None else current)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Configs and task sets
+# --------------------------------------------------------------------------------------
+
+
+def load_recipe(path: Path) -> dict[str, Any]:
+    """The recipe file's fields (YAML), checked against ``TrainConfig``."""
+    import yaml
+
+    from mappa_train.config import TrainConfig
+
+    data = yaml.safe_load(path.read_text()) or {}
+    TrainConfig.from_dict(data)  # unknown or invalid fields fail here, before any run
+    return data
+
+
+def task_prompts(env_options: Mapping[str, Any], env_id: str) -> list[str]:
+    """The prompts of an environment's task set (built without starting anything)."""
+    import mappa_env
+
+    env = mappa_env.make(
+        env_id, **{**env_options, "sandbox": None, "coach": None, "reward_mode": "outcome"}
+    )
+    try:
+        return [task.prompt for task in env.tasks]
+    finally:
+        env.close()
+
+
+def check_disjoint(recipe: Mapping[str, Any]) -> dict[str, int]:
+    """Sizes of the training and held-out task sets; raises when they share a problem."""
+    env_id = recipe.get("env", "MathChat-v0")
+    train = task_prompts(recipe.get("env_options", {}), env_id)
+    heldout = task_prompts(recipe.get("eval_env_options") or recipe.get("env_options", {}), env_id)
+    shared = set(train) & set(heldout)
+    if shared:
+        raise SystemExit(
+            f"{len(shared)} held-out problems are also training problems (e.g. "
+            f"{sorted(shared)[0]!r}): use another seed or kind for eval_env_options.tasks"
+        )
+    return {"train_tasks": len(set(train)), "heldout_tasks": len(set(heldout))}
+
+
+def run_config(
+    recipe: Mapping[str, Any], mode: str, seed: int, run_dir: Path, *, base_eval: bool
+) -> dict[str, Any]:
+    """The full config of one run: the recipe with its mode, seed and directory."""
+    config = dict(recipe)
+    config.update(
+        credit_mode=mode,
+        seed=seed,
+        output_dir=str(run_dir),
+        eval_at_start=base_eval,
+        progress=False,
+    )
+    return config
+
+
+# --------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------
+
+
+def steps_done(run_dir: Path) -> int:
+    """Training steps logged so far in ``run_dir``'s metrics."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    done = 0
+    for line in path.read_text().splitlines():
+        try:
+            done = max(done, int(json.loads(line).get("step", 0)))
+        except (json.JSONDecodeError, AttributeError, TypeError, ValueError):
+            continue
+    return done
+
+
+def launch_runs(
+    runs: Sequence[tuple[str, int, Path, dict[str, Any]]], parallel: int, total_steps: int
+) -> dict[str, int]:
+    """Run ``mappa train`` for each run, ``parallel`` at a time; returns exit codes by run."""
+    from tqdm.auto import tqdm
+
+    pending = list(runs)
+    active: dict[str, tuple[subprocess.Popen, Path, Any]] = {}
+    codes: dict[str, int] = {}
+    bar = tqdm(total=total_steps * len(runs), desc="repro steps", unit="step")
+    try:
+        while pending or active:
+            while pending and len(active) < parallel:
+                _, _, run_dir, config = pending.pop(0)
+                run_dir.mkdir(parents=True, exist_ok=True)
+                config_path = run_dir / "run_config.json"
+                config_path.write_text(json.dumps(config, indent=2) + "\n")
+                log = (run_dir / "train.log").open("a")
+                command = [
+                    sys.executable,
+                    "-m",
+                    "mappa_agents.cli",
+                    "train",
+                    "--config",
+                    str(config_path),
+                ]
+                env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+                process = subprocess.Popen(
+                    command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env
+                )
+                active[run_dir.name] = (process, run_dir, log)
+            time.sleep(2.0)
+            for name, (process, run_dir, log) in list(active.items()):
+                if process.poll() is not None:
+                    log.close()
+                    codes[name] = process.returncode
+                    del active[name]
+                    if process.returncode != 0:
+                        tail = (run_dir / "train.log").read_text(errors="replace")[-2000:]
+                        print(
+                            f"run {name} failed (exit {process.returncode}):\n{tail}",
+                            file=sys.stderr,
+                        )
+            done = sum(steps_done(r[2]) for r in runs)
+            bar.n = min(done, bar.total)
+            bar.refresh()
+    finally:
+        for process, _, log in active.values():
+            process.terminate()
+            log.close()
+        bar.close()
+    return codes
+
+
+# --------------------------------------------------------------------------------------
+# Collecting results
+# --------------------------------------------------------------------------------------
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's metric records (a torn last line is skipped)."""
+    path = run_dir / "metrics.jsonl"
+    records = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
+def eval_points(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Held-out evaluations of a run, by step."""
+    points = []
+    for record in records:
+        if "eval/success_rate" not in record:
+            continue
+        point: dict[str, Any] = {"step": record["step"], "accuracy": record["eval/success_rate"]}
+        for agent in AGENTS:
+            for key in ("tool_call_rate", "mean_response_tokens", "mean_coach_score"):
+                point[f"{agent}/{key}"] = record.get(f"eval/{agent}/{key}")
+        points.append(point)
+    return points
+
+
+def train_points(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per-step rollout behaviour of a run (the paper's behaviour figure)."""
+    keys = ("tool_call_rate", "mean_response_tokens", "mean_reward", "masked_length")
+    points = []
+    for record in records:
+        if "rollout/episodes" not in record:
+            continue
+        point: dict[str, Any] = {
+            "step": record["step"],
+            "success_rate": record.get("rollout/success_rate"),
+            "mean_reward": record.get("rollout/mean_reward"),
+            "seconds": (record.get("rollout/seconds") or 0) + (record.get("train/seconds") or 0),
+        }
+        for agent in AGENTS:
+            for key in keys:
+                point[f"{agent}/{key}"] = record.get(f"{agent}/{key}")
+        points.append(point)
+    return points
+
+
+def summarise(runs: Sequence[Mapping[str, Any]], modes: Sequence[str]) -> dict[str, Any]:
+    """Base and final held-out figures per mode, over seeds, with 95% intervals."""
+    base_by_seed: dict[int, dict[str, Any]] = {}
+    for run in runs:
+        first = run["evals"][0] if run["evals"] else None
+        if first is not None and first["step"] == 0:
+            base_by_seed.setdefault(run["seed"], first)
+    seeds = sorted(base_by_seed)
+    summary: dict[str, Any] = {
+        "base": {
+            "accuracy": mean_ci95([base_by_seed[s]["accuracy"] for s in seeds]),
+            "tool_call_rate": mean_ci95(
+                [base_by_seed[s][f"{CODE_AGENT}/tool_call_rate"] for s in seeds]
+            ),
+            "response_tokens": {
+                agent: mean_ci95([base_by_seed[s][f"{agent}/mean_response_tokens"] for s in seeds])
+                for agent in AGENTS
+            },
+        },
+        "modes": {},
+    }
+    finals: dict[str, dict[int, dict[str, Any]]] = {}
+    for mode in modes:
+        mine = [r for r in runs if r["mode"] == mode and r["evals"]]
+        finals[mode] = {r["seed"]: r["evals"][-1] for r in mine if r["evals"][-1]["step"] > 0}
+        last = finals[mode]
+        gains = [
+            last[s]["accuracy"] - base_by_seed[s]["accuracy"] for s in last if s in base_by_seed
+        ]
+        base_tool = summary["base"]["tool_call_rate"]["mean"]
+        final_tool = mean_ci95([last[s][f"{CODE_AGENT}/tool_call_rate"] for s in last])
+        summary["modes"][mode] = {
+            "final_step": max((p["step"] for p in last.values()), default=None),
+            "seeds": sorted(last),
+            "accuracy": mean_ci95([last[s]["accuracy"] for s in last]),
+            "gain_over_base": mean_ci95(gains),
+            "tool_call_rate": final_tool,
+            "tool_call_ratio_over_base": (
+                final_tool["mean"] / base_tool
+                if base_tool and final_tool["mean"] is not None
+                else None
+            ),
+            "response_tokens": {
+                agent: mean_ci95([last[s][f"{agent}/mean_response_tokens"] for s in last])
+                for agent in AGENTS
+            },
+            "coach_score": {
+                agent: mean_ci95([last[s][f"{agent}/mean_coach_score"] for s in last])
+                for agent in AGENTS
+            },
+        }
+    if "process" in finals and "outcome" in finals:
+        both = sorted(set(finals["process"]) & set(finals["outcome"]))
+        summary["process_minus_outcome"] = mean_ci95(
+            [finals["process"][s]["accuracy"] - finals["outcome"][s]["accuracy"] for s in both]
+        )
+    return summary
+
+
+def goal_checks(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The reproduction's targets, each with the figure it was judged on."""
+    process = summary["modes"].get("process")
+    if process is None:
+        return {}
+    gain = process["gain_over_base"]
+    versus = summary.get("process_minus_outcome") or {}
+    ratio = process["tool_call_ratio_over_base"]
+    return {
+        "process_gain_at_least_10_points": gain["mean"] is not None and gain["mean"] >= 0.10,
+        "process_gain_interval_excludes_0": (
+            gain["ci95"] is not None and gain["mean"] - gain["ci95"] > 0
+        ),
+        "process_beats_outcome_by_5_points": (
+            versus.get("mean") is not None and versus["mean"] >= 0.05
+        ),
+        "tool_call_rate_at_least_3x": ratio is not None and ratio >= 3.0,
+    }
+
+
+def collect(runs_dir: Path, modes: Sequence[str], seeds: Sequence[int]) -> list[dict[str, Any]]:
+    """Every run's evaluations and per-step behaviour, read from its directory."""
+    runs = []
+    for mode in modes:
+        for seed in seeds:
+            run_dir = runs_dir / f"{mode}-s{seed}"
+            records = read_metrics(run_dir)
+            runs.append(
+                {
+                    "mode": mode,
+                    "seed": seed,
+                    "dir": run_dir.name,
+                    "steps_done": max((r.get("step", 0) for r in records), default=0),
+                    "evals": eval_points(records),
+                    "train": train_points(records),
+                }
+            )
+    # Runs that did not evaluate at the start share the base of their seed (same weights
+    # and the same evaluation seeds, so the same episodes).
+    base = {r["seed"]: r["evals"][0] for r in runs if r["evals"] and r["evals"][0]["step"] == 0}
+    for run in runs:
+        if run["seed"] in base and not (run["evals"] and run["evals"][0]["step"] == 0):
+            run["evals"].insert(0, {**base[run["seed"]], "shared_base": True})
+    return runs
+
+
+# --------------------------------------------------------------------------------------
+# Plots
+# --------------------------------------------------------------------------------------
+
+COLOURS = {
+    "process": "tab:blue",
+    "outcome": "tab:orange",
+    "mixed": "tab:green",
+    "backprop": "tab:purple",
+}
+
+
+def plot_accuracy(runs: Sequence[Mapping[str, Any]], modes: Sequence[str], path: Path) -> Path:
+    """Held-out accuracy vs step per mode: mean over seeds, band = min..max of seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for mode in modes:
+        mine = [r for r in runs if r["mode"] == mode and r["evals"]]
+        steps = sorted({p["step"] for r in mine for p in r["evals"]})
+        per_step = [
+            [p["accuracy"] for r in mine for p in r["evals"] if p["step"] == s] for s in steps
+        ]
+        if not steps:
+            continue
+        colour = COLOURS.get(mode)
+        means = [100 * statistics.fmean(v) for v in per_step]
+        ax.plot(steps, means, marker="o", color=colour, label=f"{mode} (mean of {len(mine)} seeds)")
+        ax.fill_between(
+            steps,
+            [100 * min(v) for v in per_step],
+            [100 * max(v) for v in per_step],
+            color=colour,
+            alpha=0.2,
+        )
+    ax.set_xlabel("training step")
+    ax.set_ylabel("held-out accuracy (%)")
+    ax.set_title("MathChat-v0 held-out accuracy (band: range over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_behaviour(runs: Sequence[Mapping[str, Any]], modes: Sequence[str], path: Path) -> Path:
+    """The paper's behaviour figure: tool-call rate and response length per agent vs step.
+
+    Raw per-step values of every run are drawn faint, their EMA (alpha = 1/3) solid.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(f"{CODE_AGENT}/tool_call_rate", "code executor tool-call rate (%)", 100.0)]
+    panels += [
+        (f"{agent}/mean_response_tokens", f"{agent} response tokens", 1.0) for agent in AGENTS
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
+    for ax, (key, title, scale) in zip(axes, panels):
+        for mode in modes:
+            colour = COLOURS.get(mode)
+            for index, run in enumerate(r for r in runs if r["mode"] == mode):
+                steps = [p["step"] for p in run["train"]]
+                raw = [None if p.get(key) is None else scale * p[key] for p in run["train"]]
+                if not steps:
+                    continue
+                ax.plot(
+                    steps,
+                    [math.nan if v is None else v for v in raw],
+                    color=colour,
+                    alpha=0.2,
+                    linewidth=0.8,
+                )
+                ax.plot(
+                    steps, ema(raw), color=colour, linewidth=1.6, label=mode if index == 0 else None
+                )
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("training step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Training rollouts: raw per step (faint), EMA 1/3 (solid)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------
+
+
+def _pct(stat: Mapping[str, Any] | None) -> str:
+    if not stat or stat.get("mean") is None:
+        return "n/a"
+    text = f"{100 * stat['mean']:.1f}"
+    return text + (f" ± {100 * stat['ci95']:.1f}" if stat.get("ci95") is not None else "")
+
+
+def _num(stat: Mapping[str, Any] | None) -> str:
+    if not stat or stat.get("mean") is None:
+        return "n/a"
+    return f"{stat['mean']:.0f}"
+
+
+def table_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row for the base system and one per mode (held-out, last evaluation)."""
+    base = summary["base"]
+    rows = [
+        {
+            "system": "base (untrained)",
+            "step": 0,
+            "accuracy %": _pct(base["accuracy"]),
+            "gain (pp)": "",
+            "tool calls %": _pct(base["tool_call_rate"]),
+            **{f"{a} tokens": _num(base["response_tokens"][a]) for a in AGENTS},
+        }
+    ]
+    for mode, stats in summary["modes"].items():
+        rows.append(
+            {
+                "system": mode,
+                "step": stats["final_step"],
+                "accuracy %": _pct(stats["accuracy"]),
+                "gain (pp)": _pct(stats["gain_over_base"]),
+                "tool calls %": _pct(stats["tool_call_rate"]),
+                **{f"{a} tokens": _num(stats["response_tokens"][a]) for a in AGENTS},
+            }
+        )
+    return rows
+
+
+def git_commit() -> str | None:
+    """The commit the runs were made with (with ``+dirty`` for uncommitted changes)."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit + ("+dirty" if dirty.strip() else "")
+
+
+def build_report(
+    args: argparse.Namespace,
+    recipe: Mapping[str, Any],
+    modes: Sequence[str],
+    seeds: Sequence[int],
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Collect the runs, write the results file and plots, print the table."""
+    runs = collect(Path(args.runs_dir), modes, seeds)
+    summary = summarise(runs, modes)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    plots = [
+        plot_accuracy(runs, modes, out / f"{args.name}_accuracy.png"),
+        plot_behaviour(runs, modes, out / f"{args.name}_behaviour.png"),
+    ]
+    payload = {
+        "command": " ".join(["python -m benchmarks.repro_mathchat", *sys.argv[1:]]),
+        "commit": git_commit(),
+        "recipe": dict(recipe),
+        "modes": list(modes),
+        "seeds": list(seeds),
+        "eval_protocol": {
+            "episodes_per_eval": recipe.get("eval_episodes"),
+            "temperature": recipe.get("eval_temperature", 0.6),
+            "tasks": (recipe.get("eval_env_options") or {}).get("tasks"),
+        },
+        **dict(extra or {}),
+        "summary": summary,
+        "goals": goal_checks(summary),
+        "runs": runs,
+        "plots": [p.name for p in plots],
+    }
+    write_results(args.name, payload, out)
+    print_table(table_rows(summary), title="held-out accuracy, mean ± 95% interval over seeds")
+    for name, passed in payload["goals"].items():
+        print(f"  {name}: {'yes' if passed else 'no'}")
+    return payload
+
+
+# --------------------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="the recipe (YAML)")
+    parser.add_argument(
+        "--modes",
+        default="process,outcome",
+        help="credit modes, comma-separated (process, outcome, mixed, backprop)",
+    )
+    parser.add_argument("--seeds", default="0,1,2", help="run seeds, comma-separated")
+    parser.add_argument("--steps", type=int, default=None, help="override the recipe's steps")
+    parser.add_argument(
+        "--eval-every", type=int, default=None, help="override the recipe's eval_every"
+    )
+    parser.add_argument("--model", default=None, help="override the recipe's system")
+    parser.add_argument(
+        "--parallel", type=int, default=None, help="runs side by side (default: all of them)"
+    )
+    parser.add_argument("--runs-dir", default="runs/repro", help="where the runs are written")
+    parser.add_argument("--out", default=str(REPRO_DIR), help="where results and plots go")
+    parser.add_argument("--name", default="mathchat_smollm2", help="results file name")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="do not train: rebuild results and plots from the run dirs",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CPU check: a tiny model in the real MathChat-v0 (see repro_smoke)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.smoke:
+        from benchmarks.repro_smoke import run_smoke
+
+        return run_smoke(Path(args.out) if args.out != str(REPRO_DIR) else None)
+    modes = [m for m in args.modes.split(",") if m]
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    recipe = load_recipe(Path(args.config))
+    overrides = {"steps": args.steps, "eval_every": args.eval_every, "system": args.model}
+    recipe.update({k: v for k, v in overrides.items() if v is not None})
+    sizes = check_disjoint(recipe)
+    print(f"tasks: {sizes['train_tasks']} training, {sizes['heldout_tasks']} held-out, disjoint")
+    if not args.report_only:
+        runs = []
+        for seed in seeds:
+            for index, mode in enumerate(modes):
+                run_dir = Path(args.runs_dir) / f"{mode}-s{seed}"
+                # One base evaluation per seed: every mode starts from the same weights.
+                config = run_config(recipe, mode, seed, run_dir, base_eval=index == 0)
+                runs.append((mode, seed, run_dir, config))
+        codes = launch_runs(runs, args.parallel or len(runs), int(recipe.get("steps", 128)))
+        failed = {name: code for name, code in codes.items() if code != 0}
+        if failed:
+            print(f"failed runs: {failed}; their logs are in {args.runs_dir}", file=sys.stderr)
+    payload = build_report(args, recipe, modes, seeds, extra=sizes)
+    missing = [r["dir"] for r in payload["runs"] if r["steps_done"] < int(recipe.get("steps", 0))]
+    if missing:
+        print(f"incomplete runs (a missing run is not a result): {missing}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

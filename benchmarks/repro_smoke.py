@@ -1,0 +1,227 @@
+"""CPU smoke check of the reproduction: does process credit move a real MathChat behaviour?
+
+A tiny model (built in-process, see :mod:`mappa_agents.tiny_models`) is warm-started to
+answer every MathChat agent's prompt with a fenced Python block some of the time and with
+a plain sentence otherwise, then trained in the real ``MathChat-v0`` (real Jupyter
+kernels, the rules coach) twice from the same weights and seeds: with ``process`` credit
+and with ``outcome`` credit. The tiny model never writes a ``\\boxed{}`` answer, so no
+episode succeeds and the outcome reward is 0 everywhere: outcome credit has nothing to
+learn from, while the coach pays the code executor more for a turn whose code ran (4-10)
+than for a turn without code (1-2). The check passes when the code executor's rate of
+code turns rises under process credit and does not under outcome credit.
+
+    python -m benchmarks.repro_mathchat --smoke
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks._common import RESULTS_DIR, print_table, write_results
+
+AGENTS = ("problem_solver", "code_executor", "verifier")
+CODE_AGENT = "code_executor"
+TASKS = {"n": 64, "seed": 11, "kinds": ["expression"], "difficulty": "medium"}
+#: Share of warm-start replies that are a code block (the base rate of the behaviour).
+CODE_SHARE = 0.25
+#: The smoke passes when process credit raises the code turn rate by this much (mean of
+#: the last 3 steps minus the first step, which both runs roll out with the same weights
+#: and seeds) and outcome credit by less than OUTCOME_MAX_RISE.
+PROCESS_MIN_RISE = 0.2
+OUTCOME_MAX_RISE = 0.1
+STEPS = 8
+
+
+def warm_start_reply(rng: random.Random) -> str:
+    """A reply of the warm-start mixture: a code block or a plain answer sentence."""
+    number = rng.randint(10, 99)
+    if rng.random() < CODE_SHARE:
+        return f"```python\nprint({number})\n```"
+    return f"The answer is {number}."
+
+
+def warm_start_examples(count: int, rng: random.Random) -> list[tuple[list[dict], str]]:
+    """``(messages, reply)`` pairs from real MathChat-v0 episodes, every agent's turns."""
+    import mappa_env
+
+    env = mappa_env.make(
+        "MathChat-v0",
+        tasks=TASKS,
+        sandbox=None,
+        coach=None,
+        reward_mode="outcome",
+        max_new_tokens=32,
+        seed=0,
+    )
+    examples: list[tuple[list[dict], str]] = []
+    try:
+        while len(examples) < count:
+            env.reset()
+            for agent in env.agent_iter():
+                *_, terminated, truncated, _ = env.last()
+                if terminated or truncated:
+                    env.step(None)
+                    continue
+                reply = warm_start_reply(rng)
+                examples.append((list(env.observe(agent)["messages"]), reply))
+                env.step(reply)
+    finally:
+        env.close()
+    return examples[:count]
+
+
+def build_smoke_model(directory: Path, seed: int = 0) -> Path:
+    """A tiny model that answers MathChat prompts with code about CODE_SHARE of the time.
+
+    The tokenizer is trained on MathChat's own prompts (so they take few tokens), the
+    model is fitted for a few hundred steps on warm-start replies, then saved.
+    """
+    import torch
+
+    from mappa_agents.policy import chat_prompt_ids
+    from mappa_agents.tiny_models import build_tiny_model, build_tiny_tokenizer
+
+    rng = random.Random(seed)
+    examples = warm_start_examples(96, rng)
+    corpus = [m["content"] for messages, _ in examples[:24] for m in messages]
+    corpus += [reply for _, reply in examples]
+    tokenizer = build_tiny_tokenizer(vocab_size=1024, extra_corpus=corpus)
+    model = build_tiny_model(tokenizer, seed=seed, hidden_size=64, max_positions=2048)
+    rows = []
+    for messages, reply in examples:
+        prompt = chat_prompt_ids(tokenizer, messages)
+        response = tokenizer(reply, add_special_tokens=False)["input_ids"]
+        rows.append((prompt, [*response, tokenizer.eos_token_id]))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    generator = random.Random(seed + 1)
+    model.train()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for _ in range(300):
+            batch = generator.sample(rows, 16)
+            width = max(len(p) + len(r) for p, r in batch)
+            ids = torch.full((len(batch), width), tokenizer.pad_token_id)
+            labels = torch.full((len(batch), width), -100)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for i, (prompt, response) in enumerate(batch):
+                sequence = prompt + response
+                ids[i, : len(sequence)] = torch.tensor(sequence)
+                labels[i, len(prompt) : len(sequence)] = torch.tensor(response)
+                mask[i, : len(sequence)] = 1
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    model.eval()
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def smoke_config(model_dir: Path, out: Path, mode: str) -> Any:
+    """The training settings of one smoke run (the same for both credit modes)."""
+    from mappa_train.config import TrainConfig
+
+    return TrainConfig(
+        env="MathChat-v0",
+        env_options={"tasks": TASKS, "max_new_tokens": 32, "code_timeout_s": 10.0},
+        system=str(model_dir),
+        coach="rules",
+        credit_mode=mode,
+        steps=STEPS,
+        prompts_per_step=16,
+        samples_per_prompt=2,
+        concurrency=32,
+        max_new_tokens=32,
+        lr=1e-3,
+        warmup_ratio=0.0,
+        mask_truncated=False,
+        train_batch_size=16,
+        micro_batch_size=16,
+        gradient_checkpointing=False,
+        dtype="float32",
+        device="cpu",
+        save_every=0,
+        keep_checkpoints=1,
+        tensorboard=False,
+        progress=False,
+        output_dir=str(out / mode),
+        seed=0,
+    )
+
+
+def code_turn_rates(history: list[dict[str, Any]]) -> list[float]:
+    """The code executor's share of turns that ran code, per training step."""
+    return [float(m.get(f"{CODE_AGENT}/tool_call_rate") or 0.0) for m in history]
+
+
+def rise(rates: list[float]) -> float:
+    """Mean of the last 3 steps minus the first step's rate (rolled out before any update)."""
+    return statistics.fmean(rates[-3:]) - rates[0]
+
+
+def run_smoke(out_dir: Path | None = None) -> int:
+    """Run the smoke check; 0 when process credit raised the behaviour and outcome did not."""
+    from mappa_train.trainer import Trainer
+
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="mappa-repro-smoke-") as tmp:
+        root = Path(tmp)
+        model_dir = build_smoke_model(root / "model")
+        results: dict[str, Any] = {}
+        for mode in ("process", "outcome"):
+            trainer = Trainer(smoke_config(model_dir, root, mode))
+            history = trainer.train()
+            rates = code_turn_rates(history)
+            results[mode] = {
+                "code_turn_rate": rates,
+                "rise": rise(rates),
+                "successes": sum(float(m.get("rollout/success_rate") or 0.0) for m in history),
+                "code_executor_kl": [m.get(f"{CODE_AGENT}/kl") for m in history],
+                "code_executor_reward": [m.get(f"{CODE_AGENT}/mean_reward") for m in history],
+            }
+    process, outcome = results["process"], results["outcome"]
+    checks = {
+        "process_raised_code_turns": process["rise"] >= PROCESS_MIN_RISE,
+        "no_episode_succeeded": process["successes"] == 0 and outcome["successes"] == 0,
+        "outcome_did_not_raise_code_turns": outcome["rise"] < OUTCOME_MAX_RISE,
+    }
+    rows = [
+        {
+            "credit": mode,
+            "code turns, step 1": r["code_turn_rate"][0],
+            "last 3 steps": statistics.fmean(r["code_turn_rate"][-3:]),
+            "rise": r["rise"],
+            "successes": r["successes"],
+        }
+        for mode, r in results.items()
+    ]
+    seconds = time.perf_counter() - started
+    print_table(
+        rows, title=f"repro smoke: MathChat-v0, tiny model, {STEPS} steps ({seconds:.0f} s)"
+    )
+    for name, passed in checks.items():
+        print(f"  {name}: {'yes' if passed else 'NO'}")
+    write_results(
+        "mathchat_smoke",
+        {
+            "steps": STEPS,
+            "tasks": TASKS,
+            "code_share_of_warm_start": CODE_SHARE,
+            "thresholds": {
+                "process_min_rise": PROCESS_MIN_RISE,
+                "outcome_max_rise": OUTCOME_MAX_RISE,
+            },
+            "results": results,
+            "checks": checks,
+            "seconds": seconds,
+        },
+        out_dir or RESULTS_DIR / "repro",
+    )
+    return 0 if all(checks.values()) else 1

@@ -1,0 +1,182 @@
+"""The reproduction driver: statistics, summaries, an end-to-end run, and the CPU smoke check."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from benchmarks import repro_mathchat as repro
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_mean_ci95_matches_a_hand_computed_t_interval():
+    # mean 0.2, s = 0.1, n = 3, t(0.975, 2) = 4.302653 -> half-width 0.248414
+    stat = repro.mean_ci95([0.1, 0.2, 0.3])
+    assert stat["mean"] == pytest.approx(0.2)
+    assert stat["ci95"] == pytest.approx(4.302653 * 0.1 / math.sqrt(3), rel=1e-5)
+    assert repro.mean_ci95([0.5])["ci95"] is None
+    assert repro.mean_ci95([None, float("nan")])["mean"] is None
+
+
+def test_ema_carries_over_gaps():
+    assert repro.ema([3.0, None, 0.0]) == pytest.approx([3.0, 3.0, 2.0])
+    assert math.isnan(repro.ema([None, 1.0])[0])
+
+
+def fake_run(mode: str, seed: int, accuracies: list[float], tool: list[float], base: bool):
+    evals = [
+        {
+            "step": 5 * i,
+            "accuracy": acc,
+            **{f"{a}/mean_response_tokens": 100.0 - i for a in repro.AGENTS},
+            **{f"{a}/mean_coach_score": 1.0 for a in repro.AGENTS},
+            **{f"{a}/tool_call_rate": 0.0 for a in repro.AGENTS},
+            "code_executor/tool_call_rate": rate,
+        }
+        for i, (acc, rate) in enumerate(zip(accuracies, tool))
+    ]
+    return {"mode": mode, "seed": seed, "evals": evals if base else evals[1:], "train": []}
+
+
+def test_summary_pairs_runs_by_seed_and_judges_the_goals():
+    runs = []
+    for seed, (base, proc, out) in enumerate([(0.0, 0.2, 0.0), (0.05, 0.2, 0.05), (0.1, 0.3, 0.1)]):
+        runs.append(fake_run("process", seed, [base, proc], [0.1, 0.5], base=True))
+        runs.append(fake_run("outcome", seed, [base, out], [0.1, 0.1], base=False))
+    for run in runs:  # what collect() does for runs without their own base evaluation
+        if run["mode"] == "outcome":
+            first = next(r for r in runs if r["mode"] == "process" and r["seed"] == run["seed"])
+            run["evals"].insert(0, first["evals"][0])
+    summary = repro.summarise(runs, ["process", "outcome"])
+    assert summary["base"]["accuracy"]["mean"] == pytest.approx(0.05)
+    process = summary["modes"]["process"]
+    assert process["accuracy"]["mean"] == pytest.approx(0.7 / 3)
+    assert process["gain_over_base"]["values"] == pytest.approx([0.2, 0.15, 0.2])
+    assert process["tool_call_ratio_over_base"] == pytest.approx(5.0)
+    assert summary["process_minus_outcome"]["values"] == pytest.approx([0.2, 0.15, 0.2])
+    goals = repro.goal_checks(summary)
+    assert goals == {
+        "process_gain_at_least_10_points": True,
+        "process_gain_interval_excludes_0": True,
+        "process_beats_outcome_by_5_points": True,
+        "tool_call_rate_at_least_3x": True,
+    }
+    flat = [fake_run("process", s, [0.1, 0.1], [0.1, 0.1], base=True) for s in range(3)]
+    goals = repro.goal_checks(repro.summarise(flat, ["process"]))
+    assert not goals["process_gain_at_least_10_points"]
+    assert not goals["process_gain_interval_excludes_0"]
+    assert not goals["tool_call_rate_at_least_3x"]
+
+
+def test_overlapping_task_sets_are_refused():
+    recipe = {
+        "env": "MathChat-v0",
+        "env_options": {"tasks": {"n": 8, "seed": 1, "kinds": ["expression"]}},
+        "eval_env_options": {"tasks": {"n": 4, "seed": 1, "kinds": ["expression"]}},
+    }
+    with pytest.raises(SystemExit, match="held-out problems are also training problems"):
+        repro.check_disjoint(recipe)
+
+
+@pytest.mark.slow
+def test_end_to_end_runs_write_results_and_plots(tmp_path):
+    from mappa_agents.tiny_models import tiny_model_dir
+
+    model = tiny_model_dir(tmp_path / "model")
+    recipe = {
+        "env": "MathChat-v0",
+        "system": str(model),
+        "env_options": {
+            "tasks": {"n": 4, "seed": 1, "kinds": ["expression"]},
+            "max_new_tokens": 6,
+            "sandbox": None,
+        },
+        "eval_env_options": {
+            "tasks": {"n": 2, "seed": 2, "kinds": ["expression"]},
+            "max_new_tokens": 6,
+            "sandbox": None,
+        },
+        "steps": 2,
+        "prompts_per_step": 2,
+        "samples_per_prompt": 1,
+        "max_new_tokens": 6,
+        "lr": 1e-3,
+        "mask_truncated": False,
+        "train_batch_size": 4,
+        "micro_batch_size": 4,
+        "gradient_checkpointing": False,
+        "eval_every": 1,
+        "eval_episodes": 2,
+        "save_every": 0,
+        "tensorboard": False,
+        "device": "cpu",
+        "dtype": "float32",
+    }
+    config = tmp_path / "recipe.yaml"
+    config.write_text(json.dumps(recipe))  # JSON is YAML
+    out, runs_dir = tmp_path / "results", tmp_path / "runs"
+    code = repro.main(
+        [
+            "--config",
+            str(config),
+            "--seeds",
+            "0",
+            "--runs-dir",
+            str(runs_dir),
+            "--out",
+            str(out),
+            "--name",
+            "tiny",
+        ]
+    )
+    assert code == 0
+    data = json.loads((out / "tiny.json").read_text())
+    assert data["recipe"]["steps"] == 2
+    assert data["train_tasks"] == 4
+    by_mode = {r["mode"]: r for r in data["runs"]}
+    assert [p["step"] for p in by_mode["process"]["evals"]] == [0, 1, 2]
+    # The outcome run shares its seed's base evaluation instead of repeating it.
+    assert by_mode["outcome"]["evals"][0].get("shared_base") is True
+    assert [p["step"] for p in by_mode["outcome"]["train"]] == [1, 2]
+    assert set(data["summary"]["modes"]) == {"process", "outcome"}
+    assert (out / "tiny_accuracy.png").stat().st_size > 0
+    assert (out / "tiny_behaviour.png").stat().st_size > 0
+    run_config = json.loads((runs_dir / "outcome-s0" / "run_config.json").read_text())
+    assert run_config["credit_mode"] == "outcome"
+    assert run_config["eval_at_start"] is False
+    # --report-only rebuilds the same summary from the run directories.
+    code = repro.main(
+        [
+            "--config",
+            str(config),
+            "--seeds",
+            "0",
+            "--runs-dir",
+            str(runs_dir),
+            "--out",
+            str(out),
+            "--name",
+            "again",
+            "--report-only",
+        ]
+    )
+    assert code == 0
+    again = json.loads((out / "again.json").read_text())
+    assert again["summary"] == data["summary"]
+
+
+@pytest.mark.slow
+def test_smoke_process_credit_raises_code_turns_and_outcome_does_not(tmp_path):
+    from benchmarks.repro_smoke import run_smoke
+
+    assert run_smoke(tmp_path) == 0
+    data = json.loads((tmp_path / "mathchat_smoke.json").read_text())
+    assert all(data["checks"].values()), data["checks"]
+    # Outcome credit with no success has no signal: its code executor never moved.
+    assert all(kl in (0.0, None) for kl in data["results"]["outcome"]["code_executor_kl"])
