@@ -170,6 +170,9 @@ def launch_runs(
                 run_dir.mkdir(parents=True, exist_ok=True)
                 config_path = run_dir / "run_config.json"
                 config_path.write_text(json.dumps(config, indent=2) + "\n")
+                started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                provenance = {"commit": git_commit(), "started": started}
+                (run_dir / "provenance.json").write_text(json.dumps(provenance) + "\n")
                 log = (run_dir / "train.log").open("a")
                 command = [
                     sys.executable,
@@ -259,61 +262,105 @@ def train_points(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return points
 
 
+def common_eval_step(runs: Sequence[Mapping[str, Any]]) -> int | None:
+    """The last evaluation step after training that every run reached.
+
+    Runs are compared there, at equal rollouts: a run cut short (out of time) is not
+    compared at a later step than the others reached.
+    """
+    reached = [{p["step"] for p in run["evals"] if p["step"] > 0} for run in runs]
+    if not reached or not all(reached):
+        return None
+    shared = set.intersection(*reached)
+    return max(shared) if shared else None
+
+
+def _figures(points: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """Held-out figures over seeds of one evaluation point per seed."""
+    seeds = sorted(points)
+    return {
+        "accuracy": mean_ci95([points[s]["accuracy"] for s in seeds]),
+        "tool_call_rate": mean_ci95([points[s][f"{CODE_AGENT}/tool_call_rate"] for s in seeds]),
+        "response_tokens": {
+            agent: mean_ci95([points[s][f"{agent}/mean_response_tokens"] for s in seeds])
+            for agent in AGENTS
+        },
+        "coach_score": {
+            agent: mean_ci95([points[s][f"{agent}/mean_coach_score"] for s in seeds])
+            for agent in AGENTS
+        },
+    }
+
+
+def _rollout_tool_calls(mine: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The code executor's tool-call rate in training rollouts: step 1 and the last step
+    every run of the mode reached (the paper's behaviour figure is over rollouts)."""
+    key = f"{CODE_AGENT}/tool_call_rate"
+    with_train = [r for r in mine if r["train"]]
+    if not with_train:
+        return {}
+    last = min(max(p["step"] for p in r["train"]) for r in with_train)
+    first = mean_ci95([r["train"][0][key] for r in with_train])
+    final = mean_ci95([p[key] for r in with_train for p in r["train"] if p["step"] == last])
+    ratio = final["mean"] / first["mean"] if first["mean"] and final["mean"] is not None else None
+    return {"step_1": first, "last_step": last, "at_last_step": final, "ratio": ratio}
+
+
 def summarise(runs: Sequence[Mapping[str, Any]], modes: Sequence[str]) -> dict[str, Any]:
-    """Base and final held-out figures per mode, over seeds, with 95% intervals."""
+    """Base and trained held-out figures per mode, over seeds, with 95% intervals.
+
+    Every mode is judged at :func:`common_eval_step`; gains and the process-minus-outcome
+    difference are paired by seed (the same base weights and evaluation seeds).
+    """
     base_by_seed: dict[int, dict[str, Any]] = {}
     for run in runs:
         first = run["evals"][0] if run["evals"] else None
         if first is not None and first["step"] == 0:
             base_by_seed.setdefault(run["seed"], first)
-    seeds = sorted(base_by_seed)
+    step = common_eval_step(runs)
     summary: dict[str, Any] = {
-        "base": {
-            "accuracy": mean_ci95([base_by_seed[s]["accuracy"] for s in seeds]),
-            "tool_call_rate": mean_ci95(
-                [base_by_seed[s][f"{CODE_AGENT}/tool_call_rate"] for s in seeds]
-            ),
-            "response_tokens": {
-                agent: mean_ci95([base_by_seed[s][f"{agent}/mean_response_tokens"] for s in seeds])
-                for agent in AGENTS
-            },
-        },
+        "compared_at_step": step,
+        "base": _figures(base_by_seed),
         "modes": {},
     }
-    finals: dict[str, dict[int, dict[str, Any]]] = {}
+    at_step: dict[str, dict[int, dict[str, Any]]] = {}
     for mode in modes:
-        mine = [r for r in runs if r["mode"] == mode and r["evals"]]
-        finals[mode] = {r["seed"]: r["evals"][-1] for r in mine if r["evals"][-1]["step"] > 0}
-        last = finals[mode]
-        gains = [
-            last[s]["accuracy"] - base_by_seed[s]["accuracy"] for s in last if s in base_by_seed
-        ]
+        mine = [r for r in runs if r["mode"] == mode]
+        at_step[mode] = {
+            r["seed"]: p for r in mine for p in r["evals"] if step is not None and p["step"] == step
+        }
+        points = at_step[mode]
+        figures = _figures(points)
         base_tool = summary["base"]["tool_call_rate"]["mean"]
-        final_tool = mean_ci95([last[s][f"{CODE_AGENT}/tool_call_rate"] for s in last])
+        tool = figures["tool_call_rate"]["mean"]
         summary["modes"][mode] = {
-            "final_step": max((p["step"] for p in last.values()), default=None),
-            "seeds": sorted(last),
-            "accuracy": mean_ci95([last[s]["accuracy"] for s in last]),
-            "gain_over_base": mean_ci95(gains),
-            "tool_call_rate": final_tool,
-            "tool_call_ratio_over_base": (
-                final_tool["mean"] / base_tool
-                if base_tool and final_tool["mean"] is not None
-                else None
+            "step": step,
+            "seeds": sorted(points),
+            **figures,
+            "gain_over_base": mean_ci95(
+                [
+                    points[s]["accuracy"] - base_by_seed[s]["accuracy"]
+                    for s in points
+                    if s in base_by_seed
+                ]
             ),
-            "response_tokens": {
-                agent: mean_ci95([last[s][f"{agent}/mean_response_tokens"] for s in last])
-                for agent in AGENTS
-            },
-            "coach_score": {
-                agent: mean_ci95([last[s][f"{agent}/mean_coach_score"] for s in last])
-                for agent in AGENTS
+            "tool_call_ratio_over_base": tool / base_tool
+            if base_tool and tool is not None
+            else None,
+            "rollout_tool_call_rate": _rollout_tool_calls(mine),
+            "last_evaluation": {
+                str(r["seed"]): {
+                    "step": r["evals"][-1]["step"],
+                    "accuracy": r["evals"][-1]["accuracy"],
+                }
+                for r in mine
+                if r["evals"]
             },
         }
-    if "process" in finals and "outcome" in finals:
-        both = sorted(set(finals["process"]) & set(finals["outcome"]))
+    if "process" in at_step and "outcome" in at_step:
+        both = sorted(set(at_step["process"]) & set(at_step["outcome"]))
         summary["process_minus_outcome"] = mean_ci95(
-            [finals["process"][s]["accuracy"] - finals["outcome"][s]["accuracy"] for s in both]
+            [at_step["process"][s]["accuracy"] - at_step["outcome"][s]["accuracy"] for s in both]
         )
     return summary
 
@@ -345,11 +392,16 @@ def collect(runs_dir: Path, modes: Sequence[str], seeds: Sequence[int]) -> list[
         for seed in seeds:
             run_dir = runs_dir / f"{mode}-s{seed}"
             records = read_metrics(run_dir)
+            provenance = run_dir / "provenance.json"
+            commit = (
+                json.loads(provenance.read_text()).get("commit") if provenance.exists() else None
+            )
             runs.append(
                 {
                     "mode": mode,
                     "seed": seed,
                     "dir": run_dir.name,
+                    "commit": commit,
                     "steps_done": max((r.get("step", 0) for r in records), default=0),
                     "evals": eval_points(records),
                     "train": train_points(records),
@@ -394,7 +446,17 @@ def plot_accuracy(runs: Sequence[Mapping[str, Any]], modes: Sequence[str], path:
             continue
         colour = COLOURS.get(mode)
         means = [100 * statistics.fmean(v) for v in per_step]
-        ax.plot(steps, means, marker="o", color=colour, label=f"{mode} (mean of {len(mine)} seeds)")
+        ax.plot(steps, means, marker="o", color=colour, label=f"{mode} ({len(mine)} seeds)")
+        for step, values, mean in zip(steps, per_step, means):
+            if len(values) < len(mine):  # a run that did not reach this evaluation
+                ax.annotate(
+                    f"n={len(values)}",
+                    (step, mean),
+                    textcoords="offset points",
+                    xytext=(4, 6),
+                    fontsize=7,
+                    color=colour,
+                )
         ax.fill_between(
             steps,
             [100 * min(v) for v in per_step],
@@ -404,7 +466,7 @@ def plot_accuracy(runs: Sequence[Mapping[str, Any]], modes: Sequence[str], path:
         )
     ax.set_xlabel("training step")
     ax.set_ylabel("held-out accuracy (%)")
-    ax.set_title("MathChat-v0 held-out accuracy (band: range over seeds)")
+    ax.set_title("MathChat-v0 held-out accuracy (mean; band: range over seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -469,6 +531,12 @@ def _pct(stat: Mapping[str, Any] | None) -> str:
     return text + (f" ± {100 * stat['ci95']:.1f}" if stat.get("ci95") is not None else "")
 
 
+def _score(stat: Mapping[str, Any] | None) -> str:
+    if not stat or stat.get("mean") is None:
+        return "n/a"
+    return f"{stat['mean']:.2f}"
+
+
 def _num(stat: Mapping[str, Any] | None) -> str:
     if not stat or stat.get("mean") is None:
         return "n/a"
@@ -476,29 +544,23 @@ def _num(stat: Mapping[str, Any] | None) -> str:
 
 
 def table_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One row for the base system and one per mode (held-out, last evaluation)."""
-    base = summary["base"]
-    rows = [
-        {
-            "system": "base (untrained)",
-            "step": 0,
-            "accuracy %": _pct(base["accuracy"]),
-            "gain (pp)": "",
-            "tool calls %": _pct(base["tool_call_rate"]),
-            **{f"{a} tokens": _num(base["response_tokens"][a]) for a in AGENTS},
+    """One row for the base system and one per mode, at the compared step."""
+
+    def row(name: str, step: Any, stats: Mapping[str, Any], gain: str) -> dict[str, Any]:
+        return {
+            "system": name,
+            "step": step,
+            "accuracy %": _pct(stats["accuracy"]),
+            "gain (pp)": gain,
+            "tool calls %": _pct(stats["tool_call_rate"]),
+            "executor score": _score(stats["coach_score"][CODE_AGENT]),
+            "verifier score": _score(stats["coach_score"]["verifier"]),
+            **{f"{a} tokens": _num(stats["response_tokens"][a]) for a in AGENTS},
         }
-    ]
+
+    rows = [row("base (untrained)", 0, summary["base"], "")]
     for mode, stats in summary["modes"].items():
-        rows.append(
-            {
-                "system": mode,
-                "step": stats["final_step"],
-                "accuracy %": _pct(stats["accuracy"]),
-                "gain (pp)": _pct(stats["gain_over_base"]),
-                "tool calls %": _pct(stats["tool_call_rate"]),
-                **{f"{a} tokens": _num(stats["response_tokens"][a]) for a in AGENTS},
-            }
-        )
+        rows.append(row(mode, stats["step"], stats, _pct(stats["gain_over_base"])))
     return rows
 
 
@@ -539,6 +601,8 @@ def build_report(
     payload = {
         "command": " ".join(["python -m benchmarks.repro_mathchat", *sys.argv[1:]]),
         "commit": git_commit(),
+        # The code the runs were trained with (recorded at launch, or given by --runs-commit).
+        "runs_commit": args.runs_commit or sorted({r["commit"] for r in runs if r["commit"]}),
         "recipe": dict(recipe),
         "modes": list(modes),
         "seeds": list(seeds),
@@ -585,6 +649,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runs-dir", default="runs/repro", help="where the runs are written")
     parser.add_argument("--out", default=str(REPRO_DIR), help="where results and plots go")
     parser.add_argument("--name", default="mathchat_smollm2", help="results file name")
+    parser.add_argument(
+        "--runs-commit",
+        default=None,
+        help="with --report-only: the commit the runs were made with, where the run "
+        "directories did not record one (runs made from a copy without git)",
+    )
     parser.add_argument(
         "--report-only",
         action="store_true",

@@ -67,6 +67,13 @@ def test_summary_pairs_runs_by_seed_and_judges_the_goals():
         "process_beats_outcome_by_5_points": True,
         "tool_call_rate_at_least_3x": True,
     }
+    assert summary["compared_at_step"] == 5
+    # A run cut short: every mode is compared at the last step all runs reached.
+    runs[0]["evals"].append({**runs[0]["evals"][-1], "step": 10, "accuracy": 0.9})
+    again = repro.summarise(runs, ["process", "outcome"])
+    assert again["compared_at_step"] == 5
+    assert again["modes"]["process"]["accuracy"] == summary["modes"]["process"]["accuracy"]
+    assert again["modes"]["process"]["last_evaluation"]["0"] == {"step": 10, "accuracy": 0.9}
     flat = [fake_run("process", s, [0.1, 0.1], [0.1, 0.1], base=True) for s in range(3)]
     goals = repro.goal_checks(repro.summarise(flat, ["process"]))
     assert not goals["process_gain_at_least_10_points"]
@@ -138,6 +145,7 @@ def test_end_to_end_runs_write_results_and_plots(tmp_path):
     assert code == 0
     data = json.loads((out / "tiny.json").read_text())
     assert data["recipe"]["steps"] == 2
+    assert {r["commit"] for r in data["runs"]} == {repro.git_commit()}
     assert data["train_tasks"] == 4
     by_mode = {r["mode"]: r for r in data["runs"]}
     assert [p["step"] for p in by_mode["process"]["evals"]] == [0, 1, 2]
