@@ -1,9 +1,11 @@
 """Speed of the Jupyter sandbox: kernel start, cell round trip, pooled hand-out.
 
 The round trip of a trivial cell (``1 + 1``) is measured through :class:`JupyterSandbox`
-and through a bare jupyter-client kernel (execute, read iopub until idle, read the
-reply), interleaved call by call so that both see the same machine load; their ratio is
-the wrapper's overhead (limits, process-tree check, file tracking, output handling).
+unconfined (``isolation="none"``), confined in namespaces (``"namespaces"``, where
+bubblewrap works) and through a bare jupyter-client kernel (execute, read iopub until
+idle, read the reply), interleaved call by call so that all see the same machine load:
+the ratios are the wrapper's overhead (limits, process-tree check, file tracking, output
+handling) and the cost of the namespaces. Kernel starts are interleaved the same way.
 
 Run: python -m benchmarks.bench_sandbox [--calls 200] [--starts 5]
 """
@@ -22,6 +24,8 @@ from benchmarks._common import print_table, write_results
 from mappa_env.sandbox import JupyterSandbox, KernelPool
 
 TARGETS = {"round_trip_median_ms": 5.0, "start_median_s": 0.6}
+#: Namespace isolation against the unconfined sandbox, measured side by side.
+ISOLATION_TARGETS = {"start_ratio": 1.5, "round_trip_extra_ms": 2.0}
 
 
 class RawKernel:
@@ -63,38 +67,55 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def measure_starts(count: int) -> tuple[list[float], list[float]]:
-    ours, raw = [], []
+def namespaces_available() -> str:
+    """ "" when namespace isolation works here, else why not."""
+    from mappa_env.sandbox.isolation import IsolationUnavailableError, resolve_confinement
+
+    try:
+        resolve_confinement("namespaces")
+    except IsolationUnavailableError as exc:
+        return str(exc)
+    return ""
+
+
+def measure_starts(count: int, modes: list[str]) -> tuple[dict[str, list[float]], list[float]]:
+    ours: dict[str, list[float]] = {mode: [] for mode in modes}
+    raw = []
     for _ in range(count):
-        started = time.perf_counter()
-        sandbox = JupyterSandbox()
-        sandbox.start()
-        ours.append(time.perf_counter() - started)
-        sandbox.close()
+        for mode in modes:
+            started = time.perf_counter()
+            sandbox = JupyterSandbox(isolation=mode)
+            sandbox.start()
+            ours[mode].append(time.perf_counter() - started)
+            sandbox.close()
         kernel = RawKernel()
         raw.append(kernel.start_s)
         kernel.close()
     return ours, raw
 
 
-def measure_round_trips(calls: int) -> tuple[list[float], list[float]]:
-    sandbox = JupyterSandbox()
+def measure_round_trips(calls: int, modes: list[str]) -> tuple[dict[str, list[float]], list[float]]:
+    sandboxes = {mode: JupyterSandbox(isolation=mode) for mode in modes}
     kernel = RawKernel()
     try:
-        for _ in range(20):  # warm both up
-            sandbox.run("1 + 1")
+        for _ in range(20):  # warm all up
+            for sandbox in sandboxes.values():
+                sandbox.run("1 + 1")
             kernel.run("1 + 1")
-        ours, raw = [], []
+        ours: dict[str, list[float]] = {mode: [] for mode in modes}
+        raw = []
         for _ in range(calls):
-            started = time.perf_counter()
-            result = sandbox.run("1 + 1")
-            ours.append(time.perf_counter() - started)
-            assert result.stdout == "2\n", result
+            for mode, sandbox in sandboxes.items():
+                started = time.perf_counter()
+                result = sandbox.run("1 + 1")
+                ours[mode].append(time.perf_counter() - started)
+                assert result.stdout == "2\n", result
             started = time.perf_counter()
             kernel.run("1 + 1")
             raw.append(time.perf_counter() - started)
     finally:
-        sandbox.close()
+        for sandbox in sandboxes.values():
+            sandbox.close()
         kernel.close()
     return ours, raw
 
@@ -122,66 +143,87 @@ def main() -> None:
     parser.add_argument("--starts", type=int, default=5)
     args = parser.parse_args()
 
-    start_ours, start_raw = measure_starts(args.starts)
-    trip_ours, trip_raw = measure_round_trips(args.calls)
+    unavailable = namespaces_available()
+    modes = ["none"] if unavailable else ["none", "namespaces"]
+    if unavailable:
+        print(f"namespace isolation is not measured: {unavailable}")
+    starts, start_raw = measure_starts(args.starts, modes)
+    trips, trip_raw = measure_round_trips(args.calls, modes)
     handouts, first_calls = measure_pool(args.starts)
 
     ms = 1000.0
-    rows: list[dict[str, Any]] = [
-        {
-            "measure": "kernel start (s, median)",
-            "mappa": statistics.median(start_ours),
-            "raw jupyter-client": statistics.median(start_raw),
-            "ratio": statistics.median(start_ours) / statistics.median(start_raw),
-        },
-        {
-            "measure": "round trip 1+1 (ms, median)",
-            "mappa": statistics.median(trip_ours) * ms,
-            "raw jupyter-client": statistics.median(trip_raw) * ms,
-            "ratio": statistics.median(trip_ours) / statistics.median(trip_raw),
-        },
-        {
-            "measure": "round trip 1+1 (ms, p90)",
-            "mappa": quantile(trip_ours, 0.9) * ms,
-            "raw jupyter-client": quantile(trip_raw, 0.9) * ms,
-            "ratio": quantile(trip_ours, 0.9) / quantile(trip_raw, 0.9),
-        },
+    median = statistics.median
+    rows: list[dict[str, Any]] = []
+    for mode in modes:
+        rows += [
+            {
+                "measure": f"kernel start, isolation={mode} (s, median)",
+                "mappa": median(starts[mode]),
+                "raw jupyter-client": median(start_raw),
+                "ratio": median(starts[mode]) / median(start_raw),
+            },
+            {
+                "measure": f"round trip 1+1, isolation={mode} (ms, median)",
+                "mappa": median(trips[mode]) * ms,
+                "raw jupyter-client": median(trip_raw) * ms,
+                "ratio": median(trips[mode]) / median(trip_raw),
+            },
+            {
+                "measure": f"round trip 1+1, isolation={mode} (ms, p90)",
+                "mappa": quantile(trips[mode], 0.9) * ms,
+                "raw jupyter-client": quantile(trip_raw, 0.9) * ms,
+                "ratio": quantile(trips[mode], 0.9) / quantile(trip_raw, 0.9),
+            },
+        ]
+    rows += [
         {
             "measure": "pooled hand-out (ms, median)",
-            "mappa": statistics.median(handouts) * ms,
+            "mappa": median(handouts) * ms,
             "raw jupyter-client": "",
             "ratio": "",
         },
         {
             "measure": "first call after hand-out (ms, median)",
-            "mappa": statistics.median(first_calls) * ms,
+            "mappa": median(first_calls) * ms,
             "raw jupyter-client": "",
             "ratio": "",
         },
     ]
     print_table(rows, title="Jupyter sandbox")
-    summary = {
-        "start_median_s": statistics.median(start_ours),
-        "start_raw_median_s": statistics.median(start_raw),
-        "round_trip_median_ms": statistics.median(trip_ours) * ms,
-        "round_trip_p90_ms": quantile(trip_ours, 0.9) * ms,
-        "round_trip_raw_median_ms": statistics.median(trip_raw) * ms,
+    summary: dict[str, Any] = {
+        "start_median_s": median(starts["none"]),
+        "start_raw_median_s": median(start_raw),
+        "round_trip_median_ms": median(trips["none"]) * ms,
+        "round_trip_p90_ms": quantile(trips["none"], 0.9) * ms,
+        "round_trip_raw_median_ms": median(trip_raw) * ms,
         "round_trip_raw_p90_ms": quantile(trip_raw, 0.9) * ms,
-        "round_trip_overhead_ratio": statistics.median(trip_ours) / statistics.median(trip_raw),
-        "pooled_handout_median_ms": statistics.median(handouts) * ms,
-        "pooled_first_call_median_ms": statistics.median(first_calls) * ms,
+        "round_trip_overhead_ratio": median(trips["none"]) / median(trip_raw),
+        "pooled_handout_median_ms": median(handouts) * ms,
+        "pooled_first_call_median_ms": median(first_calls) * ms,
     }
     met = {name: summary[name] <= bound for name, bound in TARGETS.items()}
+    if "namespaces" in modes:
+        summary.update(
+            {
+                "namespaces_start_median_s": median(starts["namespaces"]),
+                "namespaces_round_trip_median_ms": median(trips["namespaces"]) * ms,
+                "namespaces_round_trip_p90_ms": quantile(trips["namespaces"], 0.9) * ms,
+                "start_ratio": median(starts["namespaces"]) / median(starts["none"]),
+                "round_trip_extra_ms": (median(trips["namespaces"]) - median(trips["none"])) * ms,
+            }
+        )
+        met.update({name: summary[name] <= bound for name, bound in ISOLATION_TARGETS.items()})
     print("targets met:", met)
     write_results(
         "sandbox",
         {
-            "settings": {"calls": args.calls, "starts": args.starts},
+            "settings": {"calls": args.calls, "starts": args.starts, "modes": modes},
+            "namespaces_unavailable": unavailable or None,
             "summary": summary,
-            "targets": TARGETS,
+            "targets": {**TARGETS, **ISOLATION_TARGETS},
             "targets_met": met,
             "raw": {
-                "start_s": start_ours,
+                "start_s": starts,
                 "start_raw_s": start_raw,
                 "handout_s": handouts,
             },

@@ -17,6 +17,7 @@ logger = logging.getLogger("mappa")
 def _env_options(args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {
         "sandbox": None if args.sandbox == "none" else args.sandbox,
+        "isolation": args.isolation,
         "reward_mode": args.reward_mode,
         "max_new_tokens": args.max_new_tokens,
     }
@@ -26,7 +27,9 @@ def _env_options(args: argparse.Namespace) -> dict[str, Any]:
         elif args.num_tasks:
             from mappa_env.tasks import generate_math_tasks
 
-            options["tasks"] = generate_math_tasks(args.num_tasks, seed=args.task_seed)
+            options["tasks"] = generate_math_tasks(
+                args.num_tasks, seed=args.task_seed, secret=args.task_secret
+            )
     else:
         task_ids = args.task_ids.split(",") if args.task_ids else None
         if args.data_dir:
@@ -36,7 +39,7 @@ def _env_options(args: argparse.Namespace) -> dict[str, Any]:
             from mappa_env.dsbench import BuiltinTaskSet
 
             # Built once and shared by every environment of the run.
-            options["tasks"] = BuiltinTaskSet(names=task_ids)
+            options["tasks"] = BuiltinTaskSet(names=task_ids, secret=args.task_secret)
     return options
 
 
@@ -63,9 +66,22 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         "--num-tasks", type=int, default=None, help="MathChat: use this many generated problems"
     )
     parser.add_argument("--task-seed", type=int, default=0, help="seed of generated problems")
+    parser.add_argument(
+        "--task-secret",
+        default=None,
+        help="pin the secret generated tasks are drawn with, for a reproducible run "
+        "(default: the user's secret for MathChat problems, a fresh one per run for "
+        "built-in DSBench tasks); agents never see it",
+    )
     parser.add_argument("--data-dir", default=None, help="DSBench data directory")
     parser.add_argument("--task-ids", default=None, help="DSBench task ids, comma-separated")
     parser.add_argument("--sandbox", default="jupyter", choices=["jupyter", "none"])
+    parser.add_argument(
+        "--isolation",
+        default="auto",
+        choices=["auto", "namespaces", "none"],
+        help="confine agents' code in Linux namespaces (bubblewrap): auto = where it works",
+    )
     parser.add_argument("--reward-mode", default="process", choices=["process", "outcome", "mixed"])
     parser.add_argument("--device", default="auto", help="torch device for local models")
     parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float32, float16")

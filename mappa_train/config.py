@@ -39,6 +39,12 @@ class TrainConfig:
     coach: str = "rules"
     """Coach spec: ``rules`` (offline) or ``llm:<litellm model>``."""
 
+    isolation: str = "auto"
+    """How agents' code is confined: ``auto`` (Linux namespaces where bubblewrap works,
+    else none with a warning), ``namespaces`` (or stop) or ``none``; passed to the
+    environments (see :mod:`mappa_env.sandbox.isolation`). An agent being trained finds
+    any way to its reward that skips the task: keep it confined."""
+
     # ------------------------------------------------------------------ rollouts
     steps: int = 128
     """Rollout + update steps (the paper: 128 for MathChat, 8 passes over 512 prompts)."""
@@ -218,6 +224,7 @@ class TrainConfig:
             "advantage_estimator": ("reinforce_pp", "grpo", "rloo"),
             "normalize_scope": ("agent", "all"),
             "kl_estimator": ("k1", "k2", "k3"),
+            "isolation": ("auto", "namespaces", "none"),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

@@ -138,12 +138,24 @@ class Trainer:
             from mappa_env.coach import make_coach
 
             self.coach = make_coach(config.coach)
+        # Only a non-default isolation is passed: an environment of the user's own may
+        # not take the option, and "auto" is every pipeline environment's default.
+        isolation = {} if config.isolation == "auto" else {"isolation": config.isolation}
+        for options in (config.env_options, config.eval_env_options or {}):
+            given = options.get("isolation", config.isolation)
+            if isolation and given != config.isolation:
+                raise ValueError(
+                    f"isolation={config.isolation!r} and env options with isolation="
+                    f"{given!r} disagree: set one of them"
+                )
+        train_options = {**isolation, **config.env_options}
         self.env_factory = env_factory or (
-            lambda: mappa_env.make(config.env, coach=self.coach, **config.env_options)
+            lambda: mappa_env.make(config.env, coach=self.coach, **train_options)
         )
-        eval_options = (
-            config.env_options if config.eval_env_options is None else config.eval_env_options
-        )
+        eval_options = {
+            **isolation,
+            **(config.env_options if config.eval_env_options is None else config.eval_env_options),
+        }
         self.eval_env_factory = eval_env_factory or (
             lambda: mappa_env.make(config.env, coach=self.coach, **eval_options)
         )

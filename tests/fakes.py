@@ -90,3 +90,28 @@ class RaisingCoach(FixedCoach):
 
     def score(self, request: CoachRequest) -> CoachVerdict:
         raise RuntimeError("coach bug")
+
+
+def csv_task(folder: Path, task_id: str, files: dict[str, str]) -> Any:
+    """A DSBench classification task (target ``label``, id ``id``) from CSV texts.
+
+    ``files`` maps ``train``, ``test`` and ``answers`` to the text of each file, which is
+    written to ``folder/<name>.csv``.
+    """
+    from mappa_env.dsbench.tasks import DSBenchTask
+
+    for name, text in files.items():
+        (folder / f"{name}.csv").write_text(text)
+    return DSBenchTask(
+        id=task_id,
+        description="Predict label.",
+        metric="accuracy",
+        task_type="classification",
+        id_column="id",
+        target_columns=("label",),
+        train_path=folder / "train.csv",
+        test_path=folder / "test.csv",
+        sample_submission_path=None,
+        answers_path=folder / "answers.csv",
+        metadata={},
+    )

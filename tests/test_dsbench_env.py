@@ -16,7 +16,7 @@ from mappa_env.dsbench.reference import modeler_action as modeler
 from mappa_env.dsbench.reference import reference_script as good_script
 from mappa_env.envs import dsbench as dsbench_env
 from mappa_env.envs.dsbench import DSBenchEnv
-from tests.fakes import InProcessSandbox
+from tests.fakes import InProcessSandbox, csv_task
 
 
 def make_env(**options) -> DSBenchEnv:
@@ -108,26 +108,14 @@ def test_hidden_answers_never_reach_the_workspace(env):
 
 def test_zero_padded_ids_and_na_labels_join_correctly(tmp_path):
     """Answers read once and kept in memory join like answers read from disk."""
-    from mappa_env.dsbench.tasks import DSBenchTask
-
-    for name, frame in {
-        "train": "id,x,label\n001,1,NA\n002,2,yes\n003,3,NA\n004,4,yes\n",
-        "test": "id,x\n007,1\n008,2\n",
-        "answers": "id,label\n007,NA\n008,yes\n",
-    }.items():
-        (tmp_path / f"{name}.csv").write_text(frame)
-    task = DSBenchTask(
-        id="padded",
-        description="Predict label.",
-        metric="accuracy",
-        task_type="classification",
-        id_column="id",
-        target_columns=("label",),
-        train_path=tmp_path / "train.csv",
-        test_path=tmp_path / "test.csv",
-        sample_submission_path=None,
-        answers_path=tmp_path / "answers.csv",
-        metadata={},
+    task = csv_task(
+        tmp_path,
+        "padded",
+        {
+            "train": "id,x,label\n001,1,NA\n002,2,yes\n003,3,NA\n004,4,yes\n",
+            "test": "id,x\n007,1\n008,2\n",
+            "answers": "id,label\n007,NA\n008,yes\n",
+        },
     )
     env = mappa_env.make("DSBench-v0", tasks=[task], sandbox=InProcessSandbox)
     env.reset(options={"task": task})

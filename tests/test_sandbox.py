@@ -294,10 +294,13 @@ def test_render_of_a_real_result(shared: JupyterSandbox) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def test_files_written_lists_created_and_modified_files(tmp_path: Path) -> None:
-    (tmp_path / "untouched.txt").write_text("same")
-    (tmp_path / "edited.txt").write_text("old")
-    with JupyterSandbox(tmp_path) as sandbox:
+def test_files_written_lists_created_and_modified_files() -> None:
+    # A workspace the sandbox made: files put in it before the kernel starts are the
+    # agent's to change (a directory the caller gives keeps its files' owners, which
+    # tests/test_isolation.py checks).
+    with JupyterSandbox() as sandbox:
+        (sandbox.workdir / "untouched.txt").write_text("same")
+        (sandbox.workdir / "edited.txt").write_text("old")
         result = sandbox.run(
             "import os\n"
             "os.makedirs('sub', exist_ok=True)\n"
@@ -305,7 +308,8 @@ def test_files_written_lists_created_and_modified_files(tmp_path: Path) -> None:
             "open('edited.txt', 'a').write(' and new')\n"
             "print(os.getcwd())"
         )
-        assert result.stdout.strip() == str(tmp_path.resolve())
+        assert result.ok, result.error
+        assert result.stdout.strip() == str(sandbox.workdir)
         assert result.files_written == ("edited.txt", os.path.join("sub", "new.csv"))
         assert sandbox.run("x = 1").files_written == ()
 
@@ -432,7 +436,8 @@ def test_kernel_killed_between_calls_is_restarted(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("given_workdir", [True, False], ids=["given", "owned"])
 def test_deleted_workdir_and_killed_kernel_recover(tmp_path: Path, given_workdir: bool) -> None:
-    sandbox = JupyterSandbox(tmp_path / "work" if given_workdir else None)
+    # Unconfined: confined code cannot delete its workspace (see test_isolation.py).
+    sandbox = JupyterSandbox(tmp_path / "work" if given_workdir else None, isolation="none")
     try:
         workdir = sandbox.workdir
         assert sandbox.run("open('first.txt', 'w').write('1')").ok
@@ -456,7 +461,7 @@ def test_deleted_workdir_and_killed_kernel_recover(tmp_path: Path, given_workdir
 
 def test_deleted_workdir_under_a_live_kernel_is_restored(tmp_path: Path) -> None:
     workdir = tmp_path / "work"
-    with JupyterSandbox(workdir) as sandbox:
+    with JupyterSandbox(workdir, isolation="none") as sandbox:
         result = sandbox.run("import os, shutil\nkept = 'state'\nshutil.rmtree(os.getcwd())")
         assert result.ok, result.render()
         result = sandbox.run("open('new.txt', 'w').write('x')\nprint(kept, os.getcwd())")
@@ -558,7 +563,8 @@ def test_failed_start_after_the_kernel_ended_between_calls(
 
 def test_hand_out_to_a_missing_workdir_creates_it(tmp_path: Path) -> None:
     target = (tmp_path / "not" / "yet").resolve()
-    with JupyterSandbox(tmp_path / "waiting") as sandbox:
+    # Only unconfined kernels move (a confined one sees only the workspace it started in).
+    with JupyterSandbox(tmp_path / "waiting", isolation="none") as sandbox:
         sandbox.start()
         assert sandbox._move_to(target, owned=False)
         assert target.is_dir()
@@ -601,7 +607,9 @@ def test_kernel_starts_lazily(tmp_path: Path) -> None:
 
 
 def test_close_kills_the_process_tree_and_removes_its_files() -> None:
-    sandbox = JupyterSandbox()
+    # Pids as the code sees them are the host's only without namespaces (a confined
+    # sandbox's processes die with its PID namespace: test_isolation.py).
+    sandbox = JupyterSandbox(isolation="none")
     workdir = sandbox.workdir
     # A plain child, and a daemon that double-forks into its own session (it leaves the
     # kernel's process group; the kernel adopts it as a subreaper).
@@ -663,7 +671,7 @@ def test_interpreter_exit_closes(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
         from mappa_env.sandbox import JupyterSandbox
-        sandbox = JupyterSandbox()
+        sandbox = JupyterSandbox(isolation="none")
         result = sandbox.run(
             "import os, subprocess\\n"
             "child = subprocess.Popen(['sleep', '60'])\\n"

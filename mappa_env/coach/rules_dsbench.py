@@ -1,49 +1,95 @@
 """DSBench-v0 rubric of the rules coach (scores out of 10).
 
 The environment passes, in ``request.metadata``: ``artifacts`` (for each file of the
-agent's contract and of what it needs from upstream: ``exists``, ``loads``, ``shape``,
-``has_predict``, ``error``), ``missing_upstream`` (needed upstream files absent when the
-agent acted), and for the analyst ``outcome`` (the submission's score) and
-``outcome_cap`` (the spec's cap on the analyst's score for that outcome).
+agent's contract and of what it needs from upstream, the facts its artifact inspector
+found: ``exists``, ``loads``, ``shape``, ``has_predict``, ``error``; for X_train.pkl and
+X_test.pkl ``varies`` (some column takes more than one value) and ``rows_expected`` (rows
+of the train.csv / test.csv the environment wrote); for y_train.pkl ``distinct_values``
+and ``rows_expected``; for model.pkl the result of ``predict(X_test)``: ``predictions``
+(rows returned), ``predictions_expected``, ``distinct_predictions``, or ``predict_error``
+(``predict_skipped`` when there was no loadable X_test.pkl), and ``train_skill``, how
+much better than a constant guess the model fits its own training rows), plus
+``missing_upstream`` (needed upstream files absent when the agent acted), and for the
+analyst ``outcome`` (the submission's score) and ``outcome_cap`` (the spec's cap on the
+analyst's score for that outcome).
+
+The high scores go only to artifacts that pass these checks, and the ladder keeps its
+order: no cheap behaviour (pickles of ``[0] * n``, a model that returns a constant, a
+printed "cv 0.99") scores above 5, the middle, and none outscores doing the job.
 
 data_engineer (must leave X_train.pkl, y_train.pkl, X_test.pkl):
-     9  all three load and their row counts agree (X_train with y_train)
-     5  some artifacts exist, or they do not load / do not agree
+     9  all three load and pass the checks: X_train and X_test are 2-D tables with the
+        same columns and a column that varies; X_train and y_train have one row per row
+        of train.csv, X_test one per row of test.csv; y_train holds more than one value
+     5  some artifacts exist, but not all load or pass the checks (the reason is named)
      4  the code ran but no artifact exists yet (exploring)
      2  the code raised or timed out
-    without code (the hand-over message): 8 if all three load, 3 if some exist, else 1
+    without code (the hand-over message): 8 if all three pass, 3 if some exist, else 1
 
-modeler (must leave model.pkl and print cross-validation metrics):
-     5  its inputs are missing upstream and it produced nothing: the blame goes upstream
-     9  model.pkl loads, has ``predict``, and cross-validation output was printed
-     7  model.pkl loads and has ``predict``, no cross-validation output seen
-     4  the code ran but model.pkl is missing or unusable
+modeler (must leave model.pkl and show cross-validation):
+     9  the model is usable and has learned, and the action cross-validated: code (its
+        code blocks, not prose, comments or strings) that calls a cross-validation or
+        hold-out API (``cross_val_score``, ``KFold``, ``train_test_split``,
+        ``GridSearchCV``, ``cv=``...) and a number printed with a word such as "cv" or
+        "validation". A printed "cv 0.99" alone never counts.
+     7  the model is usable and has learned, no cross-validation seen
+     5  model.pkl loads and predicts one value per test row, but it has not learned:
+        its predictions on X_test are all the same, or it fits its training rows no
+        better than a constant guess (``train_skill`` below 0.1, or unknown); or its
+        predictions could not be checked because X_test.pkl is missing upstream; or its
+        inputs are missing upstream and it produced nothing: the blame goes upstream
+     4  the code ran but model.pkl is missing, does not load, has no ``predict``, or
+        ``predict(X_test)`` fails or returns the wrong number of rows
      2  the code raised or timed out (with its inputs present)
-    without code: 8 if model.pkl is usable, else 1
+    without code: 8 if the model is usable and has learned, 3 if model.pkl exists, else 1
+
+    "Usable": model.pkl loads, has ``predict``, and ``predict(X_test.pkl)`` returns one
+    prediction per row of test.csv (what the analyst needs). "Learned": those
+    predictions are not all one value, and the model fits its own training rows better
+    than a constant guess.
 
 analyst (must leave submission.csv):
     cap  submission scored: the outcome cap of the spec (3-9; classification by ROC-AUC /
          accuracy bands, regression by RMSE as % of the target range)
      5   no submission because model.pkl / X_test.pkl are missing upstream
-     2   a submission that cannot be scored (wrong ids, columns, NaNs), or code that raised
+     2   a submission that cannot be scored (wrong ids, columns, NaNs, a link or FIFO
+         instead of a file), or code that raised
      4   code ran, no submission yet
      1   no code and no submission
 """
 
 from __future__ import annotations
 
+import io
 import re
+import tokenize
 from collections.abc import Mapping
 from typing import Any
 
 from mappa_env.coach.base import CoachRequest
+from mappa_env.text import extract_code_blocks, strip_think
 
 _CV_HINT = re.compile(r"\b(cv|cross[-_ ]?val\w*|fold|kfold|validation)\b", re.IGNORECASE)
 _NUMBER = re.compile(r"\d\.\d+|\d+\.\d*")
+# Code that evaluates on held-out data: scikit-learn's splitters and searches, the cv=
+# argument they take, and the cv() functions of gradient-boosting libraries.
+_CV_CODE = re.compile(
+    r"cross_val|KFold|ShuffleSplit|LeaveOneOut|LeavePOut|TimeSeriesSplit|SearchCV"
+    r"|train_test_split|\.\s*cv\s*\(|\bcv\s*="
+)
+#: Least ``train_skill`` of a model that has learned something (0 = a constant guess).
+MIN_TRAIN_SKILL = 0.1
+
+_FEATURES = ("X_train.pkl", "X_test.pkl")
 
 
 def _usable(entry: Mapping[str, Any] | None) -> bool:
     return bool(entry) and bool(entry.get("exists")) and bool(entry.get("loads", False))
+
+
+def _rows(entry: Mapping[str, Any]) -> int | None:
+    shape = entry.get("shape") or [None]
+    return shape[0] if isinstance(shape[0], int) else None
 
 
 def _tool_failed(request: CoachRequest) -> tuple[bool, str]:
@@ -56,48 +102,153 @@ def _tool_failed(request: CoachRequest) -> tuple[bool, str]:
     return True, f"raised {error.get('name', 'an error')}: {str(error.get('value', ''))[:120]}"
 
 
+def engineer_problems(artifacts: Mapping[str, Any]) -> list[str]:
+    """What keeps the data engineer's three pickles from passing the checks (empty: none).
+
+    Args:
+        artifacts: The environment's artifact facts (see the module docs).
+
+    Returns:
+        One short reason per failed check.
+    """
+    entries = {n: artifacts.get(n) or {} for n in ("X_train.pkl", "y_train.pkl", "X_test.pkl")}
+    problems = [
+        f"{name} {'does not load' if entry.get('exists') else 'is missing'}"
+        for name, entry in entries.items()
+        if not _usable(entry)
+    ]
+    if problems:
+        return problems
+    for name, entry in entries.items():
+        rows, expected = _rows(entry), entry.get("rows_expected")
+        if rows is None:
+            problems.append(f"{name} has no row count")
+        elif expected is not None and rows != expected:
+            source = "test.csv" if name == "X_test.pkl" else "train.csv"
+            problems.append(f"{name} has {rows} rows, {source} has {expected}")
+    for name in _FEATURES:
+        shape = entries[name].get("shape") or []
+        if len(shape) != 2:
+            problems.append(f"{name} is not a 2-D table (shape {shape})")
+        elif entries[name].get("varies") is not True:
+            problems.append(f"no column of {name} varies")
+    train_shape = entries["X_train.pkl"].get("shape") or []
+    test_shape = entries["X_test.pkl"].get("shape") or []
+    if len(train_shape) == len(test_shape) == 2 and train_shape[1] != test_shape[1]:
+        problems.append(f"X_train.pkl has {train_shape[1]} columns, X_test.pkl {test_shape[1]}")
+    rows = [_rows(entries[n]) for n in ("X_train.pkl", "y_train.pkl")]
+    if None not in rows and rows[0] != rows[1]:
+        problems.append(f"X_train.pkl has {rows[0]} rows, y_train.pkl {rows[1]}")
+    distinct = entries["y_train.pkl"].get("distinct_values")
+    if not isinstance(distinct, int) or distinct < 2:
+        problems.append(f"y_train.pkl holds {distinct} distinct value(s), not a target")
+    return problems
+
+
+def model_problems(model: Mapping[str, Any] | None) -> tuple[list[str], list[str]]:
+    """Why model.pkl is not usable, and why it has not learned (empty lists: it is/has).
+
+    Args:
+        model: The environment's facts about model.pkl (see the module docs).
+
+    Returns:
+        ``(usability problems, learning problems)``; a skipped prediction (no loadable
+        X_test.pkl) is a learning problem named as such, not a usability one.
+    """
+    if not _usable(model) or not model.get("has_predict"):
+        return ["model.pkl is missing, does not load or has no predict()"], []
+    if model.get("predict_skipped"):
+        return [], ["its predictions could not be checked: X_test.pkl is not usable"]
+    if model.get("predict_error"):
+        return [f"predict(X_test) failed: {model['predict_error']}"], []
+    predictions, expected = model.get("predictions"), model.get("predictions_expected")
+    if not isinstance(predictions, int) or (expected is not None and predictions != expected):
+        return [f"predict(X_test) returned {predictions} rows for {expected} test rows"], []
+    learning = []
+    distinct = model.get("distinct_predictions")
+    if not isinstance(distinct, int) or distinct < 2:
+        learning.append("its predictions on X_test are all the same value")
+    skill = model.get("train_skill")
+    if not isinstance(skill, (int, float)) or skill < MIN_TRAIN_SKILL:
+        learning.append(
+            f"it fits its training rows no better than a constant guess (skill {skill})"
+        )
+    return [], learning
+
+
 def _data_engineer(request: CoachRequest, artifacts: Mapping[str, Any]) -> tuple[float, str]:
     names = ("X_train.pkl", "y_train.pkl", "X_test.pkl")
-    present = [n for n in names if artifacts.get(n, {}).get("exists")]
-    usable = [n for n in names if _usable(artifacts.get(n))]
+    present = [n for n in names if (artifacts.get(n) or {}).get("exists")]
+    problems = engineer_problems(artifacts)
     failed, why = _tool_failed(request)
-    rows = [((artifacts.get(n) or {}).get("shape") or [None])[0] for n in names[:2]]
-    consistent = len(usable) == 3 and rows[0] is not None and rows[0] == rows[1]
     if request.tool_result is None:
-        if len(usable) == 3:
-            return 8.0, "Hand-over with all three artifacts saved and loadable."
+        if not problems:
+            return 8.0, "Hand-over with all three artifacts saved and passing the checks."
         if present:
-            return 3.0, f"Hand-over with only {present} saved."
+            return 3.0, f"Hand-over with artifacts that fail the checks: {'; '.join(problems)}."
         return 1.0, "Hand-over without any of X_train.pkl, y_train.pkl, X_test.pkl."
     if failed:
         return 2.0, f"The code {why}."
-    if consistent:
-        return 9.0, "X_train.pkl, y_train.pkl and X_test.pkl load and their rows agree."
+    if not problems:
+        return 9.0, (
+            "X_train.pkl, y_train.pkl and X_test.pkl load, match train.csv and test.csv row "
+            "for row, and hold real features and targets."
+        )
     if present:
-        return 5.0, f"Artifacts incomplete or unusable: present {present}, loadable {usable}."
+        return 5.0, f"Artifacts incomplete or failing the checks: {'; '.join(problems)}."
     return 4.0, "The code ran, but no artifact is saved yet."
 
 
+def _code_words(action: str) -> str:
+    """The names and operators of the action's code blocks: no prose, comments or strings.
+
+    Saying "no train_test_split needed" next to the code, or writing it in a comment or
+    a string, is not cross-validating.
+    """
+    code = "\n".join(extract_code_blocks(strip_think(action)))
+    words: list[str] = []
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(code).readline):
+            if token.type in (tokenize.NAME, tokenize.OP):
+                words.append(token.string)
+    except (tokenize.TokenError, SyntaxError):  # code that does not tokenize to the end
+        pass
+    return " ".join(words)
+
+
+def _cross_validated(request: CoachRequest) -> bool:
+    stdout = str((request.tool_result or {}).get("stdout", ""))
+    printed = bool(_CV_HINT.search(stdout)) and bool(_NUMBER.search(stdout))
+    return printed and bool(_CV_CODE.search(_code_words(request.action)))
+
+
 def _modeler(request: CoachRequest, artifacts: Mapping[str, Any]) -> tuple[float, str]:
-    model = artifacts.get("model.pkl")
-    usable = _usable(model) and bool(model.get("has_predict"))
+    unusable, not_learned = model_problems(artifacts.get("model.pkl"))
     missing = list(request.metadata.get("missing_upstream", ()))
     failed, why = _tool_failed(request)
-    if missing and not usable:
+    if missing and unusable:
         return 5.0, f"Upstream artifacts {missing} are missing: not the modeler's fault."
     if request.tool_result is None:
-        if usable:
-            return 8.0, "Hand-over with a usable model.pkl."
+        if not unusable and not not_learned:
+            return 8.0, "Hand-over with a usable, trained model.pkl."
+        if (artifacts.get("model.pkl") or {}).get("exists"):
+            return 3.0, f"Hand-over with a model that fails: {'; '.join(unusable + not_learned)}."
         return 1.0, "Hand-over without a usable model.pkl."
     if failed:
         return 2.0, f"The code {why}."
-    stdout = str(request.tool_result.get("stdout", ""))
-    printed_cv = bool(_CV_HINT.search(stdout)) and bool(_NUMBER.search(stdout))
-    if usable and printed_cv:
-        return 9.0, "model.pkl loads, has predict(), and cross-validation results were printed."
-    if usable:
-        return 7.0, "model.pkl loads and has predict(), but no cross-validation output was seen."
-    return 4.0, "The code ran, but model.pkl is missing or has no predict()."
+    if unusable:
+        return 4.0, f"The code ran, but the model is not usable: {'; '.join(unusable)}."
+    if not_learned:
+        return 5.0, f"model.pkl predicts, but {'; '.join(not_learned)}."
+    if _cross_validated(request):
+        return 9.0, (
+            "model.pkl predicts one varied value per test row, fits its training data, and "
+            "cross-validation was run and printed."
+        )
+    return 7.0, (
+        "model.pkl is usable and trained, but no cross-validation (code and printed "
+        "score) was seen."
+    )
 
 
 def _analyst(request: CoachRequest, artifacts: Mapping[str, Any]) -> tuple[float, str]:

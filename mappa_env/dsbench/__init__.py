@@ -5,7 +5,8 @@
 - :mod:`mappa_env.dsbench.tasks`: :class:`DSBenchTask` and :func:`load_dsbench_tasks` for
   the real DSBench directory layout.
 - :mod:`mappa_env.dsbench.builtin`: :func:`builtin_tasks`, offline tasks written at run
-  time from scikit-learn's bundled datasets and seeded synthetic data.
+  time from scikit-learn's bundled datasets (disguised, so that test rows cannot be
+  looked up) and synthetic data, all keyed by a secret as well as the seed.
 """
 
 from mappa_env.dsbench.builtin import BUILTIN_TASK_NAMES, BuiltinTaskSet, builtin_tasks

@@ -12,13 +12,35 @@ synthetic generators. :func:`builtin_tasks` writes, under a root directory::
 so that they can also be read back with :func:`mappa_env.dsbench.tasks.load_dsbench_tasks`.
 Every task has an ``id`` column and a Kaggle-style description written for this project
 (overview, data fields, evaluation, submission format with example rows, files). Files
-are identical for the same seed; writing all tasks takes well under a second.
+are identical for the same seed and secret; writing all tasks takes well under a second.
+
+**Answers that cannot be looked up or rebuilt.** The bundled datasets are public and the
+generators are in this file, so an agent could look its test rows up in
+``sklearn.datasets.load_*`` or rerun a generator with the task's seed, and read the
+answers instead of modelling. Every random choice is therefore keyed by a *secret* as
+well as the seed, and the tasks made from public datasets are disguised with it:
+
+- a random subset of the rows (85-95%) is kept;
+- the numeric features are standardised, mixed by a random rotation (every new column
+  is a blend of the original ones, none of which weighs more than 0.8 in it), given a
+  little noise (0.1 standard deviation) and a random scale and offset per column, then
+  named ``f_00``, ``f_01``, ...: no column of
+  the task lines up with a public column, so exact and nearest-neighbour matching
+  against the public rows finds nothing useful, while a model trained on train.csv
+  sees the same information as before (linear models are unaffected by a rotation);
+- regression targets get noise of 0.1 of their standard deviation, so that even a
+  recovered row would not give the exact answer.
+
+The synthetic tasks draw their data from the secret-keyed streams too. Without the
+secret nothing of a task can be rebuilt; the secret itself appears in no file, task
+field or description.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import shutil
+import secrets
 import tempfile
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -30,13 +52,24 @@ import pandas as pd
 from sklearn import datasets
 from sklearn.model_selection import train_test_split
 
+from mappa_env._fs import remove_tree
 from mappa_env.dsbench.metrics import get_metric
 from mappa_env.dsbench.tasks import ANSWERS_FILE, DSBenchTask
+from mappa_env.tasks.secret import user_task_secret
 
 BUILTIN_PROMPTS_FILE = "cleaned_prompts.json"
 """Cleaned-prompts file written beside the built-in tasks (same format as DSBench's)."""
 
 ID_COLUMN = "id"
+
+#: Share of a public dataset's rows a task keeps: drawn uniformly from this range.
+KEPT_ROWS = (0.85, 0.95)
+#: Noise added to each disguised feature, in standard deviations of that feature.
+FEATURE_NOISE = 0.1
+#: Noise added to regression targets of public datasets, in their standard deviations.
+TARGET_NOISE = 0.1
+#: Largest weight of one original column in a disguised column (see _random_rotation).
+MAX_MIXING_WEIGHT = 0.8
 
 
 @dataclass(frozen=True)
@@ -55,13 +88,14 @@ class _Spec:
     title: str
     metric: str
     task_type: str
-    make: Callable[[int], _Dataset]
+    make: Callable[[np.random.Generator], _Dataset]
     overview: str
     fields: str
     evaluation: str
     source: str
     test_size: float = 0.25
     stratify: bool = False
+    public: bool = False  # made from a public dataset: disguised (see the module docs)
 
 
 def _snake(name: str) -> str:
@@ -69,48 +103,53 @@ def _snake(name: str) -> str:
     return "_".join(part for part in cleaned.split("_") if part)
 
 
-def _iris(seed: int) -> _Dataset:
+def _iris(rng: np.random.Generator) -> _Dataset:
     bunch = datasets.load_iris()
     features = pd.DataFrame(bunch.data, columns=[_snake(n) for n in bunch.feature_names])
     species = np.asarray(bunch.target_names)[bunch.target]
     return _Dataset(features, pd.DataFrame({"species": species}))
 
 
-def _wine(seed: int) -> _Dataset:
+def _wine(rng: np.random.Generator) -> _Dataset:
     bunch = datasets.load_wine()
     features = pd.DataFrame(bunch.data, columns=[_snake(n) for n in bunch.feature_names])
     cultivar = np.array(["A", "B", "C"])[bunch.target]
     return _Dataset(features, pd.DataFrame({"cultivar": cultivar}))
 
 
-def _breast_cancer(seed: int) -> _Dataset:
+def _breast_cancer(rng: np.random.Generator) -> _Dataset:
     bunch = datasets.load_breast_cancer()
     features = pd.DataFrame(bunch.data, columns=[_snake(n) for n in bunch.feature_names])
     # scikit-learn codes malignant as 0; the task asks about malignancy, so 1 = malignant.
     return _Dataset(features, pd.DataFrame({"malignant": 1 - bunch.target}))
 
 
-def _digits(seed: int) -> _Dataset:
+def _digits(rng: np.random.Generator) -> _Dataset:
     bunch = datasets.load_digits()
     columns = [f"pixel_{row}_{col}" for row in range(8) for col in range(8)]
     features = pd.DataFrame(bunch.data.astype(int), columns=columns)
     return _Dataset(features, pd.DataFrame({"digit": bunch.target}))
 
 
-def _diabetes(seed: int) -> _Dataset:
+def _diabetes(rng: np.random.Generator) -> _Dataset:
     bunch = datasets.load_diabetes(scaled=False)
     features = pd.DataFrame(bunch.data, columns=list(bunch.feature_names))
     return _Dataset(features, pd.DataFrame({"progression": bunch.target}))
 
 
-def _linnerud(seed: int) -> _Dataset:
+def _linnerud(rng: np.random.Generator) -> _Dataset:
     bunch = datasets.load_linnerud()
     features = pd.DataFrame(bunch.data, columns=[n.lower() for n in bunch.feature_names])
     targets = pd.DataFrame(bunch.target, columns=[n.lower() for n in bunch.target_names])
     return _Dataset(features, targets)
 
 
-def _synthetic_classification(seed: int) -> _Dataset:
+def _legacy_state(rng: np.random.Generator) -> np.random.RandomState:
+    """A RandomState for scikit-learn's generators, seeded from ``rng`` with 256 bits."""
+    return np.random.RandomState(rng.integers(0, 2**32, size=8, dtype=np.uint32))
+
+
+def _synthetic_classification(rng: np.random.Generator) -> _Dataset:
     x, y = datasets.make_classification(
         n_samples=1200,
         n_features=12,
@@ -119,15 +158,19 @@ def _synthetic_classification(seed: int) -> _Dataset:
         weights=[0.7, 0.3],
         flip_y=0.03,
         class_sep=0.9,
-        random_state=seed,
+        random_state=_legacy_state(rng),
     )
     features = pd.DataFrame(x.round(5), columns=[f"sensor_{i:02d}" for i in range(12)])
     return _Dataset(features, pd.DataFrame({"fault": y}))
 
 
-def _synthetic_regression(seed: int) -> _Dataset:
+def _synthetic_regression(rng: np.random.Generator) -> _Dataset:
     x, y = datasets.make_regression(
-        n_samples=1000, n_features=10, n_informative=6, noise=15.0, random_state=seed
+        n_samples=1000,
+        n_features=10,
+        n_informative=6,
+        noise=15.0,
+        random_state=_legacy_state(rng),
     )
     features = pd.DataFrame(x.round(5), columns=[f"x_{i:02d}" for i in range(10)])
     return _Dataset(features, pd.DataFrame({"yield": (y + 200.0).round(3)}))
@@ -142,8 +185,7 @@ def _with_missing(
     return frame
 
 
-def _synthetic_houses(seed: int) -> _Dataset:
-    rng = np.random.default_rng(seed)
+def _synthetic_houses(rng: np.random.Generator) -> _Dataset:
     n = 1500
     neighborhoods = np.array(["Northside", "Riverside", "Oldtown", "Hillcrest", "Lakeshore"])
     neighborhood = rng.choice(neighborhoods, n, p=[0.25, 0.2, 0.2, 0.2, 0.15])
@@ -189,8 +231,7 @@ def _synthetic_houses(seed: int) -> _Dataset:
     return _Dataset(features, pd.DataFrame({"price": price}))
 
 
-def _synthetic_churn(seed: int) -> _Dataset:
-    rng = np.random.default_rng(seed)
+def _synthetic_churn(rng: np.random.Generator) -> _Dataset:
     n = 2000
     plan = rng.choice(["basic", "standard", "premium"], n, p=[0.45, 0.35, 0.2])
     contract = rng.choice(["monthly", "yearly", "two_year"], n, p=[0.55, 0.3, 0.15])
@@ -237,12 +278,14 @@ _SPECS: tuple[_Spec, ...] = (
         _iris,
         "Each row describes one iris flower by four measurements of its sepals and petals. "
         "Predict the species of every flower in the test set.",
-        "- sepal_length_cm, sepal_width_cm, petal_length_cm, petal_width_cm: measurements "
-        "in centimetres\n- species: the target, one of setosa, versicolor, virginica",
+        "- f_00 to f_03: four numeric features, each an undisclosed blend of the flower's "
+        "sepal length, sepal width, petal length and petal width (in centimetres), with a "
+        "little noise\n- species: the target, one of setosa, versicolor, virginica",
         "Submissions are evaluated on classification accuracy: the share of test rows "
         "whose predicted `species` is correct. Higher is better.",
-        "sklearn.datasets.load_iris",
+        "sklearn.datasets.load_iris (disguised)",
         stratify=True,
+        public=True,
     ),
     _Spec(
         "wine",
@@ -252,14 +295,16 @@ _SPECS: tuple[_Spec, ...] = (
         _wine,
         "Each row is the chemical analysis of a wine grown in one region by one of three "
         "cultivators. Predict which cultivator (A, B or C) produced each test wine.",
-        "- alcohol, malic_acid, ash, alcalinity_of_ash, magnesium, total_phenols, "
-        "flavanoids, nonflavanoid_phenols, proanthocyanins, color_intensity, hue, "
-        "od280_od315_of_diluted_wines, proline: results of the chemical analysis\n"
+        "- f_00 to f_12: 13 numeric features, each an undisclosed blend of the results of "
+        "the chemical analysis (alcohol, malic acid, ash, alcalinity of ash, magnesium, total "
+        "phenols, flavanoids, nonflavanoid phenols, proanthocyanins, colour intensity, hue, "
+        "OD280/OD315 of diluted wines, proline), with a little noise\n"
         "- cultivar: the target, one of A, B, C",
         "Submissions are evaluated on the macro-averaged F1 score: F1 is computed for each "
         "cultivar and the three values are averaged with equal weight. Higher is better.",
-        "sklearn.datasets.load_wine",
+        "sklearn.datasets.load_wine (disguised)",
         stratify=True,
+        public=True,
     ),
     _Spec(
         "breast_cancer",
@@ -269,14 +314,17 @@ _SPECS: tuple[_Spec, ...] = (
         _breast_cancer,
         "Each row describes the cell nuclei seen in a digitised image of a fine needle "
         "aspirate of a breast mass. Predict how likely each test mass is to be malignant.",
-        "- 30 numeric columns such as mean_radius, mean_texture, worst_concavity: the mean, "
-        "standard error and worst value of ten nucleus measurements\n"
+        "- f_00 to f_29: 30 numeric features, each an undisclosed blend of the mean, "
+        "standard error and worst value of ten nucleus measurements (radius, texture, "
+        "perimeter, area, smoothness, compactness, concavity, concave points, symmetry, "
+        "fractal dimension), with a little noise\n"
         "- malignant: the target, 1 for a malignant mass and 0 for a benign one",
         "Submissions are evaluated on the area under the ROC curve between the predicted "
         "probability and the true `malignant` value. Higher is better. Submit the "
         "probability that `malignant` is 1, not a hard 0/1 label.",
-        "sklearn.datasets.load_breast_cancer",
+        "sklearn.datasets.load_breast_cancer (disguised)",
         stratify=True,
+        public=True,
     ),
     _Spec(
         "digits",
@@ -284,14 +332,16 @@ _SPECS: tuple[_Spec, ...] = (
         "accuracy",
         "classification",
         _digits,
-        "Each row is an 8x8 image of a handwritten digit, flattened into 64 pixel values. "
+        "Each row describes an 8x8 image of a handwritten digit by 64 numeric features. "
         "Predict the digit shown in each test image.",
-        "- pixel_R_C (R, C from 0 to 7): ink intensity from 0 to 16 at row R, column C\n"
+        "- f_00 to f_63: 64 numeric features, each an undisclosed blend of the image's 64 "
+        "pixel intensities (ink from 0 to 16), with a little noise\n"
         "- digit: the target, an integer from 0 to 9",
         "Submissions are evaluated on classification accuracy: the share of test images "
         "whose predicted `digit` is correct. Higher is better.",
-        "sklearn.datasets.load_digits",
+        "sklearn.datasets.load_digits (disguised)",
         stratify=True,
+        public=True,
     ),
     _Spec(
         "diabetes",
@@ -301,12 +351,13 @@ _SPECS: tuple[_Spec, ...] = (
         _diabetes,
         "Each row is one diabetes patient at a baseline visit. Predict a quantitative "
         "measure of disease progression one year later.",
-        "- age (years), sex (coded 1 or 2), bmi (body mass index), bp (mean blood pressure)\n"
-        "- s1 to s6: six blood serum measurements\n"
-        "- progression: the target, a positive number",
+        "- f_00 to f_09: ten numeric features, each an undisclosed blend of age, sex, body "
+        "mass index, mean blood pressure and six blood serum measurements, with a little "
+        "noise\n- progression: the target, a positive number",
         "Submissions are evaluated on the root mean squared error between the predicted "
         "and the true `progression`. Lower is better.",
-        "sklearn.datasets.load_diabetes",
+        "sklearn.datasets.load_diabetes (disguised)",
+        public=True,
     ),
     _Spec(
         "linnerud",
@@ -316,13 +367,15 @@ _SPECS: tuple[_Spec, ...] = (
         _linnerud,
         "Twenty middle-aged men were measured at a fitness club. From three exercise "
         "results, predict three physiological measurements of each test participant.",
-        "- chins, situps, jumps: exercise results (counts)\n"
+        "- f_00 to f_02: three numeric features, each an undisclosed blend of the exercise "
+        "results chins, situps and jumps (counts), with a little noise\n"
         "- weight (pounds), waist (inches), pulse (beats per minute): the three targets",
         "Submissions are evaluated on the mean column-wise root mean squared error "
         "(MCRMSE): the RMSE of each of `weight`, `waist` and `pulse`, averaged. Lower is "
         "better.",
-        "sklearn.datasets.load_linnerud",
+        "sklearn.datasets.load_linnerud (disguised)",
         test_size=0.3,
+        public=True,
     ),
     _Spec(
         "synthetic_classification",
@@ -418,10 +471,17 @@ def _describe(
 ) -> str:
     target_list = ", ".join(f"`{t}`" for t in targets)
     example = sample.head(3).to_csv(index=False).strip()
+    disguise_note = (
+        "\n\nThe rows are a random subset of the original data and the features a secret "
+        "random mix of its measurements with noise, so no published copy of the data "
+        "matches them: learn from train.csv."
+        if spec.public
+        else ""
+    )
     return (
         f"# {spec.title}\n\n"
         f"## Overview\n{spec.overview}\n\n"
-        f"## Data fields\n- {ID_COLUMN}: row identifier\n{spec.fields}\n\n"
+        f"## Data fields\n- {ID_COLUMN}: row identifier\n{spec.fields}{disguise_note}\n\n"
         f"## Evaluation\n{spec.evaluation}\n\n"
         f"## Submission format\n"
         f"For every `{ID_COLUMN}` in test.csv, predict {target_list}. The file must have a "
@@ -437,16 +497,73 @@ def _describe(
     )
 
 
-def _write_task(root: Path, spec: _Spec, seed: int) -> tuple[DSBenchTask, dict[str, object]]:
-    dataset = spec.make(seed)
+def _task_rng(secret: str, seed: int, name: str, purpose: str) -> np.random.Generator:
+    """The random stream of one use (``purpose``) in one task, keyed by secret and seed."""
+    key = f"mappa-dsbench-builtin:{secret}:{seed}:{name}:{purpose}"
+    return np.random.default_rng(int.from_bytes(hashlib.sha256(key.encode()).digest(), "big"))
+
+
+def _random_rotation(size: int, rng: np.random.Generator) -> np.ndarray:
+    """A random orthogonal matrix that blends every new column from several old ones.
+
+    Drawn uniformly (QR of a Gaussian matrix, signs fixed) and redrawn while one entry
+    exceeds :data:`MAX_MIXING_WEIGHT` in size: in few dimensions (iris has four) a
+    uniform draw is often close to a signed permutation, which would leave a public
+    column nearly intact under a new name.
+    """
+    # A unit row of `size` entries has one of at least 1/sqrt(size): below that, no draw.
+    bound = max(MAX_MIXING_WEIGHT, 1.0 / np.sqrt(size) + 0.05)
+    best, best_weight = np.eye(size), np.inf
+    for _ in range(1000):
+        q, r = np.linalg.qr(rng.normal(size=(size, size)))
+        q = q * np.sign(np.diag(r))
+        weight = float(np.abs(q).max())
+        if weight < best_weight:
+            best, best_weight = q, weight
+        if weight <= bound:
+            break
+    return best
+
+
+def _disguise(dataset: _Dataset, task_type: str, rng: np.random.Generator) -> _Dataset:
+    """Rows subsampled, features rotated, noised, rescaled and renamed (module docs)."""
+    n_rows, n_features = dataset.features.shape
+    share = rng.uniform(*KEPT_ROWS)
+    kept = np.sort(rng.choice(n_rows, size=round(share * n_rows), replace=False))
+    values = dataset.features.to_numpy(dtype=float)[kept]
+    spread = values.std(axis=0)
+    spread[spread == 0] = 1.0  # a constant column (a digit image's corner) stays constant
+    standard = (values - values.mean(axis=0)) / spread
+    mixed = standard @ _random_rotation(n_features, rng)
+    mixed += rng.normal(0.0, FEATURE_NOISE, mixed.shape)
+    scale = np.exp(rng.uniform(np.log(0.5), np.log(2.0), n_features))
+    offset = rng.uniform(-3.0, 3.0, n_features)
+    columns = [f"f_{i:02d}" for i in range(n_features)]
+    features = pd.DataFrame((mixed * scale + offset).round(4), columns=columns)
+    targets = dataset.targets.iloc[kept].reset_index(drop=True)
+    if task_type == "regression":
+        for column in targets.columns:
+            truth = targets[column].to_numpy(dtype=float)
+            noisy = truth + rng.normal(0.0, TARGET_NOISE * truth.std(), len(truth))
+            # Clipped at the smallest true value, so a positive target stays positive.
+            targets[column] = np.maximum(noisy, truth.min()).round(1)
+    return _Dataset(features, targets)
+
+
+def _write_task(
+    root: Path, spec: _Spec, seed: int, secret: str
+) -> tuple[DSBenchTask, dict[str, object]]:
+    dataset = spec.make(_task_rng(secret, seed, spec.name, "data"))
+    if spec.public:
+        dataset = _disguise(dataset, spec.task_type, _task_rng(secret, seed, spec.name, "disguise"))
     n_rows = len(dataset.features)
-    rng = np.random.default_rng(seed)
-    # Ids are a seeded shuffle, so row ids say nothing about the original dataset order.
+    rng = _task_rng(secret, seed, spec.name, "split")
+    # Ids are a keyed shuffle, so row ids say nothing about the original dataset order.
     ids = rng.permutation(n_rows) + 1
     positions = np.arange(n_rows)
     stratify = dataset.targets.iloc[:, 0] if spec.stratify else None
     train_rows, test_rows = train_test_split(
-        positions, test_size=spec.test_size, random_state=seed, stratify=stratify
+        positions, test_size=spec.test_size, random_state=_legacy_state(rng), stratify=stratify
     )
     frame = pd.concat([pd.DataFrame({ID_COLUMN: ids}), dataset.features, dataset.targets], axis=1)
     target_columns = list(dataset.targets.columns)
@@ -503,7 +620,10 @@ def _write_task(root: Path, spec: _Spec, seed: int) -> tuple[DSBenchTask, dict[s
 
 
 def builtin_tasks(
-    root: str | Path, names: Iterable[str] | None = None, seed: int = 0
+    root: str | Path,
+    names: Iterable[str] | None = None,
+    seed: int = 0,
+    secret: str | None = None,
 ) -> list[DSBenchTask]:
     """Write built-in tasks in DSBench's layout under ``root`` and return them.
 
@@ -514,8 +634,12 @@ def builtin_tasks(
     Args:
         root: Directory to write into (created if needed).
         names: Which tasks, from :data:`BUILTIN_TASK_NAMES`; default all, in that order.
-        seed: Seed for the train/test split, the id shuffle and synthetic data; the same
-            seed writes the same files.
+        seed: Seed for the row subset, the disguise, the train/test split, the id shuffle
+            and synthetic data; the same seed and secret write the same files.
+        secret: Keys every random choice together with ``seed``, so that the tasks can
+            be neither looked up nor rebuilt without it (see the module docs). ``None``
+            takes the user's secret (:func:`~mappa_env.tasks.secret.user_task_secret`);
+            a string pins the files (reproducible tests). It is written nowhere.
 
     Returns:
         The tasks, in the order of ``names``.
@@ -523,6 +647,8 @@ def builtin_tasks(
     Raises:
         ValueError: If a name is not a built-in task.
     """
+    if secret is None:
+        secret = user_task_secret()
     root = Path(root)
     chosen = list(BUILTIN_TASK_NAMES if names is None else names)
     unknown = [name for name in chosen if name not in _SPECS_BY_NAME]
@@ -535,7 +661,7 @@ def builtin_tasks(
         prompts = json.loads(prompts_path.read_text(encoding="utf-8"))
     tasks = []
     for name in chosen:
-        task, entry = _write_task(root, _SPECS_BY_NAME[name], seed)
+        task, entry = _write_task(root, _SPECS_BY_NAME[name], seed, secret)
         prompts[name] = entry
         tasks.append(task)
     prompts_path.write_text(json.dumps(prompts, indent=1, sort_keys=True) + "\n", encoding="utf-8")
@@ -550,23 +676,38 @@ class BuiltinTaskSet:
     deleted, so no file an agent's code could find holds them. The directory is removed
     by :meth:`close` or when the set is garbage-collected.
 
+    By default every set draws a fresh random secret (:mod:`secrets`) that lives only
+    inside this call: nobody, not even the caller, can make or look up the same data
+    again, so agents of a run cannot either. Pass ``secret`` for reproducible data.
+
     Args:
         names: Which tasks, from :data:`BUILTIN_TASK_NAMES`; default all.
         seed: Seed of the data (see :func:`builtin_tasks`).
+        secret: The secret that keys the data (see :func:`builtin_tasks`); ``None``
+            draws a fresh one. It is not kept.
 
     Attributes:
         tasks: The tasks.
         answers: Task id -> hidden answers table.
     """
 
-    def __init__(self, names: Iterable[str] | None = None, seed: int = 0) -> None:
+    def __init__(
+        self, names: Iterable[str] | None = None, seed: int = 0, secret: str | None = None
+    ) -> None:
         from mappa_env.dsbench.metrics import read_answers
 
         self.root = Path(tempfile.mkdtemp(prefix="mappa-dsbench-tasks-"))
-        self._cleanup = weakref.finalize(self, shutil.rmtree, self.root, True)
-        self.tasks = builtin_tasks(self.root, names=names, seed=seed)
+        # remove_tree: nothing under the folder (agent code may reach it when unconfined)
+        # can make the clean-up raise.
+        self._cleanup = weakref.finalize(self, remove_tree, self.root)
+        self.tasks = builtin_tasks(
+            self.root,
+            names=names,
+            seed=seed,
+            secret=secrets.token_hex(32) if secret is None else secret,
+        )
         self.answers = {t.id: read_answers(t.answers_path, t.id_column) for t in self.tasks}
-        shutil.rmtree(self.root / "answers", ignore_errors=True)
+        remove_tree(self.root / "answers")
 
     def close(self) -> None:
         """Remove the task files. Idempotent."""

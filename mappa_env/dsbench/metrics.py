@@ -41,6 +41,7 @@ and 1 means perfect. For error metrics this is ``1 - err / err_baseline``; for R
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import re
@@ -616,39 +617,72 @@ class _ScoringFailure(Exception):
     """Internal: a submission (or the answers) cannot be scored; carries the reason."""
 
 
+def _csv_input(source: str | Path | bytes) -> Any:
+    """What ``read_csv`` reads: a path, or a fresh buffer over bytes (a read consumes it)."""
+    return io.BytesIO(source) if isinstance(source, bytes) else Path(source)
+
+
+#: Most columns a table may have, and bytes its header line may take: pandas parses a
+#: header of a million columns for minutes and gigabytes, far past any real table.
+MAX_COLUMNS = 10_000
+MAX_HEADER_BYTES = 1024 * 1024
+
+
+def _check_header(source: str | Path | bytes, label: str) -> None:
+    """Refuse a table whose header line is too long or has too many columns, unparsed."""
+    if isinstance(source, bytes):
+        head = source[: MAX_HEADER_BYTES + 1]
+    else:
+        with Path(source).open("rb") as handle:
+            head = handle.read(MAX_HEADER_BYTES + 1)
+    line, newline, _ = head.partition(b"\n")
+    if not newline and len(head) > MAX_HEADER_BYTES:
+        raise _ScoringFailure(f"{label} has a header line over {MAX_HEADER_BYTES} bytes")
+    columns = line.count(b",") + 1
+    if columns > MAX_COLUMNS:
+        raise _ScoringFailure(f"{label} has {columns} columns, more than {MAX_COLUMNS}")
+
+
 def _read_table(
-    source: pd.DataFrame | str | Path, what: str, id_column: str | None = None
+    source: pd.DataFrame | str | Path | bytes, what: str, id_column: str | None = None
 ) -> pd.DataFrame:
     if isinstance(source, pd.DataFrame):
         table = source.copy()
     else:
-        path = Path(source)
-        if not path.exists():
-            raise _ScoringFailure(f"{what} file not found: {path.name}")
-        if not path.is_file():
-            raise _ScoringFailure(f"{what} path is not a file: {path.name}")
+        if isinstance(source, bytes):
+            # Content the caller already read (e.g. safely, from an agent's workspace).
+            label = f"{what} file"
+        else:
+            path = Path(source)
+            label = f"{what} file {path.name}"
+            if not path.exists():
+                raise _ScoringFailure(f"{what} file not found: {path.name}")
+            if not path.is_file():
+                raise _ScoringFailure(f"{what} path is not a file: {path.name}")
         try:
             # The id column is read as text so that ids keep their spelling ("0013_01",
             # "007"); other columns are parsed by pandas, which is much faster than parsing
             # numbers from text later. Only empty cells are missing, so texts such as "NA"
             # or "null" survive.
-            header = pd.read_csv(path, nrows=0).columns
+            _check_header(source, label)
+            header = pd.read_csv(_csv_input(source), nrows=0).columns
             id_name = None if id_column is None else _find_column(header, id_column)
             table = pd.read_csv(
-                path,
+                _csv_input(source),
                 dtype=None if id_name is None else {id_name: str},
                 keep_default_na=False,
                 na_values=[""],
             )
         except pd.errors.EmptyDataError:
-            raise _ScoringFailure(f"{what} file {path.name} is empty") from None
+            raise _ScoringFailure(f"{label} is empty") from None
         except (OSError, ValueError) as exc:
             raise _ScoringFailure(
-                f"{what} file {path.name} is not a readable CSV: {type(exc).__name__}: "
-                f"{_first_line(exc)}"
+                f"{label} is not a readable CSV: {type(exc).__name__}: {_first_line(exc)}"
             ) from None
     table.columns = [str(column).strip() for column in table.columns]
-    duplicated = sorted({c for c in table.columns if list(table.columns).count(c) > 1})
+    # Index.duplicated is linear; counting each name in the list was quadratic (minutes
+    # for a 20,000-column file).
+    duplicated = sorted(set(table.columns[pd.Index(table.columns).duplicated()]))
     if duplicated:
         raise _ScoringFailure(f"{what} has duplicate column names: {duplicated}")
     return table
@@ -1008,7 +1042,7 @@ def _is_one_hot(answers: pd.DataFrame, columns: Sequence[str]) -> bool:
 
 
 def score_submission(
-    submission: pd.DataFrame | str | Path,
+    submission: pd.DataFrame | str | Path | bytes,
     answers: pd.DataFrame | str | Path,
     metric: str | Metric,
     id_column: str,
@@ -1028,7 +1062,8 @@ def score_submission(
     row (an id not in the answers) is a failure, as on Kaggle; extra columns are ignored.
 
     Args:
-        submission: The submission as a DataFrame or the path of a CSV file.
+        submission: The submission as a DataFrame, the path of a CSV file, or the bytes
+            of a CSV file (read by the caller, e.g. without following links).
         answers: The hidden answers as a DataFrame or the path of a CSV file.
         metric: Metric name (aliases accepted) or :class:`Metric`.
         id_column: Name of the id column (in both tables).
@@ -1068,7 +1103,7 @@ def score_submission(
 
 
 def _score(
-    submission_source: pd.DataFrame | str | Path,
+    submission_source: pd.DataFrame | str | Path | bytes,
     answers_source: pd.DataFrame | str | Path,
     spec: Metric,
     id_column: str,

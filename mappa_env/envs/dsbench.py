@@ -6,6 +6,11 @@
 the episode's workspace directory, so work passes between agents only through files and
 final messages. The submission is joined to the hidden answers by id and scored with
 the task's own metric.
+
+Whatever agent code leaves in the workspace, the environment reads only regular files
+of the workspace itself (never through a link, never a FIFO or device, size-capped),
+walks it within bounds, and checks pickles only in a separate isolated interpreter (see
+:mod:`mappa_env._fs` and the artifact inspector below); a step never raises for it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 
+from mappa_env._fs import UnsafeFileError, file_kind, read_regular_file, walk_files
 from mappa_env.coach.base import Coach, FileInfo, RevealPolicy
 from mappa_env.dsbench.builtin import BuiltinTaskSet
 from mappa_env.dsbench.tasks import DSBenchTask
@@ -35,6 +41,8 @@ from mappa_env.envs.pipeline import (
     parse_turn_limits,
 )
 from mappa_env.sandbox.base import SandboxFactory
+from mappa_env.sandbox.isolation import IsolationMode
+from mappa_env.tasks.secret import user_task_secret
 from mappa_env.text import extract_code_blocks, strip_think, truncate_middle
 
 logger = logging.getLogger(__name__)
@@ -56,6 +64,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     ANALYST: ("model.pkl", "X_test.pkl"),
 }
 INPUT_FILES = ("train.csv", "test.csv", "sample_submission.csv")
+SUBMISSION_FILE = "submission.csv"
 #: Submissions larger than this are not read (a runaway write must not exhaust memory).
 MAX_SUBMISSION_BYTES = 200 * 1024 * 1024
 _LISTING_LIMIT = 200
@@ -105,69 +114,342 @@ _ROLE_FOOTER = (
     "Keep each reply within {budget} tokens."
 )
 
-# Runs in a fresh, short-lived interpreter in the workspace: agent-written pickles are
-# never unpickled in the environment's process (unpickling runs arbitrary code), and not in
+# The artifact inspector. It runs in a fresh, short-lived interpreter in the workspace, in
+# isolated mode (python -I: neither the workspace nor PYTHON* variables shape sys.path, so
+# a planted json.py or pickle.py is never imported): agent-written pickles are never
+# unpickled in the environment's process (unpickling runs arbitrary code), and not in
 # the agent's own interpreter either, where earlier agent code could forge the report.
-_INSPECT_CODE = """
-import json, os, pickle, resource
-for name, (soft, hard) in %(rlimits)r.items():
-    resource.setrlimit(getattr(resource, name), (soft, hard))
-report = {}
-for name in %(names)r:
-    entry = {"exists": os.path.isfile(name)}
-    if entry["exists"]:
-        entry["size"] = os.path.getsize(name)
-        obj, errors = None, []
+# Its parameters come as JSON on stdin; its report is the last line of stdout. It opens
+# only regular files (no links, FIFOs or devices), as the environment does. It reports
+# facts; the rubric (mappa_env.coach.rules_dsbench) judges them.
+_INSPECT_CODE = r"""
+import json, os, pickle, resource, stat, sys
+
+params = json.loads(sys.stdin.read())
+for limit, (soft, hard) in params["rlimits"].items():
+    resource.setrlimit(getattr(resource, limit), (soft, hard))
+sys.path.extend(params["import_paths"])  # -I ignores PYTHONPATH; these are the env's own
+
+
+def describe(exc):
+    return f"{type(exc).__name__}: {exc}"[:200]
+
+
+def open_regular(name):
+    before = os.lstat(name)
+    if not stat.S_ISREG(before.st_mode):
+        raise OSError(f"{name} is not a regular file (a link, folder, FIFO or device)")
+    handle = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    after = os.fstat(handle)
+    if (after.st_dev, after.st_ino) != (before.st_dev, before.st_ino):
+        os.close(handle)
+        raise OSError(f"{name} was replaced while it was being opened")
+    os.set_blocking(handle, True)
+    return os.fdopen(handle, "rb")
+
+
+# Unpickling runs whatever a pickle names, and a pickle that ran code here could print
+# a forged report. So only data and estimator types load, each named by the module that
+# defines it (no attribute chains, no re-exported helpers such as operator.attrgetter):
+# numpy arrays and scalars, pandas frames and their parts, scikit-learn estimators and
+# their compiled pieces, scipy sparse matrices, pyarrow arrays, plain containers, and
+# the few functions their pickles are made with.
+SAFE_BUILTINS = {
+    "list", "dict", "set", "frozenset", "tuple", "bytearray", "bytes", "slice", "range",
+    "complex", "int", "float", "str", "bool", "object",
+}
+SAFE_FUNCTIONS = {
+    ("copyreg", "_reconstructor"), ("_codecs", "encode"),
+    ("collections", "OrderedDict"), ("collections", "defaultdict"),
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+    ("numpy.random._pickle", "__randomstate_ctor"),
+    ("numpy.random._pickle", "__bit_generator_ctor"),
+    ("numpy.random._pickle", "__generator_ctor"),
+    ("pandas._libs.internals", "_unpickle_block"),
+    ("pandas.core.internals.blocks", "new_block"),
+    ("pandas.core.indexes.base", "_new_Index"),
+    ("pandas._libs.tslibs.timestamps", "_unpickle_timestamp"),
+    ("pandas._libs.tslibs.timedeltas", "_timedelta_unpickle"),
+    ("pandas._libs.tslibs.nattype", "__nat_unpickle"),
+    ("pyarrow.lib", "_restore_array"), ("pyarrow.lib", "py_buffer"),
+    ("pyarrow.lib", "type_for_alias"),
+}
+# Modules whose classes may load (a class must also be defined there).
+SAFE_CLASS_MODULES = (
+    "numpy", "numpy.dtypes", "numpy.random.", "numpy.ma.core",
+    "pandas", "pandas.arrays", "pandas.core.frame", "pandas.core.series",
+    "pandas.core.flags", "pandas.core.internals.", "pandas.core.arrays.",
+    "pandas.core.indexes.", "pandas.core.dtypes.", "pandas._libs.",
+    "scipy.sparse.", "pyarrow.lib", "joblib.numpy_pickle",
+    # scikit-learn's compiled and internal pieces of fitted estimators:
+    "sklearn._loss.", "sklearn.tree._tree", "sklearn.neighbors._kd_tree",
+    "sklearn.neighbors._ball_tree", "sklearn.metrics._dist_metrics",
+    "sklearn.ensemble._hist_gradient_boosting.", "sklearn.utils._bunch",
+)
+CLASS_PACKAGES = ("numpy", "pandas", "sklearn", "scipy", "pyarrow", "joblib")
+# Classes of those modules that read or write files or call what they are given.
+UNSAFE_CLASSES = {
+    "memmap", "vectorize", "HDFStore", "ExcelFile", "ExcelWriter", "Grouper", "NamedFunc",
+}
+PY2_MODULES = {"__builtin__": "builtins", "copy_reg": "copyreg"}  # protocol 0-2 pickles
+
+
+def in_modules(module, prefixes):
+    return any(module == p or (p.endswith(".") and module.startswith(p)) for p in prefixes)
+
+
+def is_rebuilder(module, name):
+    # Cython's pickle helpers of extension types (sklearn's trees and distance metrics,
+    # numpy's SeedSequence): they rebuild objects of their own type from plain state.
+    return module.split(".")[0] in ("numpy", "pandas", "sklearn", "scipy") and (
+        name.startswith("__pyx_unpickle_") or name == "newObj"
+    )
+
+
+def is_estimator(found):
+    try:
+        from sklearn.base import BaseEstimator
+    except ImportError:
+        return False
+    return found.__module__.startswith("sklearn.") and issubclass(found, BaseEstimator)
+
+
+def refuse(module, name):
+    raise pickle.UnpicklingError(
+        f"{module}.{name} is not allowed in artifacts: they may hold numpy, pandas, "
+        "scikit-learn and scipy objects only"
+    )
+
+
+def safe_class(module, name):
+    import importlib
+
+    module = PY2_MODULES.get(module, module)
+    if "." in name:  # an attribute chain reaches anything (operator, subprocess, ...)
+        refuse(module, name)
+    if module == "builtins":
+        if name in SAFE_BUILTINS:
+            import builtins
+
+            return getattr(builtins, name)
+        refuse(module, name)
+    known = (module, name) in SAFE_FUNCTIONS or is_rebuilder(module, name)
+    if not (known or module.split(".")[0] in CLASS_PACKAGES):
+        refuse(module, name)
+    found = getattr(importlib.import_module(module), name, None)
+    if found is None:
+        refuse(module, name)
+    if known:
+        return found
+    import numpy
+
+    if isinstance(found, numpy.ufunc) and module == "numpy":
+        return found  # np.log1p in a FunctionTransformer, pickled by name
+    if not isinstance(found, type) or found.__module__ != module or name in UNSAFE_CLASSES:
+        refuse(module, name)
+    if in_modules(module, SAFE_CLASS_MODULES) or is_estimator(found):
+        return found
+    refuse(module, name)
+
+
+class SafeUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        return safe_class(module, name)
+
+
+def load(name):
+    with open_regular(name) as handle:
         try:
-            with open(name, "rb") as handle:
-                obj = pickle.load(handle)
-        except Exception as exc:
-            errors.append(f"{type(exc).__name__}: {exc}"[:200])
+            return SafeUnpickler(handle).load()
+        except Exception as first:
             try:
-                import joblib
-                obj = joblib.load(name)
-                errors = []
-            except Exception as exc2:
-                errors.append(f"{type(exc2).__name__}: {exc2}"[:200])
-        entry["loads"] = not errors
-        if errors:
-            entry["error"] = errors[0]
+                import joblib.numpy_pickle as joblib_pickle
+            except ImportError:
+                raise first from None
+
+            class SafeNumpyUnpickler(joblib_pickle.NumpyUnpickler):
+                def find_class(self, module, name):
+                    return safe_class(module, name)
+
+            # joblib routes the nested pickles of object arrays through this find_class.
+            joblib_pickle.NumpyUnpickler = SafeNumpyUnpickler
+            try:
+                handle.seek(0)
+                return joblib_pickle.load(handle)
+            except Exception:
+                raise first from None
+
+
+def shape_of(obj):
+    shape = getattr(obj, "shape", None)
+    if shape is None and isinstance(obj, (list, tuple)):
+        import numpy
+
+        try:
+            shape = numpy.shape(obj)
+        except Exception:
+            shape = (len(obj),)
+    elif shape is None and hasattr(obj, "__len__"):
+        shape = (len(obj),)
+    return None if shape is None else [int(size) for size in shape]
+
+
+def head(obj, rows):
+    part = obj.iloc[:rows] if hasattr(obj, "iloc") else obj[:rows]
+    return part.toarray() if hasattr(part, "toarray") else part  # sparse matrices
+
+
+def distinct_rows(obj):
+    import pandas
+
+    return int(len(pandas.DataFrame(obj).drop_duplicates()))
+
+
+def varies(obj):
+    import pandas
+
+    frame = pandas.DataFrame(head(obj, params["sample_rows"]))
+    return bool((frame.nunique(dropna=False) > 1).any())
+
+
+def canonical(value):
+    # 1, 1.0 and numpy.int64(1) are one label; anything else is compared as text.
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return str(int(value)) if number and float(value).is_integer() else str(value)
+
+
+def train_skill(model, features, target):
+    # How much better than a constant guess the model fits its own training rows:
+    # for labels, accuracy above the majority share, as a fraction of what is left; for
+    # numbers (regression, or scores on a classification task), the rank correlation of
+    # predictions and target (a model trained on a transformed target, e.g. its
+    # logarithm, still ranks rows in the target's order).
+    import numpy
+    import pandas
+
+    rows = params["sample_rows"]
+    predicted = pandas.DataFrame(numpy.asarray(model.predict(head(features, rows))))
+    truth = pandas.DataFrame(numpy.asarray(head(target, rows)))
+    if predicted.shape != truth.shape:
+        raise ValueError(f"predictions {predicted.shape} vs y_train {truth.shape}")
+    numeric = all(pandas.api.types.is_numeric_dtype(t) for t in predicted.dtypes)
+    scores = numeric and not (predicted.to_numpy(dtype=float) % 1 == 0).all()
+    if params["task_type"] == "regression" or scores:
+        from scipy.stats import spearmanr
+
+        truth = truth.apply(pandas.to_numeric, errors="coerce")
+        values = [spearmanr(predicted[c], truth[c], nan_policy="omit").statistic for c in truth]
+        return float(numpy.nanmean(values)) if not numpy.isnan(values).all() else -1.0
+    labels = truth.map(canonical).agg("|".join, axis=1)
+    guesses = predicted.map(canonical).agg("|".join, axis=1)
+    majority = float(labels.value_counts(normalize=True).iloc[0])
+    accuracy = float((labels.to_numpy() == guesses.to_numpy()).mean())
+    return (accuracy - majority) / (1.0 - majority) if majority < 1.0 else 0.0
+
+
+report, objects = {}, {}
+for name in params["names"]:
+    entry = {"exists": os.path.lexists(name)}
+    if entry["exists"]:
+        entry["size"] = os.lstat(name).st_size
+        try:
+            obj = load(name)
+        except Exception as exc:
+            entry.update(loads=False, error=describe(exc))
         else:
-            entry["type"] = type(obj).__module__ + "." + type(obj).__qualname__
-            shape = getattr(obj, "shape", None)
-            if shape is None and hasattr(obj, "__len__"):
+            objects[name] = obj
+            entry.update(loads=True, type=type(obj).__module__ + "." + type(obj).__qualname__)
+            facts = {"shape": shape_of, "has_predict": lambda o: callable(getattr(o, "predict", 0))}
+            if name in ("X_train.pkl", "X_test.pkl"):
+                facts["varies"] = varies
+            if name == "y_train.pkl":
+                facts["distinct_values"] = distinct_rows
+            for key, fact in facts.items():
                 try:
-                    shape = (len(obj),)
-                except Exception:
-                    shape = None
-            entry["shape"] = [int(s) for s in shape] if shape is not None else None
-            entry["has_predict"] = callable(getattr(obj, "predict", None))
+                    entry[key] = fact(obj)
+                except Exception:  # an object that does not answer: the fact is unknown
+                    entry[key] = None
     report[name] = entry
+
+model = report.get("model.pkl", {})
+if model.get("loads") and model.get("has_predict"):
+    if "X_test.pkl" in objects:
+        try:
+            import numpy
+
+            predictions = numpy.asarray(objects["model.pkl"].predict(objects["X_test.pkl"]))
+            model["predictions"] = int(predictions.shape[0]) if predictions.ndim else 0
+            model["distinct_predictions"] = distinct_rows(predictions)
+        except Exception as exc:
+            model["predict_error"] = describe(exc)
+    else:
+        model["predict_error"] = "no loadable X_test.pkl to predict on"
+        model["predict_skipped"] = True
+    if "X_train.pkl" in objects and "y_train.pkl" in objects:
+        try:
+            model["train_skill"] = round(
+                train_skill(objects["model.pkl"], objects["X_train.pkl"], objects["y_train.pkl"]), 4
+            )
+        except Exception as exc:
+            model["train_skill_error"] = describe(exc)
+print()  # the report starts a line of its own, whatever a pickle printed while loading
 print(json.dumps(report))
 """
+#: Rows of X_train / y_train the inspector looks at for variation and training fit.
+INSPECT_SAMPLE_ROWS = 20_000
+#: Most bytes of the inspector's stdout (and of its stderr) kept: the tail, with the report.
+INSPECT_OUTPUT_BYTES = 1024 * 1024
 
 
 def list_files(root: Path, limit: int = _LISTING_LIMIT) -> list[FileInfo]:
-    """Files under ``root`` (relative names, sizes), hidden files and folders skipped.
+    """Regular files under ``root`` (relative names, sizes), hidden files and folders skipped.
 
-    At most ``limit`` files are listed, so a flood of files cannot blow up prompts.
+    At most ``limit`` files are listed, so a flood of files cannot blow up prompts; the
+    walk is bounded in depth and in entries examined and never follows links (see
+    :func:`mappa_env._fs.walk_files`), so no tree agent code builds can stall or crash it.
     """
-    found: list[FileInfo] = []
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root)
-        if any(part.startswith(".") for part in rel.parts):
-            continue
-        try:
-            if path.is_file():
-                # Names that are not valid UTF-8 (bytes written by agent code) would break
-                # prompts and JSON exports: show them with the bad bytes replaced.
-                name = str(rel).encode("utf-8", "replace").decode("utf-8")
-                found.append(FileInfo(name, path.stat().st_size))
-        except OSError:  # deleted while listing
-            continue
-        if len(found) >= limit:
-            break
-    return found
+    return [FileInfo(found.name, found.size) for found in walk_files(root, limit=limit)]
+
+
+async def _exchange(process: asyncio.subprocess.Process, request: bytes) -> tuple[bytes, bytes]:
+    """Send ``request`` on stdin; return the tails of stdout and stderr at exit.
+
+    Like ``communicate()``, but only the last :data:`INSPECT_OUTPUT_BYTES` of each stream
+    are kept: a pickle that prints without end while it loads cannot fill this
+    process's memory (the report is the last line).
+    """
+    assert process.stdin is not None
+    assert process.stdout is not None
+    assert process.stderr is not None
+    try:
+        process.stdin.write(request)
+        await process.stdin.drain()
+        process.stdin.close()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # it exited before reading its parameters: its output says why
+    stdout, stderr = await asyncio.gather(_tail(process.stdout), _tail(process.stderr))
+    await process.wait()
+    return stdout, stderr
+
+
+async def _tail(stream: asyncio.StreamReader) -> bytes:
+    kept = bytearray()
+    while chunk := await stream.read(65536):
+        kept += chunk
+        if len(kept) > INSPECT_OUTPUT_BYTES:
+            del kept[:-INSPECT_OUTPUT_BYTES]
+    return bytes(kept)
+
+
+def _csv_rows(path: Path) -> int | None:
+    """Data rows of a CSV file as pandas reads it (what agents' code sees), or None."""
+    try:
+        return len(pd.read_csv(path, usecols=[0]))
+    except (OSError, ValueError) as exc:  # pandas' parser errors are ValueErrors
+        logger.warning("cannot count the rows of %s: %s", path, exc)
+        return None
 
 
 def format_listing(files: Sequence[FileInfo | Mapping[str, Any]]) -> str:
@@ -201,7 +483,14 @@ class DSBenchEnv(PipelineEnv):
             with ``reward_mode="outcome"``).
         sandbox: ``"jupyter"`` (default: one kernel per agent, all in the workspace), a
             callable ``workdir -> Sandbox``, or ``None`` (no code runs).
-        seed: Seeds task order and the built-in task data.
+        isolation: How agents' code is confined, and the artifact inspector with it (see
+            :mod:`mappa_env.sandbox.isolation`): ``"auto"`` (Linux namespaces where
+            bubblewrap works, else none with a warning), ``"namespaces"`` (or raise
+            :class:`~mappa_env.sandbox.isolation.IsolationUnavailableError`) or ``"none"``.
+        seed: Seeds task order and the built-in task data (keyed by the user's task
+            secret too, see :mod:`mappa_env.tasks.secret`, so that agents cannot rebuild
+            it from the seed; pass a :class:`~mappa_env.dsbench.builtin.BuiltinTaskSet`
+            for data keyed otherwise).
         turns: Per-agent turn limits; default 4 each.
         max_new_tokens: Token budget per action stated in the prompts.
         code_timeout_s: Wall-clock limit of one code run.
@@ -233,6 +522,7 @@ class DSBenchEnv(PipelineEnv):
         coach: Coach | str | None = "rules",
         sandbox: str | SandboxFactory | None = "jupyter",
         seed: int | None = None,
+        isolation: IsolationMode = "auto",
         turns: Mapping[str, int] | None = None,
         max_new_tokens: int = 4096,
         code_timeout_s: float = 120.0,
@@ -257,6 +547,8 @@ class DSBenchEnv(PipelineEnv):
         self._owned_builtin: BuiltinTaskSet | None = None
         self._shared_builtin: BuiltinTaskSet | None = None
         self._answer_tables: dict[str, pd.DataFrame] = {}
+        self._row_counts: dict[str, tuple[int | None, int | None]] = {}
+        self._input_rows: tuple[int | None, int | None] = (None, None)
         self.tasks = self._resolve_tasks(tasks, data_dir, task_ids, 0 if seed is None else seed)
         self._answers: pd.DataFrame | None = None
         self._artifacts: dict[str, dict[str, Any]] = {}
@@ -275,6 +567,7 @@ class DSBenchEnv(PipelineEnv):
             seed=seed,
             shuffle=shuffle,
             sandbox=sandbox,
+            isolation=isolation,
         )
 
     def _resolve_tasks(
@@ -307,7 +600,9 @@ class DSBenchEnv(PipelineEnv):
         elif data_dir is not None:
             resolved = load_dsbench_tasks(data_dir, task_ids=task_ids)
         else:
-            builtin = BuiltinTaskSet(names=task_ids, seed=seed)
+            # The user's secret, not a fresh one: the same seed then gives the same
+            # episodes (PettingZoo's seed_test), and agents still cannot rebuild them.
+            builtin = BuiltinTaskSet(names=task_ids, seed=seed, secret=user_task_secret())
             self._owned_builtin = builtin
             resolved = builtin.tasks
             self._answer_tables = builtin.answers
@@ -411,63 +706,144 @@ class DSBenchEnv(PipelineEnv):
         outcome.extra = extra
         return outcome
 
-    async def _inspect(self, agent: str) -> dict[str, dict[str, Any]]:
-        """Check that pickled artifacts load, in a fresh limited interpreter."""
+    def _inspected_names(self, agent: str) -> list[str]:
+        """The pickles inspected after ``agent``'s code ran.
+
+        X_test.pkl comes with a model: predicting on it shows that the model is usable.
+        """
         names = [n for n in ARTIFACTS[agent] + NEEDS[agent] if n.endswith(".pkl")]
+        if "model.pkl" in names and "X_test.pkl" not in names:
+            names.append("X_test.pkl")
+        return names
+
+    def _inspector_command(self) -> list[str]:
+        """The inspector's command line (its parameters come on stdin).
+
+        ``-I`` (isolated mode) keeps the workspace and ``PYTHON*`` variables off
+        ``sys.path``: a ``json.py`` or ``pickle.py`` planted by agent code is not imported.
+        With namespace isolation it runs confined like the agents' kernels (it loads what
+        agent code wrote), with the workspace read-only; the code is the last element.
+        """
+        from mappa_env.sandbox.limits import SandboxLimits, inherited_import_paths
+
+        return self.sandbox_confinement.command(
+            [sys.executable, "-I", "-c", _INSPECT_CODE],
+            workdir=self.workdir,
+            workdir_writable=False,
+            read_only=[Path(p) for p in inherited_import_paths()],
+            tmp_bytes=SandboxLimits().tmp_bytes,
+        )
+
+    async def _inspect(self, agent: str) -> dict[str, dict[str, Any]]:
+        """Inspect pickled artifacts in a fresh limited interpreter; never raises.
+
+        Reports, per file, whether it loads, its type, shape and ``predict``; whether
+        X_train / X_test vary and how many distinct values y_train holds; for a model,
+        whether ``predict(X_test)`` runs, how many rows and distinct values it returns,
+        and how well it fits its own training rows. The rows the environment wrote to
+        train.csv and test.csv are added as ``rows_expected`` / ``predictions_expected``.
+        """
+        names = self._inspected_names(agent)
         if not names:
             return {}
-        from mappa_env.sandbox.limits import SandboxLimits, kernel_environment
+        from mappa_env.sandbox.limits import (
+            SandboxLimits,
+            inherited_import_paths,
+            kernel_environment,
+        )
 
         limits = SandboxLimits()
-        code = _INSPECT_CODE % {"rlimits": limits.rlimits(), "names": names}
-        self.workdir.mkdir(parents=True, exist_ok=True)  # agent code may have deleted it
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            code,
-            cwd=self.workdir,
-            env=kernel_environment(limits),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        parameters = {
+            "rlimits": limits.rlimits(),
+            "names": names,
+            "import_paths": inherited_import_paths(),
+            "task_type": self.task.task_type,
+            "sample_rows": INSPECT_SAMPLE_ROWS,
+        }
         try:
-            stdout, stderr = await asyncio.wait_for(process.communicate(), INSPECT_TIMEOUT_S)
+            self.workdir.mkdir(parents=True, exist_ok=True)  # agent code may have deleted it
+            process = await asyncio.create_subprocess_exec(
+                *self._inspector_command(),
+                cwd=self.workdir,
+                env=self.sandbox_confinement.environment(kernel_environment(limits)),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        except OSError as exc:  # e.g. the workspace replaced by a file, no process slots
+            logger.warning("the artifact inspector could not start: %s", exc)
+            return self._uninspected(names, f"inspection could not start: {exc}")
+        request = json.dumps(parameters).encode()
+        try:
+            stdout, stderr = await asyncio.wait_for(_exchange(process, request), INSPECT_TIMEOUT_S)
         except asyncio.TimeoutError:
             process.kill()
             await process.wait()
             why = f"inspection timed out after {INSPECT_TIMEOUT_S:g} s"
-            return {n: {**self._file_only_check(n), "loads": False, "error": why} for n in names}
+            return self._uninspected(names, why)
+        if process.returncode != 0:
+            # Only a report of a run that finished counts (a crash, a kill, an exit from
+            # inside a loaded object); the cause is the last line of its stderr.
+            tail = stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+            why = f"the inspector exited with status {process.returncode}: {tail[0]}"
+            return self._uninspected(names, why[:300])
         try:
             report = json.loads(stdout.decode("utf-8", "replace").strip().splitlines()[-1])
         except (IndexError, json.JSONDecodeError):
             tail = stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no report"]
-            return {
-                n: {**self._file_only_check(n), "loads": False, "error": tail[0]} for n in names
-            }
-        return report if isinstance(report, dict) else {}
+            return self._uninspected(names, tail[0][:300])
+        if not isinstance(report, dict):
+            return self._uninspected(names, "the inspection report is not a mapping")
+        checked = {n: report[n] for n in names if isinstance(report.get(n), dict)}
+        self._add_expected_rows(checked)
+        return checked
+
+    def _uninspected(self, names: Sequence[str], why: str) -> dict[str, dict[str, Any]]:
+        """Entries for pickles whose inspection failed: what is on disk, not loadable."""
+        return {n: {**self._file_only_check(n), "loads": False, "error": why} for n in names}
+
+    def _add_expected_rows(self, entries: dict[str, dict[str, Any]]) -> None:
+        """Add the rows of the train.csv / test.csv this environment wrote to the entries."""
+        train_rows, test_rows = self._input_rows
+        for name, rows in (("X_train.pkl", train_rows), ("y_train.pkl", train_rows)):
+            if name in entries:
+                entries[name]["rows_expected"] = rows
+        if "X_test.pkl" in entries:
+            entries["X_test.pkl"]["rows_expected"] = test_rows
+        if "model.pkl" in entries and "predictions" in entries["model.pkl"]:
+            entries["model.pkl"]["predictions_expected"] = test_rows
 
     def _file_only_check(self, name: str) -> dict[str, Any]:
-        path = self.workdir / name
-        exists = path.is_file()
-        return {"exists": exists, "size": path.stat().st_size if exists else 0}
+        """What is at ``name`` in the workspace, by its directory entry (links not followed)."""
+        kind, size = file_kind(self.workdir, name)
+        entry: dict[str, Any] = {"exists": kind is not None, "size": size}
+        if kind not in (None, "regular file"):
+            entry["error"] = f"{name} is a {kind}, not a regular file"
+        return entry
 
     def _score_submission(self) -> Any:
+        """Score submission.csv; never raises for anything agent code left there.
+
+        The file is read only if it is a regular file of the workspace within the size
+        limit, without following links (see :func:`mappa_env._fs.read_regular_file`).
+        """
         from mappa_env.dsbench.metrics import score_submission
 
-        path = self.workdir / "submission.csv"
         task = self.task
         targets = list(task.target_columns)
-        size = path.stat().st_size if path.is_file() else 0
-        if size > MAX_SUBMISSION_BYTES:
-            # Not read at all; scoring an empty frame still fills the baseline and range.
-            score = score_submission(
-                pd.DataFrame(), self._answers, task.metric, task.id_column, targets
-            )
-            reason = f"submission.csv is {size} bytes, over the {MAX_SUBMISSION_BYTES} limit"
-            return dataclasses.replace(score, reason=reason)
-        # A missing file is scored too: the failure then carries the baseline and range.
-        return score_submission(path, self._answers, task.metric, task.id_column, targets)
+        try:
+            content = read_regular_file(self.workdir, SUBMISSION_FILE, MAX_SUBMISSION_BYTES)
+        except FileNotFoundError:
+            problem = f"submission file not found: {SUBMISSION_FILE}"
+        except UnsafeFileError as exc:
+            problem = str(exc)
+        else:
+            return score_submission(content, self._answers, task.metric, task.id_column, targets)
+        # Not read; scoring an empty frame still fills the baseline and range.
+        score = score_submission(
+            pd.DataFrame(), self._answers, task.metric, task.id_column, targets
+        )
+        return dataclasses.replace(score, reason=problem)
 
     async def episode_outcome(self) -> dict[str, Any]:
         """Score ``submission.csv`` against the hidden answers with the task's metric."""
@@ -495,6 +871,7 @@ class DSBenchEnv(PipelineEnv):
         self._submission_score = None
         # Copying (possibly large) CSVs blocks: keep the event loop free.
         self._answers = await asyncio.to_thread(self._prepare_workspace, self.task)
+        self._input_rows = await asyncio.to_thread(self._rows_written, self.task)
         self._slot_start_files = {DATA_ENGINEER: list_files(self.workdir)}
 
     def _prepare_workspace(self, task: Any) -> pd.DataFrame:
@@ -507,6 +884,20 @@ class DSBenchEnv(PipelineEnv):
             shutil.copyfile(source, self.workdir / name)
         cached = self._answer_tables.get(task.id)
         return cached if cached is not None else read_answers(task.answers_path, task.id_column)
+
+    def _rows_written(self, task: Any) -> tuple[int | None, int | None]:
+        """Data rows of the task's train.csv and test.csv, counted once per task.
+
+        Counted from the task's own files, not the workspace copies agent code may
+        change; ``None`` for a file pandas cannot read.
+        """
+        if task.id not in self._row_counts:
+            counts = []
+            for key, path in (("n_train", task.train_path), ("n_test", task.test_path)):
+                known = task.metadata.get(key) if task.metadata.get("builtin") else None
+                counts.append(int(known) if known is not None else _csv_rows(Path(path)))
+            self._row_counts[task.id] = (counts[0], counts[1])
+        return self._row_counts[task.id]
 
     def task_facts(self) -> tuple[str, str, str | None]:
         """``(task id, description, None)``: DSBench has no short ground-truth string."""
@@ -538,10 +929,23 @@ class DSBenchEnv(PipelineEnv):
         return metadata
 
     async def on_slot_end(self, agent: str, next_agent: str | None) -> None:
-        """Free the agent's interpreter and snapshot the files the next agent starts from."""
-        await self.release_sandbox(agent)
-        if next_agent is not None:
-            self._slot_start_files[next_agent] = list_files(self.workdir)
+        """Free the agent's interpreter and snapshot the files the next agent starts from.
+
+        Never raises: a failure (whatever agent code left behind) is logged and reported
+        in ``infos[agent]["slot_end_error"]``, and the next agent starts from a fresh
+        listing.
+        """
+        try:
+            await self.release_sandbox(agent)
+            if next_agent is not None:
+                self._slot_start_files[next_agent] = await asyncio.to_thread(
+                    list_files, self.workdir
+                )
+        except Exception as exc:  # the step must go on; the cause is kept for researchers
+            logger.exception("the end of %s's slot failed", agent)
+            self.infos.setdefault(agent, {})["slot_end_error"] = f"{type(exc).__name__}: {exc}"
+            if next_agent is not None:
+                self._slot_start_files.pop(next_agent, None)
 
     def on_close(self) -> None:
         """Remove the built-in task files made for this environment."""

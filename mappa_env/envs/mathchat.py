@@ -24,6 +24,7 @@ from mappa_env.envs.pipeline import (
 )
 from mappa_env.grading.math import answers_match_any, extract_boxed
 from mappa_env.sandbox.base import SandboxFactory
+from mappa_env.sandbox.isolation import IsolationMode
 from mappa_env.tasks import MathTask
 from mappa_env.text import extract_code_blocks, strip_think
 
@@ -78,18 +79,29 @@ _EXECUTOR_ASK = "Check it with Python: reply with one ```python block that print
 _VERIFIER_ASK = "Give the final answer as \\boxed{}."
 
 
-_GENERATOR_OPTIONS = ("n", "seed", "kinds", "difficulty")
+_GENERATOR_OPTIONS = ("n", "seed", "kinds", "difficulty", "secret")
 
 
 def _generated_tasks(spec: Mapping[str, Any], seed: int) -> list[MathTask]:
-    """Tasks of a generator spec such as ``{"n": 512, "kinds": ["expression"]}``."""
+    """Tasks of a generator spec such as ``{"n": 512, "kinds": ["expression"]}``.
+
+    ``"secret"`` pins the generator's secret (a string; see ``generate_math_tasks``);
+    without it the user's secret is used.
+    """
     from mappa_env.tasks import generate_math_tasks
 
     unknown = sorted(set(spec) - set(_GENERATOR_OPTIONS))
     if unknown or "n" not in spec:
         raise ValueError(
             f"a generated task set is a mapping with 'n' and optionally 'seed', 'kinds', "
-            f"'difficulty' (see generate_math_tasks); got keys {sorted(spec)}"
+            f"'difficulty', 'secret' (see generate_math_tasks); got keys {sorted(spec)}"
+        )
+    secret = spec.get("secret")
+    if secret is not None and not isinstance(secret, str):
+        # YAML reads `secret: 2024` as a number: refuse it rather than guess its spelling.
+        raise ValueError(
+            f"the task set's 'secret' must be a string, got {type(secret).__name__}; "
+            "quote it in YAML"
         )
     kinds = spec.get("kinds")
     if isinstance(kinds, str):
@@ -99,6 +111,7 @@ def _generated_tasks(spec: Mapping[str, Any], seed: int) -> list[MathTask]:
         seed=int(spec.get("seed", seed)),
         kinds=kinds,
         difficulty=spec.get("difficulty", "mixed"),
+        secret=secret,
     )
 
 
@@ -150,6 +163,10 @@ class MathChatEnv(PipelineEnv):
         sandbox: ``"jupyter"`` (a Jupyter kernel per episode, the default), a callable
             ``workdir -> Sandbox``, or ``None`` to run no code (code blocks are reported
             as not executed).
+        isolation: How agents' code is confined (see
+            :mod:`mappa_env.sandbox.isolation`): ``"auto"`` (Linux namespaces where
+            bubblewrap works, else none with a warning), ``"namespaces"`` (or raise
+            :class:`~mappa_env.sandbox.isolation.IsolationUnavailableError`) or ``"none"``.
         seed: Seeds task order; ``reset(seed=...)`` reseeds.
         turns: Per-agent turn limits, e.g. ``{"code_executor": 3}``; defaults 1/2/1.
         max_new_tokens: Token budget per action stated in the prompts (the paper: 4,096).
@@ -183,6 +200,7 @@ class MathChatEnv(PipelineEnv):
         sandbox: str | SandboxFactory | None = "jupyter",
         seed: int | None = None,
         *,
+        isolation: IsolationMode = "auto",
         turns: Mapping[str, int] | None = None,
         max_new_tokens: int = 4096,
         code_timeout_s: float = 30.0,
@@ -224,6 +242,7 @@ class MathChatEnv(PipelineEnv):
             seed=seed,
             shuffle=shuffle,
             sandbox=sandbox,
+            isolation=isolation,
         )
 
     # ------------------------------------------------------------------ pipeline hooks

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import shutil
 import tempfile
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
@@ -27,6 +26,7 @@ from typing import Any, ClassVar, Literal
 import gymnasium
 from pettingzoo import AECEnv
 
+from mappa_env._fs import remove_tree
 from mappa_env.coach.base import (
     Coach,
     CoachRequest,
@@ -37,6 +37,7 @@ from mappa_env.coach.base import (
 )
 from mappa_env.envs._sync import SyncRunner
 from mappa_env.sandbox.base import ExecError, ExecResult, Sandbox, SandboxFactory, check_sandbox
+from mappa_env.sandbox.isolation import Confinement, IsolationMode, resolve_confinement
 from mappa_env.spaces import UnicodeText, make_observation, text_observation_space
 
 logger = logging.getLogger(__name__)
@@ -148,6 +149,13 @@ class PipelineEnv(AECEnv):
             pass for a real score; ``infos[agent]["reward_valid"]`` is False either way.
         render_mode: ``None``, ``"ansi"`` (``render()`` returns the transcript) or
             ``"human"`` (``render()`` prints it).
+        seed: Seeds task order.
+        shuffle: Visit tasks in a seeded random order.
+        sandbox: ``"jupyter"``, a callable ``workdir -> Sandbox``, or ``None`` (no code).
+        isolation: How agents' code is confined (see
+            :mod:`mappa_env.sandbox.isolation`): ``"auto"`` (Linux namespaces where
+            bubblewrap works, else none with a warning), ``"namespaces"`` (or raise
+            :class:`~mappa_env.sandbox.isolation.IsolationUnavailableError`) or ``"none"``.
     """
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -175,9 +183,13 @@ class PipelineEnv(AECEnv):
         seed: int | None = None,
         shuffle: bool = True,
         sandbox: str | SandboxFactory | None = None,
+        isolation: IsolationMode = "auto",
     ) -> None:
         super().__init__()
-        self._sandbox_factory = resolve_sandbox_factory(sandbox)
+        # Checked now: isolation="namespaces" where it cannot work fails here, by name.
+        self.isolation: IsolationMode = isolation
+        self._confinement = resolve_confinement(isolation)
+        self._sandbox_factory = resolve_sandbox_factory(sandbox, isolation)
         self._sandboxes: dict[str, Sandbox] = {}
         # A coach built here from a spec string belongs to this env and is closed with it;
         # a coach object passed in is shared (e.g. by every env of a runner) and is not.
@@ -532,7 +544,10 @@ class PipelineEnv(AECEnv):
     def workdir(self) -> Path:
         """This episode's workspace directory (created on first use, removed at episode end)."""
         if self._workdir is None:
-            self._workdir = Path(tempfile.mkdtemp(prefix=f"mappa-{self.env_id.lower()}-"))
+            workdir = Path(tempfile.mkdtemp(prefix=f"mappa-{self.env_id.lower()}-"))
+            # Confined interpreters run as another user: the workspace is theirs to use.
+            self._confinement.prepare_writable(workdir)
+            self._workdir = workdir
         return self._workdir
 
     def spec_of(self, agent: str) -> AgentSpec:
@@ -705,6 +720,14 @@ class PipelineEnv(AECEnv):
         result = await sandbox.arun(code, timeout=timeout)
         return result, result.render(output_chars)
 
+    @property
+    def sandbox_confinement(self) -> Confinement:
+        """How the interpreters this environment starts for agents' code are confined.
+
+        That is its ``"jupyter"`` kernels and helper interpreters that read agents' files.
+        """
+        return self._confinement
+
     def check_sandbox(self) -> None:
         """Run one trivial cell in a sandbox made as this environment makes them.
 
@@ -730,7 +753,10 @@ class PipelineEnv(AECEnv):
 
     def _remove_workdir(self) -> None:
         if self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
+            # Agents' code may have left a tree shutil.rmtree cannot remove (it recurses).
+            left = remove_tree(self._workdir)
+            if left:
+                logger.warning("could not remove %d entries of %s", len(left), self._workdir)
             self._workdir = None
 
     def __del__(self) -> None:
@@ -765,11 +791,14 @@ def parse_turn_limits(
     return limits
 
 
-def resolve_sandbox_factory(sandbox: str | SandboxFactory | None) -> SandboxFactory | None:
+def resolve_sandbox_factory(
+    sandbox: str | SandboxFactory | None, isolation: IsolationMode = "auto"
+) -> SandboxFactory | None:
     """The sandbox factory named by ``sandbox``.
 
-    ``"jupyter"`` gives a Jupyter kernel per sandbox; a callable is used as it is;
-    ``None`` disables code execution.
+    ``"jupyter"`` gives a Jupyter kernel per sandbox, confined as ``isolation`` says; a
+    callable is used as it is (its own confinement is its business); ``None`` disables
+    code execution.
 
     Raises:
         ValueError: For an unknown name.
@@ -779,7 +808,7 @@ def resolve_sandbox_factory(sandbox: str | SandboxFactory | None) -> SandboxFact
     if sandbox == "jupyter":
         from mappa_env.sandbox import JupyterSandbox
 
-        return JupyterSandbox.factory()
+        return JupyterSandbox.factory(isolation=isolation)
     raise ValueError(
         f"unknown sandbox {sandbox!r}: pass 'jupyter', None (no code execution) "
         "or a callable workdir -> Sandbox"

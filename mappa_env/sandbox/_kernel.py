@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -18,11 +19,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Empty
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mappa_env.sandbox import _process
 from mappa_env.sandbox.limits import SandboxLimits, inherited_import_paths
 from mappa_env.text import truncate_middle
+
+if TYPE_CHECKING:
+    from mappa_env.sandbox.isolation import Confinement, SandboxCgroup
 
 logger = logging.getLogger(__name__)
 
@@ -68,35 +72,67 @@ def _manager_class() -> type:
     """KernelManager that launches our limited command instead of an installed kernel spec.
 
     An installed ``python3`` kernel spec may point at another interpreter; the sandbox
-    must run this interpreter (``sys.executable``) through its launcher.
+    must run this interpreter (``sys.executable``) through its launcher. A confined
+    kernel runs as another user, who must be able to read its connection file.
     """
     from jupyter_client import KernelManager
 
     class _SandboxKernelManager(KernelManager):
-        def __init__(self, *, sandbox_spec: Any, **kwargs: Any) -> None:
+        def __init__(
+            self, *, sandbox_spec: Any, owner: tuple[int, int] | None = None, **kwargs: Any
+        ) -> None:
             super().__init__(**kwargs)
             self._sandbox_spec = sandbox_spec
+            self._owner = owner
 
         @property
         def kernel_spec(self) -> Any:
             return self._sandbox_spec
+
+        def write_connection_file(self, **kwargs: Any) -> None:
+            super().write_connection_file(**kwargs)
+            if self._owner is not None:
+                os.chown(self.connection_file, *self._owner)
 
     return _SandboxKernelManager
 
 
 @dataclass
 class Kernel:
-    """One running kernel process with its manager and client."""
+    """One running kernel process with its manager and client.
+
+    For a confined kernel, ``process`` is bubblewrap's, which runs the interpreter in its
+    namespaces: ``pid`` and the exit status are bubblewrap's, which reports a child
+    killed by signal N as exit status 128 + N (translated back by :meth:`exit_status`).
+    """
 
     manager: Any
     process: subprocess.Popen
     runtime_dir: Path
     client: Any = None
     monitors: list[Any] = field(default_factory=list)
+    confined: bool = False
+    cgroup: SandboxCgroup | None = None
 
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    @property
+    def hidden_descendants(self) -> int:
+        """Host descendants that are not the agent's processes.
+
+        Under the bubblewrap process of a confined kernel: its init and the interpreter.
+        """
+        return 2 if self.confined else 0
+
+    def agent_processes(self, stop_after: int | None = None) -> list[int]:
+        """Pids of the processes the agent's code started (counted up to ``stop_after``)."""
+        hidden = self.hidden_descendants
+        found = _process.descendant_pids(
+            self.pid, stop_after=None if stop_after is None else stop_after + hidden
+        )
+        return found[hidden:]
 
     def connect(self) -> None:
         """(Re)create the client's shell and iopub sockets, watched for disconnection.
@@ -154,6 +190,12 @@ class Kernel:
         pid, which is also its process-group id, cannot be taken by an unrelated
         process, so killing the group stays safe.
         """
+        status = self._raw_exit_status()
+        if self.confined and status is not None and status > 128:
+            return -(status - 128)  # bubblewrap's report of a child killed by a signal
+        return status
+
+    def _raw_exit_status(self) -> int | None:
         if self.process.returncode is not None:
             return self.process.returncode
         if not hasattr(os, "waitid"):
@@ -180,15 +222,73 @@ class Kernel:
 
     def fault_report(self, max_chars: int = 4000) -> str:
         """Fatal-error traceback the kernel wrote when it crashed (may be empty)."""
-        try:
-            text = (self.runtime_dir / "fault.log").read_text(errors="replace")
-        except OSError:
+        return truncate_middle(read_log(self.runtime_dir / FAULT_LOG).strip(), max_chars)
+
+
+#: Exit status of the launch shim when the kernel cannot join its cgroup (see isolation).
+CGROUP_JOIN_FAILED = 97
+#: Files the kernel writes in its runtime directory, and the directory of its sockets.
+FAULT_LOG, STARTUP_LOG, SOCKETS = "fault.log", "startup-error.log", "sockets"
+_LOG_READ_BYTES = 64 * 1024
+
+
+def read_log(path: Path, max_bytes: int = _LOG_READ_BYTES) -> str:
+    """The end of a log the kernel wrote, read as a regular file only, never a link.
+
+    The kernel's code can write these files (a confined kernel cannot replace them: see
+    :func:`start_kernel`); reading stays bounded and refuses anything but a regular
+    file, so a log can neither point at another file nor stall the reader.
+    """
+    try:
+        handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    try:
+        info = os.fstat(handle)
+        if not stat.S_ISREG(info.st_mode):
             return ""
-        return truncate_middle(text.strip(), max_chars)
+        os.lseek(handle, max(0, info.st_size - max_bytes), os.SEEK_SET)
+        return os.read(handle, max_bytes).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(handle)
 
 
-def start_kernel(cwd: Path, limits: SandboxLimits, env: dict[str, str]) -> Kernel:
+def _confined_runtime_dir(runtime_dir: Path, owner: tuple[int, int] | None) -> None:
+    """Lay out a confined kernel's runtime directory so that it cannot be tampered with.
+
+    Inside, the directory is mounted read-only; only the socket directory and the two
+    log files (made here, empty) are writable, each bound in place, so the kernel's code
+    can neither replace a log with a link to a file it should not read (which the
+    environment would then read for it) nor change its connection file.
+    """
+    os.chmod(runtime_dir, 0o755)
+    for name in (FAULT_LOG, STARTUP_LOG):
+        (runtime_dir / name).touch(mode=0o600)
+    if owner is not None:
+        for name in (SOCKETS, FAULT_LOG, STARTUP_LOG):
+            os.chown(runtime_dir / name, *owner)
+
+
+def start_kernel(
+    cwd: Path,
+    limits: SandboxLimits,
+    env: dict[str, str],
+    confinement: Confinement | None = None,
+) -> Kernel:
     """Launch a kernel in ``cwd`` under ``limits`` and wait until it answers.
+
+    The launcher runs in Python's isolated mode (``-I``): neither the working directory
+    (agents' workspace) nor ``PYTHONPATH`` is on its path, so a module planted in the
+    workspace cannot shadow the modules the kernel starts with.
+
+    Args:
+        cwd: The kernel's working directory.
+        limits: Resource limits.
+        env: The kernel's environment.
+        confinement: How to confine the kernel (see
+            :mod:`mappa_env.sandbox.isolation`); ``None`` runs it directly.
 
     Raises:
         SandboxError: If the kernel does not start or answer within the start timeout.
@@ -196,20 +296,28 @@ def start_kernel(cwd: Path, limits: SandboxLimits, env: dict[str, str]) -> Kerne
     import zmq
     from jupyter_client.kernelspec import KernelSpec
 
+    confined = confinement is not None and confinement.isolated
     started = time.monotonic()
     try:
         runtime_dir = Path(tempfile.mkdtemp(prefix="mappa-kernel-"))
+        (runtime_dir / SOCKETS).mkdir(mode=0o700)
+        if confined:
+            assert confinement is not None
+            _confined_runtime_dir(runtime_dir, confinement.run_as)
     except OSError as exc:
         raise SandboxError(f"could not create the kernel's runtime directory: {exc}") from exc
     spec = {
         "rlimits": limits.rlimits(),
         "subreaper": True,
-        "fault_log": str(runtime_dir / "fault.log"),
-        "startup_error_log": str(runtime_dir / "startup-error.log"),
-        "sys_path": inherited_import_paths(),
+        "fault_log": str(runtime_dir / FAULT_LOG),
+        "startup_error_log": str(runtime_dir / STARTUP_LOG),
+        # The launcher runs with -I, which ignores PYTHONPATH: both this process's and
+        # one given in the kernel's own environment are put on its path explicitly.
+        "sys_path": list(dict.fromkeys([*inherited_import_paths(), *inherited_import_paths(env)])),
     }
     argv = [
         sys.executable,
+        "-I",
         "-c",
         launcher_source(),
         json.dumps(spec),
@@ -217,6 +325,24 @@ def start_kernel(cwd: Path, limits: SandboxLimits, env: dict[str, str]) -> Kerne
         "{connection_file}",
         *_KERNEL_ARGS,
     ]
+    cgroup = None
+    if confined:
+        assert confinement is not None
+        # Inside its PID namespace the kernel's parent is bubblewrap's init (pid 1), which
+        # ipykernel would take for "my parent has died" and exit; bubblewrap ends the
+        # kernel with this process instead (--die-with-parent).
+        argv.append("--IPKernelApp.parent_handle=0")
+        if confinement.cgroups is not None and limits.total_memory_bytes is not None:
+            cgroup = confinement.cgroups.create(limits.total_memory_bytes)
+        argv = confinement.command(
+            argv,
+            workdir=cwd,
+            writable=[runtime_dir / n for n in (SOCKETS, FAULT_LOG, STARTUP_LOG)],
+            read_only=[*(Path(p) for p in spec["sys_path"]), runtime_dir],
+            tmp_bytes=limits.tmp_bytes,
+            cgroup_procs=None if cgroup is None else cgroup.procs_file,
+        )
+        env = confinement.environment(env)
     kernel_spec = KernelSpec(
         argv=argv, display_name="mappa sandbox", language="python", interrupt_mode="signal"
     )
@@ -226,8 +352,9 @@ def start_kernel(cwd: Path, limits: SandboxLimits, env: dict[str, str]) -> Kerne
     use_ipc = os.name == "posix"
     manager = _manager_class()(
         sandbox_spec=kernel_spec,
+        owner=confinement.run_as if confined and confinement is not None else None,
         transport="ipc" if use_ipc else "tcp",
-        ip=str(runtime_dir / "kernel") if use_ipc else "127.0.0.1",
+        ip=str(runtime_dir / SOCKETS / "kernel") if use_ipc else "127.0.0.1",
         connection_file=str(runtime_dir / "connection.json"),
         context=context,
     )
@@ -237,8 +364,12 @@ def start_kernel(cwd: Path, limits: SandboxLimits, env: dict[str, str]) -> Kerne
         )
     except (OSError, RuntimeError) as exc:
         shutil.rmtree(runtime_dir, ignore_errors=True)
+        if cgroup is not None:
+            cgroup.remove()
         raise SandboxError(f"could not launch the kernel process: {exc}") from exc
-    kernel = Kernel(manager, manager.provisioner.process, runtime_dir)
+    kernel = Kernel(
+        manager, manager.provisioner.process, runtime_dir, confined=confined, cgroup=cgroup
+    )
     try:
         kernel.connect()
         wait_until_ready(kernel, started + limits.start_timeout_s)
@@ -306,9 +437,14 @@ def _start_failure(kernel: Kernel) -> str:
     status = kernel.exit_status()
     detail = ""
     try:
-        detail = (kernel.runtime_dir / "startup-error.log").read_text(errors="replace").strip()
+        detail = read_log(kernel.runtime_dir / STARTUP_LOG).strip()
     except OSError:
         pass
+    if kernel.confined and status == CGROUP_JOIN_FAILED:
+        return (
+            "the kernel process could not join its memory cgroup; pass "
+            "SandboxLimits(total_memory_bytes=None) to run without one"
+        )
     message = f"the kernel process exited during start ({describe_exit(status)})"
     return f"{message}:\n{truncate_middle(detail, 4000)}" if detail else message
 
@@ -331,6 +467,8 @@ def close_kernel_files(kernel: Kernel) -> None:
         # removed below regardless.
         logger.debug("closing kernel %d resources: %s", kernel.pid, exc)
     shutil.rmtree(kernel.runtime_dir, ignore_errors=True)
+    if kernel.cgroup is not None:
+        kernel.cgroup.remove()  # also kills anything of the sandbox still in it
     logger.debug("kernel stopped: pid %d", kernel.pid)
 
 

@@ -20,7 +20,6 @@ import functools
 import logging
 import os
 import re
-import shutil
 import signal
 import tempfile
 import threading
@@ -33,6 +32,7 @@ from pathlib import Path
 from queue import Empty
 from typing import Any
 
+from mappa_env._fs import remove_tree
 from mappa_env.sandbox import _process
 from mappa_env.sandbox._kernel import (
     Kernel,
@@ -44,6 +44,7 @@ from mappa_env.sandbox._kernel import (
     wait_until_ready,
 )
 from mappa_env.sandbox.base import ExecError, ExecResult
+from mappa_env.sandbox.isolation import Confinement, IsolationMode, resolve_confinement
 from mappa_env.sandbox.limits import SandboxLimits, kernel_environment
 from mappa_env.text import truncate_middle
 
@@ -220,6 +221,7 @@ class _CallOutcome:
     died: bool = False
     output_lost: bool = False
     closed: bool = False
+    oom_kills_before: int = 0  # the cgroup's count when the call began
 
 
 # --------------------------------------------------------------------------------------
@@ -244,6 +246,8 @@ class _Resources:
         self.watcher: threading.Thread | None = None
         self.stop_watch = threading.Event()
         self.pending_notice = ""
+        # The sandbox's one worker thread, told apart from every other sandbox's.
+        self.thread_prefix = f"mappa-sandbox-{id(self):x}"
 
     def release(self) -> None:
         with self.state_lock:
@@ -268,7 +272,7 @@ class _Resources:
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=True)
         if self.owned_dir is not None:
-            shutil.rmtree(self.owned_dir, ignore_errors=True)
+            remove_tree(self.owned_dir)  # agent code may have left a tree rmtree cannot
 
 
 class JupyterSandbox:
@@ -291,7 +295,8 @@ class JupyterSandbox:
     that cannot be sent to the kernel, such as a lone surrogate; it did not run).
 
     Needs a POSIX system (Linux or macOS): the limits use ``resource``; on Linux the
-    process tree is read from ``/proc``, elsewhere through psutil.
+    process tree is read from ``/proc``, elsewhere through psutil. Namespace isolation
+    needs Linux and bubblewrap (see :mod:`mappa_env.sandbox.isolation`).
 
     Args:
         workdir: Working directory of the code. ``None`` creates a temporary directory
@@ -299,6 +304,12 @@ class JupyterSandbox:
         limits: Resource limits; :class:`SandboxLimits` defaults when ``None``.
         env: Extra environment variables for the kernel, added to the allow-listed
             ones taken from this process (see :func:`~mappa_env.sandbox.limits.kernel_environment`).
+        isolation: ``"auto"`` (default: Linux namespaces where bubblewrap works, else
+            none, with a warning once), ``"namespaces"`` (or raise) or ``"none"``.
+
+    Raises:
+        IsolationUnavailableError: For ``isolation="namespaces"`` where bubblewrap
+            cannot confine processes, naming the cause and the fix.
     """
 
     def __init__(
@@ -307,14 +318,24 @@ class JupyterSandbox:
         limits: SandboxLimits | None = None,
         *,
         env: Mapping[str, str] | None = None,
+        isolation: IsolationMode = "auto",
     ) -> None:
+        self._confinement = resolve_confinement(isolation)
         if workdir is None:
             self._workdir = Path(tempfile.mkdtemp(prefix="mappa-sandbox-")).resolve()
             owned: Path | None = self._workdir
         else:
             self._workdir = Path(workdir).expanduser().resolve()
+            self._confinement.check_workdir(self._workdir)
             self._workdir.mkdir(parents=True, exist_ok=True)
             owned = None
+        # The confined user writes the workspace (as the agents' files are theirs); a
+        # workspace over the interpreter's own directories is refused. Files in a
+        # workspace made for the sandbox (by it, or by an environment) become the confined
+        # user's at each start; a directory the caller gave keeps its files as they are.
+        self._confinement.check_workdir(self._workdir)
+        self._hands_over_files = owned is not None or self._confinement.owns(self._workdir)
+        self._confinement.prepare_writable(self._workdir)
         self._limits = limits or SandboxLimits()
         self._env = kernel_environment(self._limits, env)
         self._res = _Resources(owned)
@@ -322,18 +343,28 @@ class JupyterSandbox:
 
     @classmethod
     def factory(
-        cls, limits: SandboxLimits | None = None, *, env: Mapping[str, str] | None = None
+        cls,
+        limits: SandboxLimits | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        isolation: IsolationMode = "auto",
     ) -> Callable[[Path], JupyterSandbox]:
         """A :class:`~mappa_env.sandbox.base.SandboxFactory` making cold-started sandboxes.
 
         Args:
             limits: Limits for every sandbox made.
             env: Extra kernel environment variables for every sandbox made.
+            isolation: Isolation of every sandbox made (see :class:`JupyterSandbox`);
+                checked now, so ``"namespaces"`` fails here when unavailable.
 
         Returns:
             ``factory(workdir) -> JupyterSandbox``.
+
+        Raises:
+            IsolationUnavailableError: For ``isolation="namespaces"`` where it cannot work.
         """
-        return functools.partial(cls, limits=limits, env=env)
+        resolve_confinement(isolation)
+        return functools.partial(cls, limits=limits, env=env, isolation=isolation)
 
     # ----------------------------------------------------------------- properties
 
@@ -351,6 +382,11 @@ class JupyterSandbox:
     def closed(self) -> bool:
         """True once :meth:`close` has run."""
         return self._res.closed
+
+    @property
+    def confinement(self) -> Confinement:
+        """How the kernel is confined (``confinement.isolated``: in namespaces)."""
+        return self._confinement
 
     @property
     def kernel_pid(self) -> int | None:
@@ -443,7 +479,7 @@ class JupyterSandbox:
                 raise SandboxError("the sandbox is closed")
             if self._res.executor is None:
                 self._res.executor = ThreadPoolExecutor(
-                    max_workers=1, thread_name_prefix="mappa-sandbox"
+                    max_workers=1, thread_name_prefix=self._res.thread_prefix
                 )
             return self._res.executor
 
@@ -484,6 +520,10 @@ class JupyterSandbox:
             restarted = True
         else:
             notes.extend(self._restore_live_workdir(kernel))
+            if self._res.kernel is not kernel:  # a confined kernel had to be restarted
+                if self._res.kernel is None:
+                    return self._start_failed(SandboxError("; ".join(notes)), [], started)
+                kernel, restarted = self._res.kernel, True
         self._res.pending_notice = ""
 
         root = str(self._workdir)
@@ -573,6 +613,18 @@ class JupyterSandbox:
         except SandboxError as exc:
             logger.warning("%s", exc)
             return [f"[sandbox] {exc}"]
+        if kernel.confined:
+            # Its view of the workspace was fixed when it started: start it again there.
+            self._confinement.prepare_writable(self._workdir)
+            try:
+                self._replace_kernel()
+            except SandboxError as exc:
+                return [f"[sandbox] the working directory had been deleted; {exc}"]
+            return [
+                "[sandbox] the working directory had been deleted; it was created again, "
+                "empty, and the Python process was restarted in it (earlier variables are "
+                "gone)"
+            ]
         if not self._chdir_kernel(kernel, self._workdir):
             logger.warning("kernel pid %d could not change to %s", kernel.pid, self._workdir)
             return [
@@ -605,6 +657,15 @@ class JupyterSandbox:
                     "CPUTimeLimitExceeded",
                     f"the Python process used up its CPU time ({self._limits.cpu_seconds} s) "
                     "and was restarted",
+                    kernel.fault_report(),
+                )
+            elif kernel.cgroup is not None and kernel.cgroup.oom_kills() > outcome.oom_kills_before:
+                error = ExecError(
+                    "MemoryError",
+                    "the sandbox ran out of memory (its limit of "
+                    f"{self._limits.total_memory_bytes} bytes counts every process, shared "
+                    "memory and its /tmp together); the Python process was killed and "
+                    "restarted",
                     kernel.fault_report(),
                 )
             elif not outcome.asked_exit:
@@ -649,10 +710,32 @@ class JupyterSandbox:
             if old is not None:
                 stop_kernel(old)
             self._ensure_workdir()
+            self._confinement.prepare_writable(self._workdir, contents=self._hands_over_files)
             # Started under the state lock so that close() cannot miss a new kernel.
-            kernel = start_kernel(self._workdir, self._limits, self._env)
+            kernel = self._start_in_own_thread()
             self._res.kernel = kernel
             return kernel
+
+    def _start_in_own_thread(self) -> Kernel:
+        """Start a kernel, a confined one from this sandbox's own long-lived thread.
+
+        bubblewrap ends the sandbox when the *thread* that started it exits (Linux's
+        parent-death signal follows threads), so a kernel started from a short-lived
+        caller thread would die with it. The sandbox's worker thread lives until close().
+        """
+        start = functools.partial(
+            start_kernel, self._workdir, self._limits, self._env, self._confinement
+        )
+        if not self._confinement.isolated:
+            return start()
+        executor = self._res.executor
+        if executor is None:
+            executor = self._res.executor = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=self._res.thread_prefix
+            )
+        if threading.current_thread().name.startswith(self._res.thread_prefix):
+            return start()
+        return executor.submit(start).result()
 
     def _move_to(self, workdir: Path, *, owned: bool) -> bool:
         """Point this sandbox's running kernel at ``workdir`` (for :class:`KernelPool`).
@@ -667,8 +750,8 @@ class JupyterSandbox:
         """
         with self._res.lock:
             kernel = self._res.kernel
-            if self._res.closed or kernel is None or not kernel.alive():
-                return False
+            if self._res.closed or kernel is None or not kernel.alive() or kernel.confined:
+                return False  # a confined kernel sees only the workspace it started in
             try:
                 workdir.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
@@ -686,7 +769,7 @@ class JupyterSandbox:
         limit = self._limits.max_processes
         if limit is None:
             return 0
-        return len(_process.descendant_pids(kernel.pid, stop_after=limit))
+        return len(kernel.agent_processes(stop_after=limit))
 
     def _process_limit_error(self, kernel: Kernel) -> ExecError | None:
         limit = self._limits.max_processes
@@ -708,6 +791,8 @@ class JupyterSandbox:
         outcome = _CallOutcome(
             _BoundedText(limits.max_output_chars), _BoundedText(limits.max_output_chars)
         )
+        if kernel.cgroup is not None:
+            outcome.oom_kills_before = kernel.cgroup.oom_kills()
         msg_id = self._send(kernel, code, silent)
         if msg_id is None:
             outcome.kill_reason = "the code could not be sent to it"
@@ -959,7 +1044,7 @@ def _watch_idle_kernel(res: _Resources, kernel: Kernel, limit: int, interval: fl
             if res.kernel is not kernel or not kernel.alive():
                 res.watcher = None
                 return
-            found = _process.descendant_pids(kernel.pid, stop_after=limit)
+            found = kernel.agent_processes(stop_after=limit)
             if not found:
                 res.watcher = None
                 return

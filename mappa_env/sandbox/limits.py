@@ -92,6 +92,13 @@ class SandboxLimits:
         max_tracked_files: Workspace entries scanned for ``files_written``; a bigger
             workspace is not tracked (default 5,000, keeps the scan under a millisecond
             or so per call).
+        total_memory_bytes: Memory of the whole sandbox (every process, shared memory
+            and its private ``/tmp`` and ``/dev/shm`` together), default 4 GiB; enforced
+            by a cgroup with namespace isolation where this process may make cgroups
+            (see :mod:`mappa_env.sandbox.isolation`), else not at all: then only each
+            process's ``memory_bytes`` holds.
+        tmp_bytes: Size of each of a confined sandbox's private ``/tmp`` and ``/dev/shm``
+            (tmpfs, memory-backed), default 1 GiB.
     """
 
     timeout_s: float = 30.0
@@ -109,6 +116,8 @@ class SandboxLimits:
     watch_interval_s: float = 0.05
     idle_watch_interval_s: float = 0.5
     max_tracked_files: int = 5_000
+    total_memory_bytes: int | None = 4 * GIB
+    tmp_bytes: int | None = 1 * GIB
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "interrupt_grace_s", "start_timeout_s", "watch_interval_s"):
@@ -122,6 +131,8 @@ class SandboxLimits:
             "max_processes",
             "user_processes",
             "numeric_threads",
+            "total_memory_bytes",
+            "tmp_bytes",
         ):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -44,7 +44,7 @@ class _PoolState:
                     self.cond.wait()
                 if self.closed:
                     return
-            sandbox = JupyterSandbox(self.neutral_dir, self.limits, env=self.env)
+            sandbox = JupyterSandbox(self.neutral_dir, self.limits, env=self.env, isolation="none")
             try:
                 sandbox.start()
             except SandboxError as exc:
@@ -110,13 +110,19 @@ class KernelPool:
     Handed-out sandboxes belong to the caller, who closes them; :meth:`close` stops the
     refill thread and the kernels still waiting in the pool.
 
+    Pooled kernels are not isolated (``isolation="none"``): they start before the
+    workspace they will run in exists, and a confined kernel sees only the directories
+    bound when it started. For agents that must not reach past their workspace, use
+    ``JupyterSandbox.factory(isolation="namespaces")`` (a cold start per sandbox).
+
     Args:
         size: Kernels kept ready (0 disables pre-starting; every hand-out is cold).
         limits: Limits of every sandbox handed out.
         env: Extra kernel environment variables of every sandbox handed out.
+        isolation: Only ``"none"``, stated so that callers see it.
 
     Raises:
-        ValueError: If ``size`` is negative.
+        ValueError: If ``size`` is negative, or ``isolation`` is not ``"none"``.
     """
 
     def __init__(
@@ -125,9 +131,16 @@ class KernelPool:
         limits: SandboxLimits | None = None,
         *,
         env: Mapping[str, str] | None = None,
+        isolation: str = "none",
     ) -> None:
         if size < 0:
             raise ValueError(f"size must be >= 0, got {size}")
+        if isolation != "none":
+            raise ValueError(
+                "a KernelPool's kernels start before their workspace exists, so they cannot "
+                f"be confined to it (isolation={isolation!r}); use "
+                "JupyterSandbox.factory(isolation='namespaces') for confined cold starts"
+            )
         self._state = _PoolState(size, limits or SandboxLimits(), env)
         self._finalizer = weakref.finalize(self, self._state.close)
         if size:
@@ -210,7 +223,7 @@ class KernelPool:
             sandbox.close()
         with state.cond:
             state.misses += 1
-        sandbox = JupyterSandbox(target, state.limits, env=state.env)
+        sandbox = JupyterSandbox(target, state.limits, env=state.env, isolation="none")
         if owned:
             sandbox._res.owned_dir = target
         return sandbox

@@ -10,12 +10,14 @@ from mappa_env.tasks.math import (
     load_math_tasks,
     normalize_answer_value,
 )
+from mappa_env.tasks.secret import TASK_SECRET_ENV, task_secret_path, user_task_secret
 
 __all__ = [
     "BENCH_DIR_ENV",
     "DEFAULT_KINDS",
     "DIFFICULTY_LEVELS",
     "KINDS",
+    "TASK_SECRET_ENV",
     "MathTask",
     "TaskFormatError",
     "bench_dir_candidates",
@@ -23,4 +25,6 @@ __all__ = [
     "generate_math_tasks",
     "load_math_tasks",
     "normalize_answer_value",
+    "task_secret_path",
+    "user_task_secret",
 ]

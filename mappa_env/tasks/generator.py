@@ -32,7 +32,10 @@ enumeration over tens of thousands of cases - so an agent has to write code;
 
 Task ``i`` of seed ``s`` is drawn from its own random stream, so the first ``n``
 tasks do not depend on how many are requested, and the same arguments always give
-the same tasks.
+the same tasks. The stream's key also holds a secret (by default the user's, see
+:mod:`mappa_env.tasks.secret`): seeds are public, and without the secret nobody can
+rebuild a task, and read its answer, from the seed and this code. The empty secret
+``""`` gives the tasks every seed had before secrets existed.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from fractions import Fraction
 from typing import Any
 
 from mappa_env.tasks.math import MathTask
+from mappa_env.tasks.secret import user_task_secret
 
 DIFFICULTY_LEVELS = {"easy": 1, "medium": 2, "hard": 3}
 """Difficulty names and their levels; ``"mixed"`` draws a level per task."""
@@ -600,11 +604,19 @@ def _leaks_answer(prompt: str, answer: int) -> bool:
     return re.search(rf"(?<![\d.]){re.escape(text)}(?!\d|\.\d)", prompt) is not None
 
 
+def _stream_key(secret: str, seed: int, index: int) -> str:
+    """The key of task ``index``'s random stream; without a secret, the pre-secret key."""
+    if not secret:
+        return f"mappa-math-generator:{seed}:{index}"
+    return f"mappa-math-generator:{secret}:{seed}:{index}"
+
+
 def generate_math_tasks(
     n: int,
     seed: int = 0,
     kinds: Sequence[str] | None = None,
     difficulty: str | int = "mixed",
+    secret: str | None = None,
 ) -> list[MathTask]:
     """Generate ``n`` math problems with integer answers computed by code.
 
@@ -618,15 +630,23 @@ def generate_math_tasks(
         kinds: Kinds to use (see :data:`KINDS`); :data:`DEFAULT_KINDS` when None.
         difficulty: ``"easy"``, ``"medium"``, ``"hard"`` (or 1, 2, 3), or ``"mixed"``
             to draw a level per task.
+        secret: Mixed into every task's random stream so that the public seed alone
+            does not determine the tasks. ``None`` (default) takes the user's secret
+            (:func:`~mappa_env.tasks.secret.user_task_secret`: the same tasks on one
+            machine, others elsewhere); a string pins the tasks for everyone who uses
+            it (reproducible runs; agents never see it); ``""`` gives the unsalted tasks
+            of earlier versions, which anyone can rebuild from the seed.
 
     Returns:
-        Tasks with ids ``gen-s<seed>-<index>`` (index zero-padded to 5 digits) and
+        Tasks with ids ``gen-s<seed>-<index>`` (index zero-padded to 5 digits, the same
+        whatever the secret) and
         metadata ``source="generator"``, ``seed``, ``kind``, ``category``,
         ``difficulty`` (1-3), ``needs_code`` (True for level 3) and ``params`` (the
         numbers the problem was built from).
 
     Raises:
         ValueError: For a negative ``n``, an unknown kind or difficulty.
+        TypeError: For a ``secret`` that is not a string.
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
@@ -635,12 +655,16 @@ def generate_math_tasks(
     if unknown or not chosen:
         raise ValueError(f"unknown kinds {unknown or '(none given)'}; choose from {list(KINDS)}")
     fixed_level = _level_of(difficulty)
+    if secret is None:
+        secret = user_task_secret()
+    if not isinstance(secret, str):
+        raise TypeError(f"secret must be a string or None, got {type(secret).__name__}")
     tasks = []
     for index in range(n):
         kind = chosen[index % len(chosen)]
         category, build = KINDS[kind]
         # A string seed is hashed deterministically (not with PYTHONHASHSEED).
-        rng = random.Random(f"mappa-math-generator:{seed}:{index}")
+        rng = random.Random(_stream_key(secret, seed, index))
         level = fixed_level or rng.choice((1, 2, 3))
         for _ in range(100):
             problem = build(rng, level)

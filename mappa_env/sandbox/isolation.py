@@ -1,0 +1,823 @@
+"""Confining agents' interpreters with Linux namespaces (bubblewrap) and a cgroup.
+
+Under ``isolation="namespaces"`` every interpreter that runs agent code or reads what
+agent code wrote (the Jupyter kernels, DSBench's artifact inspector) starts through
+`bubblewrap <https://github.com/containers/bubblewrap>`_ in namespaces of its own:
+
+- **network**: an empty network namespace (only its own loopback): no TCP to servers on
+  the host's ``127.0.0.1``, nothing outside.
+- **processes**: its own PID namespace, so it sees and signals only its own processes;
+  when the interpreter dies, the kernel kills everything left in the namespace (no
+  process can outlive the sandbox by forking away). Also its own IPC and UTS namespaces.
+- **files**: an empty root with, read-only, the system directories (``/usr``, the
+  library directories, a few files of ``/etc``) and this interpreter's prefix and
+  package directories; read-write, the workspace (and the kernel's private socket
+  directory); a private ``/tmp`` and ``/dev/shm`` (tmpfs, size-capped), a fresh
+  ``/proc`` and a minimal ``/dev``. Nothing else: not this project's source, not the
+  benchmark files, not answers, not other episodes' workspaces or kernels. This
+  package (``mappa_env``, ``mappa_agents``, ``mappa_train``) cannot be imported inside.
+- **user**: run as root, the process switches to an unprivileged user (``nobody``, uid
+  65534) with no capabilities and ``no_new_privs`` after the namespaces are set up, so
+  it can read only world-readable files of what is bound and write only the workspace;
+  run as another user, bubblewrap maps that user into a new user namespace in which it
+  may not create further user namespaces.
+- **memory**: where this process may create cgroups (``/sys/fs/cgroup``, v1 or v2),
+  each kernel gets a cgroup whose memory limit counts all of its processes, shared
+  memory and its tmpfs together; where it may not, each process is still held by
+  ``RLIMIT_DATA`` and the tmpfs sizes, but shared memory is not counted.
+
+``isolation="auto"`` (the default) confines where bubblewrap works and otherwise warns
+once, naming what is then not guaranteed; ``"none"`` runs the interpreter directly (a
+resource fence only: limits, timeouts, an allow-listed environment).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import os
+import shutil
+import site
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from mappa_env.sandbox._kernel import CGROUP_JOIN_FAILED, SandboxError
+from mappa_env.sandbox.limits import inherited_import_paths
+
+logger = logging.getLogger(__name__)
+
+IsolationMode = Literal["auto", "namespaces", "none"]
+"""``"auto"``: namespaces where bubblewrap works, else none with a warning;
+``"namespaces"``: always, or an error; ``"none"``: never."""
+
+ISOLATION_MODES: tuple[str, ...] = ("auto", "namespaces", "none")
+
+SANDBOX_UID = 65534
+"""Host uid (and gid) that confined processes run as when this process is root."""
+
+#: Packages of this project: hidden inside the sandbox, so agent code cannot rebuild
+#: tasks or answers with them.
+PROJECT_PACKAGES = ("mappa_env", "mappa_agents", "mappa_train")
+
+#: System directories bound read-only (symbolic links, as on merged-/usr systems, are
+#: recreated as links).
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+#: Files and directories of /etc that programs need to start and find libraries, time
+#: zones, users' names and certificates; no secrets (no shadow, no credentials).
+_ETC_PATHS = (
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/alternatives",
+    "/etc/localtime",
+    "/etc/timezone",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/hosts",
+    "/etc/host.conf",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/fonts",
+    "/etc/mime.types",
+    "/etc/os-release",
+)
+#: Where the confined process keeps its home, caches and temporary files (its tmpfs).
+_INSIDE_ENV = {
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "TEMP": "/tmp",
+    "TMP": "/tmp",
+    "IPYTHONDIR": "/tmp/.ipython",
+    "MPLCONFIGDIR": "/tmp/.config/matplotlib",
+    "XDG_CACHE_HOME": "/tmp/.cache",
+    "XDG_CONFIG_HOME": "/tmp/.config",
+}
+#: The launch shim, run before it becomes bubblewrap: join the cgroup given as its first
+#: argument (or stop with ``CGROUP_JOIN_FAILED``, 97), ignore SIGINT (the sandbox interrupts code
+#: by signalling the kernel's process group; bubblewrap would die of it, the interpreter
+#: handles it), open the seccomp filter named second as descriptor 9, then exec.
+_SHIM = (
+    f'if [ -n "$0" ]; then echo $$ > "$0" || exit {CGROUP_JOIN_FAILED}; fi; f="$1"; shift; '
+    'trap "" INT; '
+    'if [ -n "$f" ]; then exec "$@" 9<"$f"; fi; exec "$@"'
+)
+_SECCOMP_FD = "9"
+
+#: Guarantees that only namespace isolation gives, named in the warning of "auto".
+MISSING_WITHOUT_NAMESPACES = (
+    "agent code can read every file this user can read (project source, task files, "
+    "answers), reach the network and servers on 127.0.0.1, see, read and signal other "
+    "processes (the environment's own memory included), and leave processes running"
+)
+
+
+class IsolationUnavailableError(SandboxError):
+    """``isolation="namespaces"`` was asked for, but bubblewrap cannot confine here."""
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """How sandboxed interpreters are started: directly, or confined in namespaces.
+
+    Build one with :func:`resolve_confinement`; :meth:`command` wraps an interpreter's
+    command line.
+
+    Attributes:
+        mode: ``"namespaces"`` or ``"none"``.
+        bwrap: Path of the bubblewrap executable (namespaces only).
+        run_as: Host ``(uid, gid)`` the confined process switches to (when this process
+            is root), or ``None`` to keep this process's user inside a user namespace.
+        read_only: Host paths bound read-only at the same place inside.
+        symlinks: ``(target, link)`` symbolic links recreated inside.
+        hidden: Directories inside bound paths covered by an empty tmpfs (this
+            project's packages in an installed environment).
+        cgroups: Where per-kernel memory cgroups are made, or ``None`` when this
+            process may not make them.
+        reason: Why namespaces are not used (``"none"`` resolved from ``"auto"``).
+        seccomp: File holding the seccomp filter (see :mod:`mappa_env.sandbox._seccomp`),
+            or ``None`` where none is defined for this architecture.
+        bwrap_version: bubblewrap's version: options newer than it are left out.
+    """
+
+    mode: Literal["namespaces", "none"]
+    bwrap: str | None = None
+    run_as: tuple[int, int] | None = None
+    read_only: tuple[str, ...] = ()
+    symlinks: tuple[tuple[str, str], ...] = ()
+    hidden: tuple[str, ...] = ()
+    cgroups: CgroupParent | None = None
+    reason: str = ""
+    seccomp: str | None = None
+    bwrap_version: tuple[int, ...] = ()
+
+    @property
+    def isolated(self) -> bool:
+        """Whether processes are confined in namespaces."""
+        return self.mode == "namespaces"
+
+    @property
+    def wrapper_processes(self) -> int:
+        """Processes a confined interpreter runs under, among its host descendants.
+
+        That is bubblewrap's init in the PID namespace.
+        """
+        return 1 if self.isolated else 0
+
+    def describe(self) -> dict[str, object]:
+        """What the confinement enforces, for reports and logs."""
+        if not self.isolated:
+            return {"isolation": "none", "reason": self.reason}
+        return {
+            "isolation": "namespaces",
+            "network": "none (own namespace)",
+            "processes": "own PID namespace, killed together",
+            "user": f"uid {self.run_as[0]}" if self.run_as else "own user namespace",
+            "memory_cgroup": None if self.cgroups is None else f"v{self.cgroups.version}",
+            "seccomp": self.seccomp is not None,
+            "bubblewrap": ".".join(map(str, self.bwrap_version)),
+        }
+
+    def prepare_writable(self, path: Path, *, contents: bool = False) -> None:
+        """Let the confined user write ``path`` (it belongs to it from now on).
+
+        Args:
+            path: A directory the confined process writes.
+            contents: Also hand over what is in it (a workspace holding files this
+                process wrote, which agent code may change).
+
+        Raises:
+            OSError: If ``path`` itself cannot be handed over.
+        """
+        if not (self.isolated and self.run_as is not None):
+            return
+        os.chown(path, *self.run_as)
+        if contents:
+            hand_over_tree(path, *self.run_as)
+
+    def owns(self, path: Path) -> bool:
+        """Whether ``path`` belongs to the confined user already (a workspace made for it)."""
+        if not (self.isolated and self.run_as is not None):
+            return False
+        try:
+            return os.lstat(path).st_uid == self.run_as[0]
+        except OSError:
+            return False
+
+    def check_workdir(self, workdir: Path) -> None:
+        """Refuse a workdir whose read-write mount would cover a read-only bound path.
+
+        Raises:
+            ValueError: If ``workdir`` contains, or lies inside, a path bound read-only
+                (the interpreter's prefix, system directories): bound read-write over
+                them, it would let agent code change what this process later imports.
+        """
+        if not self.isolated:
+            return
+        path = Path(workdir).resolve()
+        for bound in self.read_only:
+            inner = Path(bound)
+            if _is_within(inner, path) or _is_within(path, inner):
+                raise ValueError(
+                    f"the workdir {path} {'holds' if _is_within(inner, path) else 'is inside'} "
+                    f"{inner}, which the sandbox binds read-only; a writable workspace there "
+                    "would let agent code change it: use a directory of its own"
+                )
+
+    def environment(self, env: Mapping[str, str]) -> dict[str, str]:
+        """``env`` with the home, temporary and cache directories moved inside."""
+        merged = dict(env)
+        if self.isolated:
+            merged.update(_INSIDE_ENV)
+        return merged
+
+    def command(
+        self,
+        argv: Sequence[str],
+        *,
+        workdir: Path,
+        writable: Iterable[Path] = (),
+        read_only: Iterable[Path] = (),
+        workdir_writable: bool = True,
+        tmp_bytes: int | None = None,
+        cgroup_procs: Path | None = None,
+    ) -> list[str]:
+        """The command line that runs ``argv`` confined (or ``argv`` itself).
+
+        Args:
+            argv: The interpreter's command; its first element must be an absolute
+                path inside the bound directories (``sys.executable`` is).
+            workdir: Working directory inside, bound at the same path.
+            writable: More directories bound read-write at the same path.
+            read_only: More directories bound read-only at the same path (those that
+                hold this project's source are left out, as for ``PYTHONPATH``).
+            workdir_writable: Bind the workdir read-write (else read-only).
+            tmp_bytes: Size of the private ``/tmp`` and ``/dev/shm`` (each).
+            cgroup_procs: A cgroup's ``cgroup.procs`` file the process joins first.
+
+        Returns:
+            The full command line.
+        """
+        if not self.isolated:
+            return list(argv)
+        assert self.bwrap is not None
+        for path in (workdir, *writable):
+            self.check_workdir(path)
+        args = [
+            "/bin/sh",
+            "-c",
+            _SHIM,
+            str(cgroup_procs) if cgroup_procs is not None else "",
+            self.seccomp or "",
+            self.bwrap,
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--hostname",
+            "sandbox",
+            "--die-with-parent",
+        ]
+        if self.run_as is None:
+            args.append("--unshare-user")
+            if self.bwrap_version >= (0, 8):
+                args.append("--disable-userns")
+        if self.seccomp is not None:
+            args += ["--seccomp", _SECCOMP_FD]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        # --size came with bubblewrap 0.7; before it the tmpfs is held by the cgroup only.
+        sized = tmp_bytes is not None and self.bwrap_version >= (0, 7)
+        size = ["--size", str(int(tmp_bytes))] if sized else []
+        args += ["--perms", "1777", *size, "--tmpfs", "/tmp"]
+        args += ["--perms", "1777", *size, "--tmpfs", "/dev/shm"]
+        # What exists inside so far: "empty" (a tmpfs or made directory, whose children
+        # must be made) or "bind" (a host tree, whose children exist as on the host).
+        made = {"/": "empty", "/tmp": "empty", "/dev": "empty", "/dev/shm": "empty"}
+        made["/proc"] = "bind"
+        for target, link in self.symlinks:
+            args += ["--symlink", target, link]
+            made[link] = "bind"
+        mounts: list[tuple[str, str]] = [("--ro-bind", p) for p in self.read_only]
+        # PYTHONPATH may have changed since the confinement was made.
+        extra, hidden = bindable([*inherited_import_paths(), *read_only])
+        mounts += [("--ro-bind", p) for p in extra if p not in self.read_only]
+        mounts.append(("--bind" if workdir_writable else "--ro-bind", str(workdir)))
+        mounts += [("--bind", str(p)) for p in writable]
+        for kind, path in mounts:
+            args += _parent_dirs(path, made)
+            args += [kind, path, path]
+            made[path] = "bind"
+        for path in dict.fromkeys([*self.hidden, *hidden]):
+            args += ["--tmpfs", path]
+        args += ["--chdir", str(workdir)]
+        args.append("--")
+        if self.run_as is not None:
+            uid, gid = self.run_as
+            args += [
+                _setpriv(),
+                f"--reuid={uid}",
+                f"--regid={gid}",
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+                "--no-new-privs",
+                "--",
+            ]
+        return args + list(argv)
+
+
+#: Entries of a workspace handed over at most (a bigger tree keeps the rest as it is).
+HAND_OVER_LIMIT = 20_000
+
+
+def hand_over_tree(root: Path, uid: int, gid: int, limit: int = HAND_OVER_LIMIT) -> int:
+    """Give every entry under ``root`` to ``uid:gid``, without following any link.
+
+    Walks with directory file descriptors (``os.fwalk``) and changes owners relative to
+    them, so a directory swapped for a link to elsewhere mid-walk cannot redirect the
+    change outside ``root``.
+
+    Returns:
+        The number of entries handed over.
+    """
+    count = 0
+    for _, dirs, files, dir_fd in os.fwalk(root, follow_symlinks=False):
+        for name in (*dirs, *files):
+            if count >= limit:
+                logger.debug("handed over the first %d entries of %s only", limit, root)
+                return count
+            try:
+                os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
+            except OSError as exc:
+                logger.debug("could not hand over %s in %s: %s", name, root, exc)
+            count += 1
+    return count
+
+
+def _parent_dirs(path: str, made: dict[str, str]) -> list[str]:
+    """``--dir`` arguments for the parents of ``path`` that do not exist inside yet.
+
+    A parent inside a bound host tree exists already; one inside a tmpfs is made,
+    world-traversable (bubblewrap would make it readable by its own user only, which
+    the unprivileged user inside could not traverse).
+    """
+    args: list[str] = []
+    for parent in (str(p) for p in reversed(Path(path).parents)):
+        if parent in made:
+            continue
+        container = max((m for m in made if parent.startswith(m.rstrip("/") + "/")), key=len)
+        if made[container] == "bind":
+            continue
+        args += ["--perms", "0755", "--dir", parent]
+        made[parent] = "empty"
+    return args
+
+
+@functools.cache
+def _setpriv() -> str:
+    found = shutil.which("setpriv")
+    if found is None:
+        raise IsolationUnavailableError(
+            "setpriv (util-linux) is needed to drop root inside the sandbox; install util-linux"
+        )
+    return found
+
+
+# --------------------------------------------------------------------------------------
+# What to bind
+# --------------------------------------------------------------------------------------
+
+
+def _project_package_dirs() -> list[Path]:
+    """Directories of this project's packages as this interpreter imports them."""
+    found = []
+    for name in PROJECT_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            found.extend(Path(p).resolve() for p in spec.submodule_search_locations)
+    return found
+
+
+def _is_within(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _source_roots(packages: Sequence[Path]) -> list[Path]:
+    """Checkouts this project is imported from (a package's parent outside site dirs)."""
+    return sorted(
+        {p.parent for p in packages if not any(x in p.parts for x in _SITE_DIRS)}, key=str
+    )
+
+
+_SITE_DIRS = ("site-packages", "dist-packages")
+
+
+def bindable(candidates: Iterable[str | Path]) -> tuple[list[str], list[str]]:
+    """Which of ``candidates`` may be bound read-only, and directories to cover in them.
+
+    Anything inside a checkout this project is imported from (its code, tests,
+    benchmarks, configs and data) is left out, except the interpreter's own prefixes (a
+    ``.venv`` inside the checkout). Checkouts and this project's package directories
+    inside a kept path are returned to be covered by an empty tmpfs. Paths are resolved
+    (a link to them, such as a venv's python, then resolves inside), and ones inside
+    another kept path are dropped.
+
+    Returns:
+        ``(read_only, hidden)``.
+    """
+    packages = _project_package_dirs()
+    roots = _source_roots(packages)
+    prefixes = {
+        Path(p).resolve()
+        for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix)
+    }
+    kept: list[Path] = []
+    for candidate in candidates:
+        if not os.path.exists(candidate):
+            continue
+        path = Path(candidate).resolve()
+        in_checkout = any(_is_within(path, root) for root in roots)
+        if in_checkout and not any(_is_within(path, prefix) for prefix in prefixes):
+            continue
+        kept.append(path)
+    unique = sorted(set(kept), key=lambda p: (len(p.parts), str(p)))
+    outermost: list[Path] = []
+    for path in unique:
+        if not any(_is_within(path, other) for other in outermost):
+            outermost.append(path)
+    covered = {
+        str(inner)
+        for inner in (*roots, *packages)
+        for path in outermost
+        if _is_within(inner, path) and inner != path
+    }
+    return [str(p) for p in outermost], sorted(covered)
+
+
+def python_paths() -> tuple[list[str], list[str]]:
+    """Read-only paths an interpreter like this one needs, and package dirs to hide.
+
+    The interpreter's prefixes and site directories and the ``PYTHONPATH`` entries,
+    filtered by :func:`bindable` (nothing of a checkout of this project; its packages
+    covered where they are installed in a site directory).
+
+    Returns:
+        ``(read_only, hidden)``.
+    """
+    candidates: list[Path] = []
+    for value in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix):
+        candidates.append(Path(value))
+    executable = Path(sys.executable)
+    candidates.append(executable.parent)
+    candidates.append(executable.resolve().parent.parent)
+    candidates.extend(Path(p) for p in site.getsitepackages())
+    user_site = site.getusersitepackages()
+    if site.ENABLE_USER_SITE and user_site and os.path.isdir(user_site):
+        candidates.append(Path(user_site))
+    # Not sys.path as such: its first entry is the running script's directory (a user's
+    # experiment folder, maybe beside a data directory with answers). Directories that
+    # .pth files add outside the site directories (editable installs of other packages)
+    # are not bound either; put them on PYTHONPATH to make them importable inside.
+    candidates.extend(Path(p) for p in inherited_import_paths())
+    return bindable(candidates)
+
+
+def system_paths() -> tuple[list[str], list[tuple[str, str]]]:
+    """System directories and /etc files to bind read-only, and links to recreate."""
+    read_only: list[str] = []
+    links: list[tuple[str, str]] = []
+    for path in (*_SYSTEM_DIRS, *_ETC_PATHS):
+        if os.path.islink(path) and path in _SYSTEM_DIRS:
+            links.append((os.readlink(path), path))
+        elif os.path.exists(path):
+            read_only.append(path)
+    return read_only, links
+
+
+# --------------------------------------------------------------------------------------
+# Memory cgroups
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CgroupParent:
+    """A cgroup directory under which this process may make per-kernel cgroups.
+
+    Attributes:
+        version: 1 (the ``memory`` controller's hierarchy) or 2 (unified).
+        path: The directory children are made in.
+    """
+
+    version: int
+    path: Path
+
+    @property
+    def limit_files(self) -> tuple[str, ...]:
+        """Files that take the memory limit (v1 also caps memory plus swap)."""
+        if self.version == 2:
+            return ("memory.max", "memory.swap.max")
+        return ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes")
+
+    def create(self, memory_bytes: int) -> SandboxCgroup | None:
+        """A new cgroup limited to ``memory_bytes``, or None when it cannot be made."""
+        path = self.path / f"mappa-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            path.mkdir()
+        except OSError as exc:
+            logger.debug("cannot make cgroup %s: %s", path, exc)
+            return None
+        cgroup = SandboxCgroup(path, self.version)
+        main, swap = self.limit_files
+        try:
+            (path / main).write_text(str(int(memory_bytes)))
+        except OSError as exc:
+            logger.debug("cannot limit cgroup %s: %s", path, exc)
+            cgroup.remove()
+            return None
+        value = "0" if self.version == 2 else str(int(memory_bytes))
+        try:
+            (path / swap).write_text(value)  # no swapping past the limit
+        except OSError:
+            pass  # swap accounting is off on this machine: the limit still holds RAM
+        return cgroup
+
+
+@dataclass
+class SandboxCgroup:
+    """One kernel's cgroup: its processes, its memory limit, its out-of-memory kills."""
+
+    path: Path
+    version: int
+    _removed: bool = field(default=False, repr=False)
+
+    @property
+    def procs_file(self) -> Path:
+        """The file a process writes its pid to, to join."""
+        return self.path / "cgroup.procs"
+
+    def pids(self) -> list[int]:
+        """Processes in the cgroup now."""
+        try:
+            return [int(p) for p in self.procs_file.read_text().split()]
+        except (OSError, ValueError):
+            return []
+
+    def oom_kills(self) -> int:
+        """Processes the kernel killed for this cgroup's memory limit so far."""
+        name = "memory.events" if self.version == 2 else "memory.oom_control"
+        try:
+            for line in (self.path / name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def kill(self) -> None:
+        """SIGKILL every process in the cgroup."""
+        kill_file = self.path / "cgroup.kill"
+        if self.version == 2 and kill_file.exists():
+            try:
+                kill_file.write_text("1")
+                return
+            except OSError:
+                pass
+        for pid in self.pids():
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                continue
+
+    def remove(self, wait_s: float = 2.0) -> None:
+        """Kill what is left and delete the cgroup (retrying while processes exit)."""
+        if self._removed:
+            return
+        deadline = time.monotonic() + wait_s
+        while True:
+            self.kill()
+            try:
+                self.path.rmdir()
+                self._removed = True
+                return
+            except FileNotFoundError:
+                self._removed = True
+                return
+            except OSError as exc:
+                if time.monotonic() >= deadline:
+                    logger.warning("cgroup %s could not be removed: %s", self.path, exc)
+                    return
+                time.sleep(0.02)
+
+
+def _own_cgroup(controller: str | None) -> str | None:
+    """This process's cgroup path for ``controller`` (``None``: the unified hierarchy)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        names = controllers.split(",") if controllers else []
+        if (controller is None and not controllers) or (controller in names):
+            return path
+    return None
+
+
+def find_cgroup_parent() -> CgroupParent | None:
+    """Where per-kernel memory cgroups can be made, checked by making and limiting one."""
+    root = Path("/sys/fs/cgroup")
+    candidates: list[CgroupParent] = []
+    unified = _own_cgroup(None)
+    if (root / "cgroup.controllers").exists() and unified is not None:
+        candidates.append(CgroupParent(2, root / unified.lstrip("/")))
+    memory = _own_cgroup("memory")
+    if (root / "memory").is_dir() and memory is not None:
+        candidates.append(CgroupParent(1, root / "memory" / memory.lstrip("/")))
+    for parent in candidates:
+        probe = parent.create(64 * 1024**2)
+        if probe is None:
+            continue
+        try:
+            # A process must be able to join it too (the launch shim's first act).
+            joined = (
+                subprocess.run(
+                    ["/bin/sh", "-c", 'echo $$ > "$0"', str(probe.procs_file)],
+                    capture_output=True,
+                    timeout=10,
+                ).returncode
+                == 0
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            joined = False
+        finally:
+            probe.remove()
+        if joined:
+            _remove_stale_cgroups(parent)
+            return parent
+    return None
+
+
+def _remove_stale_cgroups(parent: CgroupParent) -> None:
+    """Remove the cgroups that processes killed before they could clean up left behind."""
+    for path in parent.path.glob("mappa-*-*"):
+        try:
+            owner = int(path.name.split("-")[1])
+        except (IndexError, ValueError):
+            continue
+        if owner != os.getpid() and not os.path.exists(f"/proc/{owner}"):
+            SandboxCgroup(path, parent.version).remove(wait_s=0.5)
+
+
+# --------------------------------------------------------------------------------------
+# Resolving a mode
+# --------------------------------------------------------------------------------------
+
+
+#: Oldest bubblewrap with what the confinement needs (``--perms``, ``--chmod``).
+MIN_BWRAP_VERSION = (0, 5)
+
+
+def _bwrap_version(bwrap: str) -> tuple[int, ...]:
+    """Bubblewrap's version as numbers, from ``bwrap --version`` ("bubblewrap 0.8.0")."""
+    try:
+        done = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise IsolationUnavailableError(f"bubblewrap ({bwrap}) could not run: {exc}") from exc
+    words = done.stdout.split()
+    try:
+        return tuple(int(part) for part in words[-1].split("."))
+    except (IndexError, ValueError):
+        raise IsolationUnavailableError(
+            f"cannot read bubblewrap's version from {done.stdout.strip()!r}"
+        ) from None
+
+
+def _namespaces_confinement() -> Confinement:
+    """The namespace confinement for this process (not yet checked to work)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise IsolationUnavailableError(
+            "bubblewrap (bwrap) is not installed; install it (Debian/Ubuntu: "
+            "apt-get install bubblewrap) or use isolation='none'"
+        )
+    version = _bwrap_version(bwrap)
+    if version < MIN_BWRAP_VERSION:
+        raise IsolationUnavailableError(
+            f"bubblewrap {'.'.join(map(str, version))} is too old: 0.5 or newer is needed"
+        )
+    from mappa_env.sandbox._seccomp import filter_file
+
+    run_as = (SANDBOX_UID, SANDBOX_UID) if os.geteuid() == 0 else None
+    if run_as is not None:
+        _setpriv()
+    python_ro, hidden = python_paths()
+    system_ro, links = system_paths()
+    return Confinement(
+        mode="namespaces",
+        bwrap=bwrap,
+        run_as=run_as,
+        read_only=tuple(dict.fromkeys([*system_ro, *python_ro])),
+        symlinks=tuple(links),
+        hidden=tuple(hidden),
+        cgroups=find_cgroup_parent(),
+        seccomp=None if (path := filter_file()) is None else str(path),
+        bwrap_version=version,
+    )
+
+
+def _check(confinement: Confinement) -> None:
+    """Start a confined interpreter once; raise with its error when it cannot start."""
+    with tempfile.TemporaryDirectory(prefix="mappa-isolation-check-") as tmp:
+        workdir = Path(tmp)
+        confinement.prepare_writable(workdir)
+        argv = confinement.command(
+            [sys.executable, "-I", "-c", "import os; open('ok', 'w').write(str(os.getpid()))"],
+            workdir=workdir,
+        )
+        try:
+            done = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=30,
+                stdin=subprocess.DEVNULL,
+                env=confinement.environment({"PATH": os.environ.get("PATH", os.defpath)}),
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise IsolationUnavailableError(f"bubblewrap could not run: {exc}") from exc
+        written = workdir / "ok"
+        if done.returncode != 0 or not written.exists():
+            detail = (done.stderr or done.stdout).strip()[-1500:]
+            hint = (
+                " Unprivileged user namespaces may be disabled (sysctl "
+                "kernel.unprivileged_userns_clone=1, or an AppArmor profile for bwrap)."
+                if confinement.run_as is None
+                else ""
+            )
+            raise IsolationUnavailableError(
+                f"bubblewrap could not start a confined interpreter (exit "
+                f"{done.returncode}): {detail or 'no output'}.{hint}"
+            )
+        if written.read_text() != "2":
+            raise IsolationUnavailableError(
+                "the confined interpreter did not run in a PID namespace of its own"
+            )
+
+
+@functools.cache
+def _probe() -> Confinement | IsolationUnavailableError:
+    """The namespace confinement checked to work, or why it cannot (once per process)."""
+    try:
+        confinement = _namespaces_confinement()
+        _check(confinement)
+    except IsolationUnavailableError as exc:
+        return exc
+    logger.debug("namespace isolation available: %s", confinement.describe())
+    return confinement
+
+
+@functools.cache
+def _warn_unconfined(reason: str) -> None:
+    """Warn once per process and reason that auto isolation fell back to none."""
+    logger.warning(
+        "isolation='auto' runs agent code without namespaces: %s. Then %s. Install "
+        "bubblewrap to confine it, or pass isolation='none' to accept this.",
+        reason,
+        MISSING_WITHOUT_NAMESPACES,
+    )
+
+
+def resolve_confinement(isolation: IsolationMode | str = "auto") -> Confinement:
+    """The confinement of an isolation mode on this machine.
+
+    Args:
+        isolation: ``"auto"``, ``"namespaces"`` or ``"none"``.
+
+    Returns:
+        The confinement to use.
+
+    Raises:
+        ValueError: For an unknown mode.
+        IsolationUnavailableError: For ``"namespaces"`` when bubblewrap cannot confine
+            here (the message names the cause and the fix).
+    """
+    if isolation not in ISOLATION_MODES:
+        raise ValueError(f"isolation must be one of {ISOLATION_MODES}, got {isolation!r}")
+    if isolation == "none":
+        return Confinement(mode="none", reason="isolation='none' was asked for")
+    probed = _probe()
+    if isinstance(probed, Confinement):
+        return probed
+    if isolation == "namespaces":
+        raise IsolationUnavailableError(str(probed))
+    _warn_unconfined(str(probed))
+    return Confinement(mode="none", reason=str(probed))
