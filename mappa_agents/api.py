@@ -38,8 +38,8 @@ from mappa_agents.policy import (
     optional_sampling_fields,
     split_reasoning,
 )
+from mappa_env._async import BackgroundLoop
 from mappa_env._optional import require
-from mappa_env.coach.llm import _BackgroundLoop
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class LiteLLMPolicy:
         self.timeout_s = timeout_s
         self.num_retries = num_retries
         self.litellm_options = dict(litellm_options)
-        self._runner = _BackgroundLoop(name=f"policy-{model}")
+        self._runner = BackgroundLoop(name=f"policy-{model}")
         # Created on the loop that uses it (see _semaphore_for_this_loop).
         self._semaphore: asyncio.Semaphore | None = None
         self._semaphore_loop: asyncio.AbstractEventLoop | None = None
@@ -134,14 +134,14 @@ class LiteLLMPolicy:
         """
         if self._runner.in_loop_thread():
             raise RuntimeError("generate() called from the policy's own loop; use agenerate()")
-        return self._runner.submit(self._generate_all(normalize_batch(batch), params)).result()
+        return self._runner.run(self._generate_all(normalize_batch(batch), params))
 
     async def agenerate(
         self, batch: Sequence[ChatMessages], params: SamplingParams
     ) -> list[Generation]:
         """Async :meth:`generate`; awaits the work running on the policy's loop."""
         prompts = normalize_batch(batch)
-        return await asyncio.wrap_future(self._runner.submit(self._generate_all(prompts, params)))
+        return await self._runner.arun(self._generate_all(prompts, params))
 
     def request_kwargs(
         self, messages: list[dict[str, str]], params: SamplingParams, index: int = 0

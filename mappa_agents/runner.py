@@ -14,7 +14,6 @@ same hardware), the same run seed gives the same trajectories.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import hashlib
 import logging
@@ -26,6 +25,7 @@ from typing import Any
 from mappa_agents.policy import Generation, GenerationError, Policy, SamplingParams
 from mappa_agents.system import AgentSystem
 from mappa_agents.trajectory import ActionSample, EpisodeResult
+from mappa_env._async import run_sync
 from mappa_env.envs.pipeline import PipelineEnv
 
 logger = logging.getLogger(__name__)
@@ -120,14 +120,7 @@ class RolloutRunner:
         seed: int | None = None,
     ) -> list[EpisodeResult]:
         """Synchronous :meth:`arun` (also from inside a running loop, e.g. a notebook)."""
-        coro = self.arun(num_episodes, episode_options, seed=seed)
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(coro)
-        # A loop is already running in this thread: run ours in a worker thread.
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            return pool.submit(asyncio.run, coro).result()
+        return run_sync(self.arun(num_episodes, episode_options, seed=seed))
 
     def close(self) -> None:
         """Close the environments kept between runs (``keep_envs=True``)."""

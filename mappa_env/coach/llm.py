@@ -20,22 +20,21 @@ mappa_env.coach.llm`` and prompt building work without the ``llm`` extra.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import math
 import os
 import random
 import threading
 import time
-import weakref
 from collections import deque
-from collections.abc import Coroutine, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 from urllib.parse import parse_qsl
 
+from mappa_env._async import BackgroundLoop
 from mappa_env._optional import require
 from mappa_env.coach.base import CoachRequest, CoachVerdict
 from mappa_env.coach.cache import CachedVerdict, CoachCache, CoachCacheMiss, cache_key
@@ -53,8 +52,6 @@ StructuredOutput = Literal["auto", "json", "text"]
 - ``"text"``: analysis then a final ``PROCESS_SCORE: <score>`` line;
 - ``"auto"``: ``"json"`` when litellm reports the model supports response schemas.
 """
-
-_T = TypeVar("_T")
 
 # HTTP statuses worth retrying besides 5xx: request timeout, conflict, too early, rate limit.
 _TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
@@ -140,58 +137,6 @@ class _MinuteRateLimiter:
     def settle(event: list[float], tokens_used: int) -> None:
         """Replace a call's token estimate by its real count."""
         event[1] = float(tokens_used)
-
-
-class _BackgroundLoop:
-    """An event loop running in a daemon thread, started on first use."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-
-    def loop(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            # A dead thread means a stopped loop or a forked child process: start afresh.
-            if self._loop is None or self._thread is None or not self._thread.is_alive():
-                loop = asyncio.new_event_loop()
-                thread = threading.Thread(target=loop.run_forever, name=self._name, daemon=True)
-                thread.start()
-                self._loop, self._thread = loop, thread
-            return self._loop
-
-    def in_loop_thread(self) -> bool:
-        return self._thread is not None and threading.current_thread() is self._thread
-
-    def submit(self, coro: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop())
-
-    def close(self) -> None:
-        with self._lock:
-            loop, thread = self._loop, self._thread
-            self._loop = self._thread = None
-        if loop is None or thread is None or loop.is_closed():
-            return
-        if thread.is_alive():
-            # Cancel what still runs there (e.g. litellm's logging worker) so nothing is
-            # destroyed while pending, then stop the loop.
-            try:
-                asyncio.run_coroutine_threadsafe(_cancel_other_tasks(), loop).result(timeout=5)
-            except (concurrent.futures.TimeoutError, RuntimeError) as exc:
-                logger.debug("coach loop did not wind down cleanly: %r", exc)
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=5)
-        if not thread.is_alive():
-            loop.close()
-
-
-async def _cancel_other_tasks() -> None:
-    current = asyncio.current_task()
-    tasks = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @dataclass
@@ -351,9 +296,8 @@ class LLMCoach:
         self._init_runtime()
 
     def _init_runtime(self) -> None:
-        self._runner = _BackgroundLoop(name=f"coach-{self.model}")
-        # Wind the loop down when the coach is collected or the interpreter exits.
-        self._finalizer = weakref.finalize(self, self._runner.close)
+        # Stopped by close(), or when the coach is collected or the interpreter exits.
+        self._runner = BackgroundLoop(name=f"coach-{self.model}")
         self._runtime_lock = threading.Lock()
         self._litellm: ModuleType | None = None
         self._structured: bool | None = None
@@ -418,7 +362,7 @@ class LLMCoach:
         """
         if self._runner.in_loop_thread():
             raise RuntimeError("LLMCoach.score() called from the coach's own loop; await ascore()")
-        return self._runner.submit(self._judge(request)).result()
+        return self._runner.run(self._judge(request))
 
     async def ascore(self, request: CoachRequest) -> CoachVerdict:
         """Judge one action without blocking the caller's event loop.
@@ -432,9 +376,7 @@ class LLMCoach:
         Raises:
             CoachCacheMiss: In replay mode, when the request is not cached.
         """
-        if self._runner.in_loop_thread():
-            return await self._judge(request)
-        return await asyncio.wrap_future(self._runner.submit(self._judge(request)))
+        return await self._runner.arun(self._judge(request))
 
     # ----------------------------------------------------------------- public helpers
 
@@ -504,7 +446,6 @@ class LLMCoach:
         state = self.__dict__.copy()
         for key in (
             "_runner",
-            "_finalizer",
             "_runtime_lock",
             "_litellm",
             "_primitives_loop",
