@@ -177,7 +177,7 @@ def launch_runs(
                 command = [
                     sys.executable,
                     "-m",
-                    "mappa_agents.cli",
+                    "mappa_train",
                     "train",
                     "--config",
                     str(config_path),

@@ -1,11 +1,14 @@
-"""The ``mappa`` command line: benchmark a multiagent system (``eval``) or train it (``train``)."""
+"""``mappa eval``: benchmark a multiagent system on an environment.
+
+The ``mappa`` command itself is :mod:`mappa_train.command`, the one package that may
+import every other.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,37 +18,64 @@ logger = logging.getLogger("mappa")
 
 
 def _env_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The environment's options: common flags, its own task flags, then --env-option."""
+    from mappa_env.registry import env_class
+
+    cls = env_class(args.env)
     options: dict[str, Any] = {
         "sandbox": None if args.sandbox == "none" else args.sandbox,
         "isolation": args.isolation,
         "reward_mode": args.reward_mode,
         "max_new_tokens": args.max_new_tokens,
     }
-    if args.env.endswith("MathChat-v0"):
-        if args.tasks:
-            options["tasks"] = args.tasks
-        elif args.num_tasks:
-            from mappa_env.tasks import generate_math_tasks
+    flags = {
+        "tasks": args.tasks,
+        "num_tasks": args.num_tasks,
+        "task_seed": args.task_seed,
+        "task_secret": args.task_secret,
+        "data_dir": args.data_dir,
+        "task_ids": args.task_ids.split(",") if args.task_ids else None,
+    }
+    # Each environment reads its own task flags: no environment ids are known here.
+    cli_options = getattr(cls, "cli_options", None)
+    if callable(cli_options):
+        options.update(cli_options(flags))
+    elif args.tasks is not None:
+        options["tasks"] = args.tasks
+    options.update(_parse_env_options(args.env_option or []))
+    return options
 
-            options["tasks"] = generate_math_tasks(
-                args.num_tasks, seed=args.task_seed, secret=args.task_secret
-            )
-    else:
-        task_ids = args.task_ids.split(",") if args.task_ids else None
-        if args.data_dir:
-            options["data_dir"] = args.data_dir
-            options["task_ids"] = task_ids
-        else:
-            from mappa_env.dsbench import BuiltinTaskSet
 
-            # Built once and shared by every environment of the run.
-            options["tasks"] = BuiltinTaskSet(names=task_ids, secret=args.task_secret)
+def _parse_env_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs; a VALUE that parses as JSON is used as JSON, else as text."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise SystemExit(f"--env-option takes KEY=VALUE (e.g. code_timeout_s=60), got {pair!r}")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
     return options
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``mappa eval`` (shared with ``mappa train`` where they apply)."""
-    parser.add_argument("--env", default="MathChat-v0", help="MathChat-v0 or DSBench-v0")
+    parser.add_argument(
+        "--env",
+        default="MathChat-v0",
+        help="a registered id (MathChat-v0, DSBench-v0, or one registered with "
+        "mappa_env.register) or the import path of an environment class, module:Class",
+    )
+    parser.add_argument(
+        "--env-option",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="an option of the environment's constructor (VALUE as JSON where it parses); "
+        "repeatable",
+    )
     parser.add_argument(
         "--system",
         default="smollm2-135m",
@@ -61,7 +91,12 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.6, help="sampling temperature")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0, help="run seed")
-    parser.add_argument("--tasks", default=None, help="MathChat task file or name (aime_2025)")
+    parser.add_argument(
+        "--tasks",
+        default=None,
+        help="the environment's tasks option (MathChat: a task file, a name such as "
+        "aime_2025, or gen:N)",
+    )
     parser.add_argument(
         "--num-tasks", type=int, default=None, help="MathChat: use this many generated problems"
     )
@@ -179,39 +214,15 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``mappa`` argument parser."""
-    parser = argparse.ArgumentParser(
-        prog="mappa",
-        description="Multiagent LLM systems with per-action coach rewards: evaluate and train.",
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    commands = parser.add_subparsers(dest="command", required=True)
-    evaluate = commands.add_parser("eval", help="benchmark a system on an environment")
-    add_eval_arguments(evaluate)
-    evaluate.add_argument("--out", default="runs/eval", help="output directory")
-    try:
-        from mappa_train.cli import add_train_parser
-    except ImportError:
-        logger.debug("mappa_train is not available: no train command")
-    else:
-        add_train_parser(commands)
+def add_eval_parser(commands: Any) -> argparse.ArgumentParser:
+    """Add the ``eval`` sub-command to ``commands`` (an argparse sub-parsers object)."""
+    parser = commands.add_parser("eval", help="benchmark a system on an environment")
+    add_eval_arguments(parser)
+    parser.add_argument("--out", default="runs/eval", help="output directory")
+    parser.set_defaults(handler=_eval_handler)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``mappa`` command."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if args.command == "eval":
-        run_eval(args)
-        return 0
-    return args.handler(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def _eval_handler(args: argparse.Namespace) -> int:
+    run_eval(args)
+    return 0

@@ -10,9 +10,6 @@ from typing import Any
 
 from mappa_agents.trajectory import EpisodeResult
 
-#: The agent whose tool use the report tracks, per environment (None: every agent).
-CODE_AGENT = {"MathChat-v0": "code_executor"}
-
 
 def _mean(values: Sequence[float]) -> float | None:
     clean = [v for v in values if v is not None and not math.isnan(v)]
@@ -29,11 +26,12 @@ def summarize(
         wall_time_s: Wall-clock time of the whole run, if measured.
 
     Returns:
-        A JSON-serialisable dict: episode count, success rate (MathChat accuracy or
-        DSBench success), mean outcome reward, DSBench metric means, and per agent: actions,
-        mean step reward, mean coach score, invalid-coach rate, tool-call rate, mean
-        response tokens, share of responses cut by the length limit; plus coach cost and
-        tokens where the coach reports them.
+        A JSON-serialisable dict: episode count, success rate, mean outcome reward, and
+        per agent: actions, mean step reward, mean coach score, invalid-coach rate,
+        tool-call rate, mean response tokens, share of responses cut by the length
+        limit; coach cost and tokens where the coach reports them; the environment's
+        own numbers (its class's ``summarize_outcomes``, e.g. MathChat's accuracy) and
+        the tool-call rate of its ``tool_agent``.
     """
     if not episodes:
         raise ValueError("no episodes to summarise")
@@ -77,20 +75,27 @@ def summarize(
         "policy_prompt_tokens": sum(len(a.prompt_ids) for a in actions),
         "policy_response_tokens": sum(len(a.response_ids) for a in actions),
     }
-    if env_id == "MathChat-v0":
-        report["accuracy"] = report["success_rate"]
-        code_agent = CODE_AGENT[env_id]
-        if code_agent in per_agent:
-            report["code_agent_tool_call_rate"] = per_agent[code_agent]["tool_call_rate"]
-    if env_id == "DSBench-v0":
-        values = [e.outcome.get("value") for e in finished if e.outcome.get("success")]
-        fair = [e.outcome.get("fair_value") for e in finished]
-        report["metric_mean_when_successful"] = _mean([float(v) for v in values if v is not None])
-        report["fair_value_mean"] = _mean([float(v) for v in fair if v is not None])
+    env = _env_class(env_id)
+    if env is not None:
+        # What is particular to an environment comes from the environment class.
+        tool_agent = getattr(env, "tool_agent", None)
+        if tool_agent is not None and tool_agent in per_agent:
+            report["code_agent"] = tool_agent
+            report["code_agent_tool_call_rate"] = per_agent[tool_agent]["tool_call_rate"]
+        summarize_outcomes = getattr(env, "summarize_outcomes", None)
+        if callable(summarize_outcomes):
+            report.update(summarize_outcomes([e.outcome for e in finished]))
     if wall_time_s is not None:
         report["wall_time_s"] = wall_time_s
         report["episodes_per_s"] = len(episodes) / wall_time_s if wall_time_s > 0 else None
     return report
+
+
+def _env_class(env_id: str) -> type | None:
+    """The class registered as ``env_id``, or None (a report of an unregistered env)."""
+    from mappa_env.registry import env_class, is_registered
+
+    return env_class(env_id) if is_registered(env_id) else None
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -132,11 +137,8 @@ def plot_report(episodes: Sequence[EpisodeResult], out_dir: str | Path) -> list[
     ``rewards.png``: mean step reward and coach-score distribution per agent;
     ``lengths.png``: response-length distribution per agent, with tool-call rates.
     """
-    from mappa_env._optional import require
-
-    matplotlib = require("matplotlib", "agents", purpose="report plots")
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # Drawn outside pyplot: a notebook user's matplotlib backend stays as it is.
+    from mappa_env.plotting import new_figure
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -144,7 +146,7 @@ def plot_report(episodes: Sequence[EpisodeResult], out_dir: str | Path) -> list[
     agents = list(dict.fromkeys(a.agent for a in actions))
     paths = []
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (left, right) = new_figure(1, 2, figsize=(10, 4), purpose="report plots")
     means = [_mean([a.reward for a in actions if a.agent == g]) or 0.0 for g in agents]
     left.bar(agents, means, color="tab:blue")
     left.set_ylim(0, 1)
@@ -163,9 +165,8 @@ def plot_report(episodes: Sequence[EpisodeResult], out_dir: str | Path) -> list[
     fig.tight_layout()
     paths.append(out / "rewards.png")
     fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = new_figure(figsize=(6, 4), purpose="report plots")
     lengths = [[len(a.response_ids) for a in actions if a.agent == g] for g in agents]
     labels = []
     for agent in agents:
@@ -178,7 +179,6 @@ def plot_report(episodes: Sequence[EpisodeResult], out_dir: str | Path) -> list[
     fig.tight_layout()
     paths.append(out / "lengths.png")
     fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
     return paths
 
 

@@ -7,11 +7,32 @@ Example:
     >>> env = mappa_env.make("MathChat-v0", seed=0)  # doctest: +SKIP
 """
 
-from mappa_env.registry import ENV_ENTRY_POINTS, env_class, make, make_parallel
-from mappa_env.registry import register_with_pettingzoo as _register
+from mappa_env.envs.pipeline import ActionRecord, AgentSpec, PipelineEnv, ToolOutcome
+from mappa_env.registry import (
+    ENV_ENTRY_POINTS,
+    EnvSpec,
+    env_class,
+    is_registered,
+    make,
+    make_parallel,
+    register,
+    registered_ids,
+)
 
 __version__ = "0.1.0.dev0"
 
-_register()
-
-__all__ = ["ENV_ENTRY_POINTS", "__version__", "env_class", "make", "make_parallel"]
+__all__ = [
+    "ENV_ENTRY_POINTS",
+    "ActionRecord",
+    "AgentSpec",
+    "EnvSpec",
+    "PipelineEnv",
+    "ToolOutcome",
+    "__version__",
+    "env_class",
+    "is_registered",
+    "make",
+    "make_parallel",
+    "register",
+    "registered_ids",
+]

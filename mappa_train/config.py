@@ -36,6 +36,12 @@ class TrainConfig:
     mapping agent -> model. Each agent gets its own trainable copy and its own frozen
     reference (the initial weights)."""
 
+    train_agents: list[str] | None = None
+    """Agents to train (``None``: every agent); on the command line a comma-separated
+    list, e.g. ``--train-agents problem_solver,code_executor``. The others are frozen:
+    they still act (their ``system`` model, local or ``api:``) and are scored, recorded
+    and logged, but get no optimizer, reference model, update or checkpoint."""
+
     coach: str = "rules"
     """Coach spec: ``rules`` (offline) or ``llm:<litellm model>``."""
 
@@ -82,8 +88,10 @@ class TrainConfig:
     """Decay of the passed-back outcome error per action in ``backprop`` credit."""
 
     advantage_estimator: str = "reinforce_pp"
-    """``reinforce_pp`` (batch whitening, the paper), ``grpo`` or ``rloo`` (group baselines,
-    meaningful only for agents whose samples share prompts)."""
+    """A registered advantage estimator: ``reinforce_pp`` (batch whitening, the paper),
+    ``grpo`` or ``rloo`` (group baselines, meaningful only for agents whose samples share
+    prompts), or one added with :func:`mappa_train.register_estimator` before the config
+    is built."""
 
     normalize_scope: str = "agent"
     """Whitening scope of REINFORCE++ advantages: ``agent`` (each agent's tokens, as the
@@ -219,9 +227,17 @@ class TrainConfig:
     """Seeds task sampling, rollouts and mini-batch order; a resumed run continues exactly."""
 
     def __post_init__(self) -> None:
+        from mappa_train.algorithms.registry import estimator_names
+
+        if self.advantage_estimator not in estimator_names():
+            raise ValueError(
+                f"advantage_estimator must be a registered estimator, one of "
+                f"{estimator_names()}, got {self.advantage_estimator!r}; add your own with "
+                "mappa_train.register_estimator(name, fn) before building the config"
+            )
+        self.train_agents = _agent_list(self.train_agents)
         choices = {
             "credit_mode": ("process", "outcome", "mixed", "backprop"),
-            "advantage_estimator": ("reinforce_pp", "grpo", "rloo"),
             "normalize_scope": ("agent", "all"),
             "kl_estimator": ("k1", "k2", "k3"),
             "isolation": ("auto", "namespaces", "none"),
@@ -299,3 +315,29 @@ class TrainConfig:
         data = dataclasses.asdict(self)
         data["adam_betas"] = list(self.adam_betas)
         return data
+
+
+def _agent_list(value: str | list[str] | tuple[str, ...] | None) -> list[str] | None:
+    """``train_agents`` as a list: ``"a,b"`` (the command line) or ``["a", "b"]``.
+
+    Raises:
+        ValueError: For an empty list, empty or repeated names, or another type.
+    """
+    if value is None:
+        return None
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ValueError(
+            f"train_agents must be agent names (a list, or 'a,b' on the command line), "
+            f"got {value!r}"
+        )
+    names = [n.strip() for n in names]
+    if not names or not all(names):
+        raise ValueError(
+            f"train_agents must name at least one agent, with no empty names, got {value!r} "
+            "(leave it unset to train every agent)"
+        )
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"train_agents names {repeated} more than once")
+    return names

@@ -9,9 +9,12 @@ reference model (its initial weights). A step:
 2. **Credit.** Each action's reward comes from its coach score, the episode outcome, or
    both (:mod:`mappa_train.algorithms.credit`). Actions cut by the length limit and
    actions whose coach verdict is invalid are masked out and counted.
-3. **Update.** Per agent, on its own actions: old and reference log-probs of the exact
-   sampled ids, REINFORCE++ advantages (:mod:`mappa_train.algorithms.reinforce_pp`),
-   then one pass of PPO-clipped mini-batch updates.
+3. **Update.** Per trained agent, on its own actions: old and reference log-probs of
+   the exact sampled ids, advantages from the configured estimator (REINFORCE++ by
+   default, :mod:`mappa_train.algorithms.reinforce_pp`; any registered one, see
+   :mod:`mappa_train.algorithms.registry`, all agents at once), then one pass of
+   PPO-clipped mini-batch updates. Agents left out of ``train_agents`` are frozen: they
+   act, and are scored and logged, but are never updated.
 4. Metrics (JSONL, TensorBoard), periodic held-out evaluation, atomic checkpoints.
 
 Seams for other rollout engines (e.g. vLLM actors on Ray): a subclass overrides
@@ -42,16 +45,9 @@ from mappa_agents.runner import RolloutRunner, derive_seed
 from mappa_agents.system import AgentSystem, parse_system_spec
 from mappa_agents.trajectory import ActionSample, EpisodeResult, save_jsonl
 from mappa_train import checkpoint as ckpt
-from mappa_train.algorithms.baselines import broadcast_to_tokens, grpo_advantages, rloo_advantages
 from mappa_train.algorithms.credit import episode_action_rewards
-from mappa_train.algorithms.reinforce_pp import (
-    clip_fraction,
-    discounted_returns,
-    kl_penalty,
-    ppo_clip_loss,
-    token_rewards,
-    whiten,
-)
+from mappa_train.algorithms.registry import AgentBatch, get_estimator
+from mappa_train.algorithms.reinforce_pp import clip_fraction, kl_penalty, ppo_clip_loss
 from mappa_train.config import TrainConfig
 from mappa_train.logprobs import move_to, pack, response_logprobs
 from mappa_train.memory import check_fits, count_parameters, static_memory_bytes
@@ -169,6 +165,9 @@ class Trainer:
         probe = self.eval_env_factory()
         self.eval_task_ids: list[str] = [t.id for t in getattr(probe, "tasks", [])]
         probe.close()
+        self.specs: dict[str, str] = parse_system_spec(config.system, self.agents)
+        self.trained_agents: list[str] = self._select_trained_agents()
+        self.estimator = get_estimator(config.advantage_estimator)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         if self.dtype == torch.float16:
@@ -182,6 +181,9 @@ class Trainer:
             config.mixed_precision and self.dtype == torch.bfloat16 and config.lora_rank == 0
         )
         self.learners: dict[str, AgentLearner] = {}
+        """The trained agents' models, optimizers and policies."""
+        self.frozen_policies: dict[str, Any] = {}
+        """Policies of the agents left out of ``train_agents`` (acting, never updated)."""
         # The learning rate is a function of the rollout step (no scheduler state to save).
         self.lr_factor = warmup_cosine(config.steps, config.warmup_ratio)
         self.step = 0
@@ -190,6 +192,46 @@ class Trainer:
         self._wandb: Any = None
 
     # ------------------------------------------------------------------ setup
+
+    def _select_trained_agents(self) -> list[str]:
+        """``config.train_agents`` checked against the environment and the system spec.
+
+        Returns:
+            The agents to train, in the environment's order.
+
+        Raises:
+            ValueError: For names the environment does not have, or agents whose model
+                has no local weights to train (``api:``, ``vllm:``).
+        """
+        wanted = self.config.train_agents
+        if wanted is None:
+            trained = list(self.agents)
+        else:
+            unknown = [a for a in wanted if a not in self.agents]
+            if unknown:
+                raise ValueError(
+                    f"train_agents names {unknown}, which environment {self.config.env!r} "
+                    f"does not have; its agents: {self.agents}"
+                )
+            trained = [a for a in self.agents if a in wanted]
+        remote = {a: self.specs[a] for a in trained if _is_remote_spec(self.specs[a])}
+        if remote:
+            frozen_hint = [a for a in trained if a not in remote]
+            raise ValueError(
+                f"cannot train {remote}: a model behind an API or a vLLM server has no "
+                "local weights to update. Give these agents a local model (an HF id or "
+                "path) in `system`, or train only the others "
+                f"(train_agents={frozen_hint or '[...]'}): frozen agents may use any model"
+            )
+        return trained
+
+    @property
+    def policies(self) -> dict[str, Any]:
+        """The policy acting for each agent (trained or frozen), in environment order."""
+        return {
+            a: self.learners[a].policy if a in self.learners else self.frozen_policies[a]
+            for a in self.agents
+        }
 
     def _load_model(self, source: str, dtype: torch.dtype) -> Any:
         from transformers import AutoModelForCausalLM
@@ -208,14 +250,17 @@ class Trainer:
         self.check_sandboxes()
         torch.manual_seed(config.seed)
         np.random.seed(config.seed % (2**32))
-        specs = parse_system_spec(config.system, self.agents)
+        specs = self.specs
         resume_from = ckpt.latest_checkpoint(self.checkpoint_root)
+        if resume_from is not None:
+            _check_checkpoint_agents(resume_from, self.trained_agents, self.agents)
         if self.device.startswith("cuda"):
             free, _ = torch.cuda.mem_get_info(torch.device(self.device))
-            self.check_memory([str(resolve_model(specs[a])) for a in self.agents], free)
+            # Frozen agents hold weights only; the estimate covers the trained ones.
+            self.check_memory([str(resolve_model(specs[a])) for a in self.trained_agents], free)
         if config.lora_rank > 0:
             self._setup_lora(specs, resume_from)
-        for agent in self.agents if config.lora_rank == 0 else ():
+        for agent in self.trained_agents if config.lora_rank == 0 else ():
             source = str(resolve_model(specs[agent]))
             weights = str(resume_from / "agents" / agent) if resume_from else source
             # Under mixed precision the optimizer state holds the float32 masters.
@@ -238,6 +283,7 @@ class Trainer:
             self.learners[agent] = AgentLearner(
                 agent, model, ref, tokenizer, optimizer, policy, source
             )
+        self._setup_frozen(specs)
         if resume_from is not None:
             ckpt.load_optimizer_states(resume_from, self.learners)
             state = ckpt.load_trainer_state(resume_from)
@@ -340,12 +386,21 @@ class Trainer:
         from mappa_agents.models import resolve_model
 
         config = self.config
-        sources = {str(resolve_model(spec)) for spec in specs.values()}
+        sources = {str(resolve_model(specs[a])) for a in self.trained_agents}
         if len(sources) != 1:
             raise ValueError(
                 f"lora_rank > 0 shares one base model, but the system names {sorted(sources)}"
             )
         source = sources.pop()
+        # A frozen agent of the same base acts through an adapter that is never trained:
+        # LoRA's B matrix starts at 0, so that adapter is the base itself, and the base
+        # is not loaded twice.
+        adapters = [
+            a
+            for a in self.agents
+            if a in self.trained_agents
+            or (not _is_remote_spec(specs[a]) and str(resolve_model(specs[a])) == source)
+        ]
         # The base is frozen: it stays in the compute dtype; peft keeps adapters float32.
         base = self._load_model(source, self.dtype)
         if config.gradient_checkpointing:
@@ -356,10 +411,21 @@ class Trainer:
             alpha=config.lora_alpha,
             target_modules=config.lora_target_modules,
         )
-        saved = {a: resume_from / "agents" / a for a in self.agents} if resume_from else None
-        model = shared_lora_model(base, self.agents, settings, saved)
+        saved = (
+            {a: resume_from / "agents" / a for a in self.trained_agents} if resume_from else None
+        )
+        model = shared_lora_model(base, adapters, settings, saved)
         tokenizer = AutoTokenizer.from_pretrained(source)
-        for agent in self.agents:
+        for agent in adapters:
+            if agent not in self.trained_agents:
+                self.frozen_policies[agent] = HFPolicy(
+                    model,
+                    tokenizer,
+                    adapter=agent,
+                    name=f"{agent}:lora (frozen)",
+                    max_batch_size=config.rollout_batch_size,
+                )
+        for agent in self.trained_agents:
             # The reference is the base with adapters disabled: every agent's start.
             self.learners[agent] = AgentLearner(
                 agent,
@@ -377,6 +443,40 @@ class Trainer:
                 source,
                 adapter=agent,
             )
+
+    def _setup_frozen(self, specs: dict[str, str]) -> None:
+        """Policies of the agents not trained; agents with the same spec share one."""
+        shared: dict[str, Any] = {}
+        for agent in self.agents:
+            if agent in self.learners or agent in self.frozen_policies:
+                continue
+            spec = specs[agent]
+            if spec not in shared:
+                shared[spec] = self._frozen_policy(spec)
+            self.frozen_policies[agent] = shared[spec]
+            logger.info("agent %s is frozen: it acts with %s and is not trained", agent, spec)
+
+    def _frozen_policy(self, spec: str) -> Any:
+        """A frozen agent's policy: as is for API/vLLM, else loaded with no gradients."""
+        from transformers import AutoTokenizer
+
+        from mappa_agents.hf import HFPolicy
+        from mappa_agents.models import load_policy, resolve_model
+
+        if _is_remote_spec(spec):
+            return load_policy(spec)
+        source = str(resolve_model(spec))
+        model = self._load_model(source, self.dtype)
+        model.requires_grad_(False)
+        model.eval()
+        model.config.use_cache = True
+        return HFPolicy(
+            model,
+            AutoTokenizer.from_pretrained(source),
+            name=f"{Path(source).name} (frozen)",
+            max_batch_size=self.config.rollout_batch_size,
+            compile_decode=self.compiles_decoding,
+        )
 
     # ------------------------------------------------------------------ the loop
 
@@ -437,8 +537,13 @@ class Trainer:
             runner.close()
 
     def close(self) -> None:
-        """Close the rollout environments and the coach this trainer made."""
+        """Close the rollout environments, frozen agents' API clients and the coach."""
         self._close_runners()
+        for policy in {id(p): p for p in self.frozen_policies.values()}.values():
+            # Local frozen models are kept (like the trained ones); API and vLLM policies
+            # hold threads or engines to stop.
+            if not isinstance(getattr(policy, "model", None), torch.nn.Module):
+                policy.close()
         close_coach = getattr(self.coach, "close", None)
         if callable(close_coach):
             close_coach()
@@ -456,7 +561,7 @@ class Trainer:
             learner.model.eval()
         runner = self._runners.get(kind)
         if runner is None:
-            system = AgentSystem({a: learner.policy for a, learner in self.learners.items()})
+            system = AgentSystem(self.policies)
             runner = RolloutRunner(
                 self.env_factory if kind == "train" else self.eval_env_factory,
                 system,
@@ -527,7 +632,7 @@ class Trainer:
         """
 
     def learn(self, episodes: Sequence[EpisodeResult]) -> dict[str, Any]:
-        """Update every agent once on ``episodes``; returns the step's metrics.
+        """Update every trained agent once on ``episodes``; returns the step's metrics.
 
         Credit, old and reference log-probs, advantages, then one PPO-clipped pass per
         agent, at the learning rate of the current step (``step`` is not advanced:
@@ -540,7 +645,8 @@ class Trainer:
             episodes: Finished episodes of this trainer's environment.
 
         Returns:
-            Metrics: per-agent statistics, rewards, success rate and timings.
+            Metrics: per-agent statistics (frozen agents: ``actions``, ``mean_reward``,
+            tool use and lengths), rewards, success rate and timings.
         """
         samples = [a for e in episodes for a in e.actions]
         rewards = self._action_rewards(episodes)
@@ -551,6 +657,7 @@ class Trainer:
                 [s for s in samples if s.agent == agent], rewards, self.learners[agent]
             )
             for agent in self.agents
+            if agent in self.learners
         }
         self._advantages(prepared)
         _sync_device(self.device)
@@ -567,6 +674,13 @@ class Trainer:
             response_tokens_trained += int(stats.pop("response_tokens", 0))
             for key, value in stats.items():
                 metrics[f"{agent}/{key}"] = value
+        for agent in self.agents:
+            if agent not in self.learners:
+                # Frozen: scored like the others, so its rewards are logged too.
+                own = [rewards.get(id(s)) for s in samples if s.agent == agent]
+                valid = [r for r in own if r is not None]
+                metrics[f"{agent}/actions"] = float(len(own))
+                metrics[f"{agent}/mean_reward"] = float(np.mean(valid)) if valid else None
         _sync_device(self.device)
         train_s = time.perf_counter() - train_started
         report = summarize(episodes)
@@ -672,41 +786,45 @@ class Trainer:
         return _Prepared(usable, values, old, ref, mask, cut, invalid)
 
     def _advantages(self, prepared: dict[str, _Prepared]) -> None:
-        """Fill ``advantages`` of every agent (whitening per agent or across agents)."""
+        """Fill ``advantages`` of every agent with actions, by the configured estimator.
+
+        All agents go to the estimator at once (REINFORCE++ may whiten across agents).
+
+        Raises:
+            ValueError: When the estimator leaves an agent out or answers in a wrong shape.
+        """
         config = self.config
-        returns: dict[str, torch.Tensor] = {}
+        batches: dict[str, AgentBatch] = {}
         for agent, prep in prepared.items():
             if not prep.samples:
                 continue
             kl = kl_penalty(prep.old_logprobs, prep.ref_logprobs, config.kl_estimator)
             prep.stats["kl"] = float((kl * prep.mask).sum() / prep.mask.sum())
-            if config.advantage_estimator == "reinforce_pp":
-                rewards = token_rewards(prep.rewards, kl, prep.mask, config.kl_coef)
-                returns[agent] = discounted_returns(rewards, prep.mask, config.gamma)
-            else:
-                groups = [tuple(s.prompt_ids) for s in prep.samples]
-                estimator = (
-                    grpo_advantages if config.advantage_estimator == "grpo" else rloo_advantages
-                )
-                group_adv, singletons = estimator(prep.rewards, groups)
-                prep.advantages = broadcast_to_tokens(group_adv, prep.mask)
-                prep.stats["group_singletons"] = singletons
-        if config.advantage_estimator != "reinforce_pp" or not returns:
+            batches[agent] = AgentBatch(
+                rewards=prep.rewards,
+                old_logprobs=prep.old_logprobs,
+                ref_logprobs=prep.ref_logprobs,
+                mask=prep.mask,
+                group_keys=[tuple(s.prompt_ids) for s in prep.samples],
+            )
+        if not batches:
             return  # nothing usable this step: every agent's update is skipped
-        if config.normalize_scope == "agent":
-            for agent, values in returns.items():
-                prepared[agent].advantages = whiten(values, prepared[agent].mask)
-            return
-        # Across all agents: whiten the union of every agent's valid tokens.
-        width = max(v.shape[1] for v in returns.values())
-        stacked = torch.cat([_pad_to(v, width) for v in returns.values()])
-        masks = torch.cat([_pad_to(prepared[a].mask, width) for a in returns])
-        whitened = whiten(stacked, masks)
-        row = 0
-        for agent, values in returns.items():
-            n, w = values.shape
-            prepared[agent].advantages = whitened[row : row + n, :w]
-            row += n
+        results = self.estimator(batches, config)
+        for agent, batch in batches.items():
+            result = results.get(agent)
+            if result is None:
+                raise ValueError(
+                    f"advantage estimator {config.advantage_estimator!r} returned no "
+                    f"advantages for agent {agent!r} (it got {list(batches)})"
+                )
+            if tuple(result.advantages.shape) != tuple(batch.mask.shape):
+                raise ValueError(
+                    f"advantage estimator {config.advantage_estimator!r} returned advantages "
+                    f"of shape {tuple(result.advantages.shape)} for agent {agent!r}; "
+                    f"expected its mask's {tuple(batch.mask.shape)}"
+                )
+            prepared[agent].advantages = result.advantages.detach().to("cpu", torch.float32)
+            prepared[agent].stats.update(result.stats)
 
     def _update(self, learner: AgentLearner, prep: _Prepared) -> dict[str, float]:
         config = self.config
@@ -760,7 +878,7 @@ class Trainer:
                     recompute_logits=config.recompute_logits,
                 )
                 loss = ppo_clip_loss(logp, old, adv, mask, config.clip_eps, config.clip_eps_high)
-                if config.advantage_estimator != "reinforce_pp" and config.kl_coef:
+                if not self.estimator.kl_in_reward and config.kl_coef:
                     ref = prep.ref_logprobs[micro, :width].to(self.device)
                     kl = kl_penalty(logp, ref, config.kl_estimator)
                     loss = loss + config.kl_coef * (kl * mask).sum() / mask.sum().clamp(min=1)
@@ -903,14 +1021,11 @@ class Trainer:
         """Training curves: rewards per agent, success, tool use, response lengths."""
         if not self.history:
             return None
-        from mappa_env._optional import require
-
-        matplotlib = require("matplotlib", "agents", purpose="training plots")
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        # Drawn outside pyplot: a notebook user's matplotlib backend stays as it is.
+        from mappa_env.plotting import new_figure
 
         steps = [m["step"] for m in self.history]
-        fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+        fig, axes = new_figure(2, 2, figsize=(11, 7), purpose="training plots")
         panels = [
             (axes[0, 0], "mean_reward", "mean action reward"),
             (axes[0, 1], "tool_call_rate", "tool-call rate"),
@@ -937,7 +1052,6 @@ class Trainer:
         fig.tight_layout()
         path = self.out / "training.png"
         fig.savefig(path, dpi=110)
-        plt.close(fig)
         return path
 
 
@@ -964,11 +1078,31 @@ def _sync_device(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _pad_to(values: torch.Tensor, width: int) -> torch.Tensor:
-    if values.shape[1] == width:
-        return values
-    pad = torch.zeros((values.shape[0], width - values.shape[1]), dtype=values.dtype)
-    return torch.cat([values, pad], dim=1)
+def _is_remote_spec(spec: str) -> bool:
+    """Whether a model spec names a model outside this process (no weights to train)."""
+    return spec.strip().startswith(("api:", "vllm:"))
+
+
+def _check_checkpoint_agents(path: Path, trained: Sequence[str], agents: Sequence[str]) -> None:
+    """Stop a resume whose checkpoint lacks a trained agent's weights, saying why.
+
+    Raises:
+        ValueError: Naming the agents missing from ``path``.
+    """
+    missing = [a for a in trained if not (path / "agents" / a).is_dir()]
+    if missing:
+        raise ValueError(
+            f"checkpoint {path} has no weights for {missing} (they were frozen in that run): "
+            "resume with the same train_agents, or start a new output_dir"
+        )
+    for agent in agents:
+        if agent not in trained and (path / "agents" / agent).is_dir():
+            logger.warning(
+                "checkpoint %s holds trained weights of %s, now frozen: it acts with its "
+                "`system` model instead",
+                path,
+                agent,
+            )
 
 
 def _plain(value: Any) -> Any:

@@ -156,3 +156,58 @@ def test_group_baselines_and_singletons():
     assert single == 1
     tokens = broadcast_to_tokens(rloo, t([[1, 1], [1, 0], [0, 0], [1, 1]]))
     assert tokens[1].tolist() == pytest.approx([-0.75, 0.0])
+
+
+def _random_batches():
+    from mappa_train.algorithms import AgentBatch
+
+    gen = torch.Generator().manual_seed(0)
+    batches = {}
+    for agent, (rows, width) in {"a": (3, 5), "b": (4, 2)}.items():
+        lengths = torch.randint(1, width + 1, (rows,), generator=gen)
+        mask = (torch.arange(width)[None, :] < lengths[:, None]).float()
+        batches[agent] = AgentBatch(
+            rewards=torch.rand(rows, generator=gen),
+            old_logprobs=-torch.rand(rows, width, generator=gen),
+            ref_logprobs=-torch.rand(rows, width, generator=gen),
+            mask=mask,
+            group_keys=[i % 2 for i in range(rows)],
+        )
+    return batches
+
+
+@pytest.mark.parametrize("scope", ["agent", "all"])
+def test_registered_reinforce_pp_is_reinforce_pp_advantages(scope):
+    from mappa_train import TrainConfig, get_estimator
+
+    config = TrainConfig(kl_coef=0.1, gamma=0.9, kl_estimator="k3", normalize_scope=scope)
+    batches = _random_batches()
+    got = get_estimator("reinforce_pp")(batches, config)
+    if scope == "agent":
+        for agent, b in batches.items():
+            expected = reinforce_pp_advantages(
+                b.rewards, b.old_logprobs, b.ref_logprobs, b.mask, 0.1, 0.9, "k3"
+            )
+            assert torch.equal(got[agent].advantages, expected)
+        return
+    # One whitening over both agents' valid tokens: zero mean, unit std together.
+    values = torch.cat([(got[a].advantages * b.mask).flatten() for a, b in batches.items()])
+    masks = torch.cat([b.mask.flatten() for b in batches.values()])
+    valid = values[masks > 0]
+    assert valid.mean().abs() < 1e-6
+    assert valid.std(unbiased=False) == pytest.approx(1.0, abs=1e-5)
+    per_agent = got["a"].advantages[batches["a"].mask > 0]
+    assert per_agent.mean().abs() > 1e-3  # not whitened per agent
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo"])
+def test_registered_group_estimators_broadcast_their_baselines(name):
+    from mappa_train import TrainConfig, get_estimator
+
+    function = grpo_advantages if name == "grpo" else rloo_advantages
+    batches = _random_batches()
+    got = get_estimator(name)(batches, TrainConfig(advantage_estimator=name))
+    for agent, b in batches.items():
+        values, singletons = function(b.rewards, b.group_keys)
+        assert torch.equal(got[agent].advantages, broadcast_to_tokens(values, b.mask))
+        assert got[agent].stats == {"group_singletons": singletons}

@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from mappa_agents.cli import build_parser, main
 from mappa_agents.tiny_models import tiny_model_dir
+from mappa_train.command import build_parser, main
 
 
 def test_eval_writes_report_transcripts_and_plots(tmp_path, capsys):

@@ -27,8 +27,9 @@ from mappa_env.coach.templates import (  # noqa: E402
     TEMPLATE_VERSION,
     CoachTemplates,
     PromptLimits,
-    analyst_outcome_cap,
 )
+from mappa_env.envs.dsbench import DSBenchEnv  # noqa: E402
+from mappa_env.envs.mathchat import MathChatEnv  # noqa: E402
 from tests.openai_stub_server import (  # noqa: E402
     StubReply,
     counting_in_flight,
@@ -61,6 +62,7 @@ def math_request(**changes) -> CoachRequest:
         "tool_output": "391\n",
     }
     fields.update(changes)
+    fields.setdefault("rubric", MathChatEnv.coach_rubrics.get(fields["agent"]))
     return CoachRequest(**fields)
 
 
@@ -82,9 +84,12 @@ def dsbench_request(**changes) -> CoachRequest:
             "task_type": "classification",
             "metric": "accuracy",
             "outcome": {"success": True, "metric": "accuracy", "value": 0.8},
+            "outcome_cap": 8,  # what the environment derives from accuracy 0.8
         },
+        "shows_workspace": True,
     }
     fields.update(changes)
+    fields.setdefault("rubric", DSBenchEnv.coach_rubrics.get(fields["agent"]))
     return CoachRequest(**fields)
 
 
@@ -187,32 +192,33 @@ def test_dsbench_prompt_lists_files_blame_rule_and_outcome_cap():
 
 
 def test_modeler_rubric_has_blame_rule():
-    rubric = CoachTemplates().rubric_for("DSBench-v0", "modeler")
+    rubric = CoachTemplates().rubric_for(
+        "DSBench-v0", "modeler", DSBenchEnv.coach_rubrics["modeler"]
+    )
     assert "earlier agent" in rubric
 
 
-@pytest.mark.parametrize(
-    ("value", "cap"), [(0.95, 9), (0.85, 9), (0.8, 8), (0.7, 6), (0.6, 4), (0.55, 4), (0.4, 3)]
-)
-def test_classification_caps(value, cap):
-    outcome = {"metric": "roc_auc", "value": value, "success": True}
-    assert analyst_outcome_cap(outcome, "classification").cap == cap
+def test_a_cap_is_shown_only_when_the_environment_sets_one():
+    without = dsbench_request(
+        metadata={"outcome": {"success": True, "metric": "accuracy", "value": 0.8}}
+    )
+    assert "Score cap" not in CoachTemplates().render_user(without)
 
 
-@pytest.mark.parametrize(("pct", "cap"), [(5.0, 9), (10.0, 8), (20.0, 8), (30.0, 6), (75.0, 4)])
-def test_regression_caps(pct, cap):
-    assert analyst_outcome_cap({"rmse_pct_range": pct}, "regression").cap == cap
+def test_the_workspace_section_follows_the_environment():
+    empty = dsbench_request(files=())
+    assert "Files in the workspace after this action" in CoachTemplates().render_user(empty)
+    math = math_request()
+    assert "Files in the workspace" not in CoachTemplates().render_user(math)
 
 
-def test_regression_cap_from_rmse_and_range():
-    outcome = {"metric": "rmse", "value": 3.0, "target_range": 100.0}
-    assert analyst_outcome_cap(outcome, "regression").cap == 9
-
-
-def test_no_cap_without_usable_outcome():
-    assert analyst_outcome_cap({"metric": "f1", "value": 0.9}, "classification") is None
-    assert analyst_outcome_cap({"success": False, "reason": "no file"}, "classification") is None
-    assert analyst_outcome_cap({"cap": 2}, "classification").cap == 2
+def test_templates_override_the_environments_rubric():
+    request = dsbench_request(agent="modeler")
+    assert "earlier agent" in CoachTemplates().render_user(request)
+    custom = CoachTemplates().with_rubrics({"DSBench-v0": {"modeler": "Only CV counts."}})
+    user = custom.render_user(request)
+    assert "Only CV counts." in user
+    assert "earlier agent did not leave" not in user
 
 
 def test_environment_cap_and_artifact_checks_are_rendered():
@@ -244,9 +250,8 @@ def test_rubric_override_changes_text_and_version():
     base = CoachTemplates()
     custom = base.with_rubrics({"verifier": "Only the box matters."})
     assert custom.rubric_for("MathChat-v0", "verifier") == "Only the box matters."
-    assert custom.rubric_for("MathChat-v0", "problem_solver") == base.rubric_for(
-        "MathChat-v0", "problem_solver"
-    )
+    own = MathChatEnv.coach_rubrics["problem_solver"]
+    assert custom.rubric_for("MathChat-v0", "problem_solver", own) == own
     assert custom.version != base.version
     assert custom.version.startswith(TEMPLATE_VERSION)
     nested = base.with_rubrics({"MyEnv-v0": {"planner": "Plan well."}})

@@ -189,6 +189,31 @@ def test_default_cleaned_prompts_come_from_the_bench_dir_env(tmp_path: Path, mon
     assert tasks[0].metric == "accuracy"
 
 
+def test_a_folder_with_its_own_prompts_file_uses_it_before_the_bench_dir(
+    tmp_path: Path, monkeypatch
+):
+    import mappa_env
+
+    data, prompts, _ = _fake_tree(tmp_path)
+    (tmp_path / CLEANED_PROMPTS_FILE).write_text(prompts.read_text())
+    # The benchmark folder's prompts know other tasks only (a KeyError for "alpha").
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    (bench / CLEANED_PROMPTS_FILE).write_text(json.dumps({"zeta": {"metric": "accuracy"}}))
+    monkeypatch.setenv(BENCH_DIR_ENV, str(bench))
+    (task,) = load_dsbench_tasks(data, task_ids=["alpha"])
+    assert task.metric == "accuracy"
+    env = mappa_env.make("DSBench-v0", data_dir=tmp_path, task_ids=["beta"], sandbox=None)
+    assert env.task.metric == "rmsle"
+    env.close()
+    given = {"alpha": {**json.loads(prompts.read_text())["alpha"], "metric": "roc_auc"}}
+    env = mappa_env.make(
+        "DSBench-v0", data_dir=data, task_ids=["alpha"], cleaned_prompts=given, sandbox=None
+    )
+    assert env.task.metric == "roc_auc"  # cleaned_prompts= wins over any file
+    env.close()
+
+
 # ---------------------------------------------------------------------------------------
 # The real shared task files
 # ---------------------------------------------------------------------------------------

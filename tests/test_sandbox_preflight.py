@@ -119,6 +119,7 @@ def test_an_action_whose_sandbox_failed_is_flagged_not_scored():
 def test_mappa_eval_stops_before_loading_models_when_no_kernel_starts(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     from mappa_agents import cli
+    from mappa_train.command import build_parser
 
     monkeypatch.setenv("PYTHONPATH", str(broken_ipykernel_dir(tmp_path / "site")))
 
@@ -126,7 +127,7 @@ def test_mappa_eval_stops_before_loading_models_when_no_kernel_starts(tmp_path, 
         raise AssertionError("models must not load when the sandbox cannot work")
 
     monkeypatch.setattr("mappa_agents.system.AgentSystem.from_spec", no_models)
-    args = cli.build_parser().parse_args(
+    args = build_parser().parse_args(
         ["eval", "--num-tasks", "2", "--episodes", "2", "--out", str(tmp_path / "out")]
     )
     with pytest.raises(SandboxUnavailableError, match="ipykernel is broken"):

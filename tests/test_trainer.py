@@ -345,7 +345,7 @@ def _cli(tmp_path, model_dir, out):
     return [
         sys.executable,
         "-m",
-        "mappa_agents.cli",
+        "mappa_train",
         "train",
         "--env",
         "MathChat-v0",

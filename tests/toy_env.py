@@ -5,11 +5,10 @@ Used to check that training improves a policy within a bounded number of steps.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mappa_env.coach import RulesCoach
 from mappa_env.coach.base import CoachRequest
 from mappa_env.envs.pipeline import AgentSpec, PipelineEnv, ToolOutcome
 
@@ -37,14 +36,14 @@ class LetterEnv(PipelineEnv):
     metadata = {"render_modes": ["ansi"], "name": "letter_v0", "is_parallelizable": False}  # noqa: RUF012
     env_id = "Letter-v0"
 
+    roles = (AgentSpec("writer", "writer", 1),)
+    rules_rubric = staticmethod(letter_rubric)
+
     def __init__(self, **options: Any) -> None:
         self.tasks = [ToyTask(f"toy-{i}", f"say something {i}") for i in range(4)]
         self.task = self.tasks[0]
-        options.setdefault("coach", RulesCoach(rubrics={"Letter-v0": letter_rubric}))
+        options.setdefault("coach", "rules")
         super().__init__(**options)
-
-    def agent_specs(self) -> Sequence[AgentSpec]:
-        return (AgentSpec("writer", "writer", 1),)
 
     @property
     def system_description(self) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -63,6 +63,12 @@ class CoachRequest:
         upstream_files: Files that earlier agents saved (DSBench).
         ground_truth: The reference answer, present only when the reveal policy allows.
         metadata: Environment-specific facts (task type, metric, outcome so far, ...).
+        rubric: The environment's rubric text for this role (LLM coaches); ``None``
+            leaves the coach's general rubric.
+        shows_workspace: The environment keeps a workspace whose file list the coach
+            should see, even when it is empty.
+        rules_rubric: The environment's rule-based scorer (the ``"rules"`` coach);
+            not part of the request's value (equality, repr).
     """
 
     env_id: str
@@ -81,6 +87,13 @@ class CoachRequest:
     upstream_files: Sequence[FileInfo] = ()
     ground_truth: str | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    rubric: str | None = None
+    shows_workspace: bool = False
+    rules_rubric: Rubric | None = field(default=None, compare=False, repr=False)
+
+
+#: A rule-based scorer: ``request -> (score on [0, SCORE_MAX], analysis)``.
+Rubric = Callable[[CoachRequest], tuple[float, str]]
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import numpy as np
 from scipy import stats
 from sklearn.metrics import roc_auc_score
 
-from mappa_env._optional import require
+from mappa_env.plotting import new_figure
 
 #: Group name for records without a ``task_type``.
 UNSPECIFIED = "unspecified"
@@ -220,12 +220,10 @@ class CoachReport:
         Raises:
             MissingExtraError: When matplotlib is not installed.
         """
-        matplotlib = require("matplotlib", "agents", purpose="plots")
-        matplotlib.use("Agg", force=False)
-        plt = require("matplotlib.pyplot", "agents", purpose="plots")
+        # Drawn outside pyplot: a notebook user's matplotlib backend stays as it is.
+        figure, (box_axes, drift_axes) = new_figure(2, 1, figsize=(10, 8), purpose="plots")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        figure, (box_axes, drift_axes) = plt.subplots(2, 1, figsize=(10, 8))
 
         labels: list[str] = []
         data: list[list[float]] = []
@@ -253,7 +251,6 @@ class CoachReport:
             drift_axes.legend(fontsize=8)
         figure.tight_layout()
         figure.savefig(path)
-        plt.close(figure)
         return path
 
 

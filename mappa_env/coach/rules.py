@@ -41,13 +41,10 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
-from mappa_env.coach.base import CoachRequest, CoachVerdict, RevealPolicy
+from mappa_env.coach.base import CoachRequest, CoachVerdict, RevealPolicy, Rubric
 from mappa_env.text import strip_think
-
-Rubric = Callable[[CoachRequest], tuple[float, str]]
-"""A rubric maps a request to ``(score in [0, 10], analysis text)``."""
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
 
@@ -133,12 +130,29 @@ def mathchat_rubric(request: CoachRequest) -> tuple[float, str]:
     raise ValueError(f"no MathChat rubric for agent {request.agent!r}")
 
 
+def _registered_rubric(env_id: str) -> Rubric | None:
+    """The ``rules_rubric`` of the environment registered as ``env_id``, if any.
+
+    Requests built by hand carry no rubric of their own.
+    """
+    from mappa_env.registry import env_class, is_registered
+
+    if not is_registered(env_id):
+        return None
+    return getattr(env_class(env_id), "rules_rubric", None)
+
+
 class RulesCoach:
-    """Deterministic coach with a rubric per environment.
+    """Deterministic coach: each environment brings its own rubric.
+
+    An environment's rubric arrives with every request (``request.rules_rubric``, from
+    the environment class's ``rules_rubric``; for a request without one, the rubric of
+    the environment registered under ``request.env_id``), so a new environment needs no
+    change here.
 
     Args:
-        rubrics: Extra or replacement rubrics keyed by environment id; the built-in
-            ones cover ``MathChat-v0`` and ``DSBench-v0``.
+        rubrics: Rubrics keyed by environment id that replace the environment's own
+            (or give one to an environment that has none).
 
     Attributes:
         default_reveal: ``"always"``: rubrics judge correctness, so they need the truth.
@@ -147,14 +161,7 @@ class RulesCoach:
     default_reveal: RevealPolicy = "always"
 
     def __init__(self, rubrics: Mapping[str, Rubric] | None = None) -> None:
-        self.rubrics: dict[str, Rubric] = {"MathChat-v0": mathchat_rubric}
-        try:
-            from mappa_env.coach.rules_dsbench import dsbench_rubric
-        except ImportError:  # the DSBench rubric is optional until that env is present
-            pass
-        else:
-            self.rubrics["DSBench-v0"] = dsbench_rubric
-        self.rubrics.update(rubrics or {})
+        self.rubrics: dict[str, Rubric] = dict(rubrics or {})
 
     @property
     def name(self) -> str:
@@ -167,10 +174,15 @@ class RulesCoach:
         Returns an invalid verdict (never a made-up score) when no rubric applies or the
         rubric cannot judge the request.
         """
-        rubric = self.rubrics.get(request.env_id)
+        rubric = (
+            self.rubrics.get(request.env_id)
+            or request.rules_rubric
+            or _registered_rubric(request.env_id)
+        )
         if rubric is None:
             return CoachVerdict.invalid(
-                f"no rules rubric for {request.env_id!r}; known: {sorted(self.rubrics)}",
+                f"{request.env_id!r} has no rules rubric: give its environment class a "
+                "rules_rubric, pass RulesCoach(rubrics={env_id: fn}), or use an LLM coach",
                 coach=self.name,
             )
         try:
@@ -184,4 +196,4 @@ class RulesCoach:
         return await asyncio.to_thread(self.score, request)
 
     def __repr__(self) -> str:
-        return f"RulesCoach(envs={sorted(self.rubrics)})"
+        return f"RulesCoach(overrides={sorted(self.rubrics)})"

@@ -1,10 +1,12 @@
-"""Prompt templates and per-role rubrics for the LLM coach.
+"""Prompt templates for the LLM coach (the per-role rubrics come from the environments).
 
 A :class:`CoachTemplates` object turns a :class:`~mappa_env.coach.base.CoachRequest`
 into chat messages: a system prompt that sets the scale, and one user message with the
 task, the system and role descriptions, the agent's exact input, its output, the tool
-result, workspace files (DSBench), the reference answer when the environment reveals it,
-the analyst's measured outcome, the rubric for this role, and the reply format.
+result, workspace files (where the environment keeps a workspace), the reference answer
+when the environment reveals it, a measured outcome when the environment reports one,
+the rubric for this role (the environment's, unless overridden here), and the reply
+format.
 
 Templates are versioned: :attr:`CoachTemplates.version` enters the coach's cache key, so
 changing a template (or overriding a rubric, which changes the version automatically)
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -27,9 +28,6 @@ from mappa_env.text import truncate_middle
 
 #: Version of the built-in template set. Bump it whenever any wording below changes.
 TEMPLATE_VERSION = "mappa-coach-v1"
-
-MATHCHAT = "MathChat-v0"
-DSBENCH = "DSBench-v0"
 
 SYSTEM_PROMPT = f"""\
 You are the coach of a team of language-model agents that solve a task together, each \
@@ -85,155 +83,11 @@ VERDICT_JSON_SCHEMA: Mapping[str, Any] = MappingProxyType(
     }
 )
 
-_MATHCHAT_RUBRICS = {
-    "problem_solver": """\
-The problem solver drafts a step-by-step solution in text (it runs no code).
-- Reasoning must be mathematically sound: valid steps, correct algebra and arithmetic, \
-no unjustified leaps, cases handled.
-- It must reach a concrete final answer (a specific value), not just a plan.
-- Its work should be easy for the code executor to check: clear intermediate results.
-- When a reference answer is shown, a wrong final answer caps the score at 4 however \
-polished the reasoning; a correct answer reached by sound reasoning scores 8 or more.""",
-    "code_executor": """\
-The code executor checks or computes the answer with Python; its code was run and the \
-tool result is shown. Judge the action on that tool result, not on what the agent claims.
-- Code must run: a traceback or timeout caused by its own code is a serious fault.
-- The code should compute the answer or independently check the solver's answer (brute \
-force, exact arithmetic, simulation), and its printed output must show the result.
-- Reading the output correctly matters: claiming a result the output does not show, or \
-ignoring a contradiction with the solver, counts against it.
-- An action with no code block ends its turn: that is right only when a previous run \
-already established the answer; otherwise judge it as not doing the job.
-- When a reference answer is shown, output that computes the correct value is strong \
-evidence of good work; output that confirms a wrong answer is a fault.""",
-    "verifier": """\
-The verifier gives the team's final answer as \\boxed{answer}.
-- Exactly one boxed final answer must be present; a missing or ambiguous box scores at \
-most 2.
-- The answer should follow from the evidence (solver's reasoning, code output); noticing \
-and fixing an upstream error is excellent work.
-- When a reference answer is shown: a boxed answer equal to it (mathematically \
-equivalent forms count) scores 8 or more; a wrong boxed answer scores at most 2.""",
-}
-
-_DSBENCH_BLAME = """\
-Blame rule: if this agent's work failed because an earlier agent did not leave an \
-artifact it needed (a missing or broken file), do not penalise it for that failure; judge \
-whether it detected the problem, reported it clearly, and recovered sensibly where it could."""
-
-_DSBENCH_RUBRICS = {
-    "data_engineer": """\
-The data engineer prepares data for modelling in the shared workspace. It must leave \
-X_train.pkl, y_train.pkl and X_test.pkl (plus any fitted transformers) and a short \
-preprocessing summary.
-- The files must exist at the end of its turn (see the workspace file list), with \
-matching rows and columns between train and test features.
-- The target must be separated from the features, with no target leakage and no id \
-column used as a feature.
-- Missing values and categorical columns must be handled; test data must be \
-transformed with the transformers fitted on the training data.
-- Code errors in the tool output that it left unresolved count against it; files \
-promised but absent from the workspace are a serious fault (downstream agents need them).""",
-    "modeler": f"""\
-The modeler trains a model on the data engineer's files and must leave model.pkl and \
-print cross-validation metrics.
-- The model and validation should suit the task type and the task's metric (e.g. a \
-classifier with probabilities for ROC-AUC, a regressor for RMSE).
-- model.pkl must exist at the end of its turn; cross-validation scores must appear in \
-the tool output (not only be claimed).
-- Sensible choices (a strong baseline such as gradient boosting, reasonable \
-hyperparameters, no training on test data) matter more than elaborate ones.
-{_DSBENCH_BLAME}""",
-    "analyst": f"""\
-The analyst predicts on the test set with the saved model and must write \
-submission.csv in the format of sample_submission.csv: the id column and the target \
-column(s), one row per test row.
-- submission.csv must exist and be scorable; predictions must come from the model (not \
-constants or copied samples) and be of the right kind (labels or probabilities as the \
-metric needs).
-- When an outcome section is shown, it reports how the submission actually scored; the \
-score cap given there is binding.
-- With no scorable submission, the analyst's own failure scores low.
-{_DSBENCH_BLAME}""",
-}
-
-#: Built-in rubrics, by environment id and agent id.
-DEFAULT_RUBRICS: Mapping[str, Mapping[str, str]] = MappingProxyType(
-    {
-        MATHCHAT: MappingProxyType(_MATHCHAT_RUBRICS),
-        DSBENCH: MappingProxyType(_DSBENCH_RUBRICS),
-    }
-)
-
 #: Used for agents without a specific rubric.
 GENERAL_RUBRIC = """\
 Judge whether the action does this agent's job as its role describes, correctly and \
 completely, using the tool output as evidence, and whether it leaves the next agent \
 what it needs."""
-
-# Classification metrics on [0, 1] (higher is better) to which the spec's caps apply.
-_CLASSIFICATION_CAP_METRICS = frozenset(
-    {"accuracy", "acc", "roc_auc", "auc", "rocauc", "roc-auc", "balanced_accuracy"}
-)
-# (lower bound, cap): the first row whose bound the value reaches gives the cap.
-_CLASSIFICATION_CAPS = ((0.85, 9), (0.75, 8), (0.65, 6), (0.55, 4), (-math.inf, 3))
-# (upper bound in % of target range, cap) for regression RMSE.
-_REGRESSION_CAPS = ((10.0, 9), (25.0, 8), (50.0, 6), (math.inf, 4))
-
-
-@dataclass(frozen=True)
-class OutcomeCap:
-    """A cap on the analyst's score derived from the measured outcome.
-
-    Attributes:
-        cap: Highest score the analyst may get.
-        reason: One line explaining the cap, shown to the coach.
-    """
-
-    cap: int
-    reason: str
-
-
-def analyst_outcome_cap(outcome: Mapping[str, Any], task_type: str | None) -> OutcomeCap | None:
-    """The spec's cap on the analyst's score, from a DSBench outcome.
-
-    Classification (accuracy or ROC-AUC): >= 0.85 -> 9, 0.75-0.85 -> 8, 0.65-0.75 -> 6,
-    0.55-0.65 -> 4, below -> 3. Regression (RMSE as % of the target range): < 10% -> 9,
-    10-25% -> 8, 25-50% -> 6, above -> 4. An explicit ``cap`` in the outcome (computed
-    by the environment) takes precedence.
-
-    Args:
-        outcome: The outcome mapping (a DSBench submission score, plus the environment's
-            ``metadata["outcome_cap"]`` as ``cap`` when given). Keys read: ``cap``
-            (int), ``success`` (bool), ``metric`` (str), ``value`` (float),
-            ``rmse_pct_range`` (float, RMSE as % of the target range) and
-            ``target_range`` (float, to compute it from an RMSE ``value``).
-        task_type: ``"classification"`` or ``"regression"`` (else no cap).
-
-    Returns:
-        The cap, or ``None`` when the outcome says nothing the spec's table covers.
-    """
-    if outcome.get("cap") is not None:
-        return OutcomeCap(int(outcome["cap"]), "cap set by the environment from the outcome")
-    if outcome.get("success") is False:
-        return None
-    metric = str(outcome.get("metric") or "").lower()
-    value = _as_float(outcome.get("value"))
-    if task_type == "classification" and metric in _CLASSIFICATION_CAP_METRICS:
-        if value is None:
-            return None
-        cap = next(c for bound, c in _CLASSIFICATION_CAPS if value >= bound)
-        return OutcomeCap(cap, f"{metric} = {value:.4g}")
-    if task_type == "regression":
-        pct = _as_float(outcome.get("rmse_pct_range"))
-        target_range = _as_float(outcome.get("target_range"))
-        if pct is None and metric in ("rmse", "mcrmse") and value is not None and target_range:
-            pct = 100.0 * value / target_range
-        if pct is None:
-            return None
-        cap = next(c for bound, c in _REGRESSION_CAPS if pct < bound)
-        return OutcomeCap(cap, f"RMSE = {pct:.3g}% of the target range")
-    return None
 
 
 @dataclass(frozen=True)
@@ -271,8 +125,11 @@ class CoachTemplates:
     Attributes:
         version: Identifies this template set; part of the coach's cache key.
         system_prompt: The system message (scale and principles).
-        rubrics: Rubric text by environment id, then agent id.
-        general_rubric: Rubric for agents with no entry in ``rubrics``.
+        rubrics: Overrides of environments' own rubrics, by environment id (``"*"``:
+            every environment), then agent id. Environments bring their rubrics with
+            each request (``request.rubric``, from the class's ``coach_rubrics``).
+        general_rubric: Rubric for agents with neither an override nor their
+            environment's rubric.
         text_reply_format: Reply instructions when the model answers in text.
         json_reply_format: Reply instructions when structured (JSON) output is used.
         correction_prompt: Follow-up message after an unusable reply; ``{error}`` and
@@ -282,7 +139,7 @@ class CoachTemplates:
 
     version: str = TEMPLATE_VERSION
     system_prompt: str = SYSTEM_PROMPT
-    rubrics: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: DEFAULT_RUBRICS)
+    rubrics: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     general_rubric: str = GENERAL_RUBRIC
     text_reply_format: str = TEXT_REPLY_FORMAT
     json_reply_format: str = JSON_REPLY_FORMAT
@@ -309,9 +166,8 @@ class CoachTemplates:
         """A copy with some rubrics replaced, under a new version string.
 
         Args:
-            rubrics: Either ``{agent: rubric}`` (applied to every environment that has
-                that agent, or to all environments for a new agent id) or
-                ``{env_id: {agent: rubric}}``.
+            rubrics: Either ``{agent: rubric}`` (that agent in every environment, or
+                where an earlier override placed it) or ``{env_id: {agent: rubric}}``.
 
         Returns:
             New templates whose ``version`` is this one plus a hash of the overrides.
@@ -330,13 +186,23 @@ class CoachTemplates:
         digest = hashlib.sha256(json.dumps(rubrics, sort_keys=True).encode()).hexdigest()[:10]
         return replace(self, rubrics=_freeze(merged), version=f"{self.version}+rubrics-{digest}")
 
-    def rubric_for(self, env_id: str, agent: str) -> str:
-        """The rubric text for ``agent`` in ``env_id`` (the general rubric if none)."""
+    def rubric_for(self, env_id: str, agent: str, env_rubric: str | None = None) -> str:
+        """The rubric text for ``agent`` in ``env_id``.
+
+        Args:
+            env_id: The environment's id.
+            agent: The agent's id.
+            env_rubric: The environment's own rubric for the role (``request.rubric``).
+
+        Returns:
+            An override of these templates (for ``env_id``, then for every environment),
+            else ``env_rubric``, else the general rubric.
+        """
         for key in (env_id, "*"):
             roles = self.rubrics.get(key, {})
             if agent in roles:
                 return roles[agent]
-        return self.general_rubric
+        return env_rubric if env_rubric is not None else self.general_rubric
 
     def reply_format(self, *, structured: bool) -> str:
         """The reply instructions for text or structured (JSON) output."""
@@ -389,7 +255,7 @@ class CoachTemplates:
                     truncate_middle(_render_files(request.upstream_files), lim.files),
                 )
             )
-        if request.files or request.env_id == DSBENCH:
+        if request.files or request.shows_workspace:
             sections.append(
                 (
                     "Files in the workspace after this action",
@@ -410,11 +276,12 @@ class CoachTemplates:
         if isinstance(outcome, Mapping):
             if request.metadata.get("outcome_cap") is not None:
                 outcome = {**outcome, "cap": request.metadata["outcome_cap"]}
-            sections.append(
-                ("Measured outcome", _outcome_section(outcome, request.metadata.get("task_type")))
-            )
+            sections.append(("Measured outcome", _outcome_section(outcome)))
         sections += [
-            (f"Rubric for the {request.agent}", self.rubric_for(request.env_id, request.agent)),
+            (
+                f"Rubric for the {request.agent}",
+                self.rubric_for(request.env_id, request.agent, request.rubric),
+            ),
             ("Reply format", self.reply_format(structured=structured)),
         ]
         return "\n\n".join(f"## {title}\n{body}" for title, body in sections)
@@ -519,7 +386,7 @@ def _artifact_section(metadata: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _outcome_section(outcome: Mapping[str, Any], task_type: Any) -> str:
+def _outcome_section(outcome: Mapping[str, Any]) -> str:
     lines = []
     if outcome.get("success") is False:
         reason = outcome.get("reason") or "no reason given"
@@ -527,21 +394,14 @@ def _outcome_section(outcome: Mapping[str, Any], task_type: Any) -> str:
     for key in ("metric", "value", "rmse_pct_range", "normalized"):
         if outcome.get(key) is not None:
             lines.append(f"- {key}: {_fmt(outcome[key])}")
-    cap = analyst_outcome_cap(outcome, task_type if isinstance(task_type, str) else None)
-    if cap is not None:
+    if outcome.get("cap") is not None:
+        # The environment derives the cap from the outcome (e.g. DSBench's metric table).
         lines.append(
-            f"- Score cap from this outcome: at most {cap.cap} ({cap.reason}). "
-            "Do not exceed it, whatever the quality of the code."
+            f"- Score cap from this outcome: at most {int(outcome['cap'])} (cap set by the "
+            "environment from the outcome). Do not exceed it, whatever the quality of the code."
         )
     return "\n".join(lines) or "(outcome recorded without details)"
 
 
 def _fmt(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def _as_float(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None

@@ -272,8 +272,10 @@ def load_dsbench_tasks(
         task_list: Task-list file(s) (JSON lines with the raw prompts), or a split name of
             the benchmark directory: ``"train"``, ``"eval"`` or ``"all"``. Tasks listed
             there without a cleaned prompt (unknown metric) are skipped with a warning.
-        cleaned_prompts: The cleaned-prompts file or its parsed mapping. Default: the file
-            in the benchmark directory (see :func:`find_bench_dir`).
+        cleaned_prompts: The cleaned-prompts file or its parsed mapping. Default: a
+            ``dsbench_modeling_cleaned_prompts.json`` in ``data_dir`` (or the folder it
+            resolves to, or that folder's parent), else the one in the benchmark
+            directory (see :func:`find_bench_dir`).
 
     Returns:
         The tasks.
@@ -286,12 +288,24 @@ def load_dsbench_tasks(
     """
     root = _resolve_data_dir(data_dir)
     bench_dir = find_bench_dir(required=False)
+    # A DSBench folder that carries its own prompts file describes its own tasks: it
+    # comes before the benchmark directory's file, which may list other tasks.
+    local_prompts = next(
+        (
+            folder / CLEANED_PROMPTS_FILE
+            for folder in dict.fromkeys((Path(data_dir).expanduser(), root, root.parent))
+            if (folder / CLEANED_PROMPTS_FILE).is_file()
+        ),
+        None,
+    )
+    if cleaned_prompts is None and local_prompts is not None:
+        cleaned_prompts = local_prompts
     if cleaned_prompts is None:
         if bench_dir is None:
             raise FileNotFoundError(
-                f"no cleaned prompts given and no benchmark directory found; pass "
-                f"cleaned_prompts= or set {BENCH_DIR_ENV} to the directory holding "
-                f"{CLEANED_PROMPTS_FILE}"
+                f"no cleaned prompts given, none in {data_dir} and no benchmark directory "
+                f"found; pass cleaned_prompts= or put {CLEANED_PROMPTS_FILE} in the data "
+                f"directory or in the directory {BENCH_DIR_ENV} names"
             )
         prompts: Mapping[str, Mapping[str, Any]] = read_cleaned_prompts(
             bench_dir / CLEANED_PROMPTS_FILE

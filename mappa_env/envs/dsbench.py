@@ -7,6 +7,28 @@ the episode's workspace directory, so work passes between agents only through fi
 final messages. The submission is joined to the hidden answers by id and scored with
 the task's own metric.
 
+Card:
+
+- **Agents**: ``data_engineer`` -> ``modeler`` -> ``analyst``, up to 4 turns each (a
+  turn without code ends the slot); ``turns=`` changes the limits.
+- **Observation**: ``{"text": str, "messages": (chat messages, ...)}``: the task, the
+  workspace's files, earlier agents' final messages, its own earlier turns.
+- **Action**: any string; its fenced ```` ```python ```` blocks run in the agent's own
+  Jupyter kernel in the shared workspace.
+- **Rewards**: ``process`` (default): the coach's score of each action / 10;
+  ``outcome``: the submission's success to every action; ``mixed``: a weighted sum.
+- **Outcome** (``infos[agent]["outcome"]``): ``success``, ``metric``, ``value``,
+  ``fair_value`` (the metric mapped to [0, 1]), ``reward``, ``task_type``.
+- **Tasks**: built-in offline tasks (scikit-learn and synthetic data, keyed by a
+  secret), a :class:`~mappa_env.dsbench.builtin.BuiltinTaskSet`, or a real DSBench
+  folder (``data_dir=``, ``task_ids=``, ``cleaned_prompts=``).
+- **Coaches**: ``"rules"`` (offline,
+  :func:`~mappa_env.coach.rules_dsbench.dsbench_rubric`, with artifact checks) or an
+  LLM coach judging by :data:`COACH_RUBRICS`, shown the workspace's files.
+- **Options**: ``tasks``, ``data_dir``, ``task_ids``, ``cleaned_prompts`` and every
+  option of :class:`~mappa_env.envs.pipeline.PipelineEnv`.
+- **Versions**: v0, the paper's DSBench modeling pipeline.
+
 Whatever agent code leaves in the workspace, the environment reads only regular files
 of the workspace itself (never through a link, never a FIFO or device, size-capped),
 walks it within bounds, and checks pickles only in a separate isolated interpreter (see
@@ -29,19 +51,16 @@ from typing import Any
 import pandas as pd
 
 from mappa_env._fs import UnsafeFileError, file_kind, read_regular_file, walk_files
-from mappa_env.coach.base import Coach, FileInfo, RevealPolicy
+from mappa_env.coach.base import FileInfo
+from mappa_env.coach.rules_dsbench import dsbench_rubric
 from mappa_env.dsbench.builtin import BuiltinTaskSet
 from mappa_env.dsbench.tasks import DSBenchTask
 from mappa_env.envs.pipeline import (
     ActionRecord,
     AgentSpec,
     PipelineEnv,
-    RewardMode,
     ToolOutcome,
-    parse_turn_limits,
 )
-from mappa_env.sandbox.base import SandboxFactory
-from mappa_env.sandbox.isolation import IsolationMode
 from mappa_env.tasks.secret import user_task_secret
 from mappa_env.text import extract_code_blocks, strip_think, truncate_middle
 
@@ -468,6 +487,49 @@ def _human_size(size: int) -> str:
     return f"{size} B"
 
 
+_BLAME_RULE = """\
+Blame rule: if this agent's work failed because an earlier agent did not leave an \
+artifact it needed (a missing or broken file), do not penalise it for that failure; judge \
+whether it detected the problem, reported it clearly, and recovered sensibly where it could."""
+
+#: What an LLM coach judges each role by (the rules coach uses ``dsbench_rubric``).
+COACH_RUBRICS = {
+    DATA_ENGINEER: """\
+The data engineer prepares data for modelling in the shared workspace. It must leave \
+X_train.pkl, y_train.pkl and X_test.pkl (plus any fitted transformers) and a short \
+preprocessing summary.
+- The files must exist at the end of its turn (see the workspace file list), with \
+matching rows and columns between train and test features.
+- The target must be separated from the features, with no target leakage and no id \
+column used as a feature.
+- Missing values and categorical columns must be handled; test data must be \
+transformed with the transformers fitted on the training data.
+- Code errors in the tool output that it left unresolved count against it; files \
+promised but absent from the workspace are a serious fault (downstream agents need them).""",
+    MODELER: f"""\
+The modeler trains a model on the data engineer's files and must leave model.pkl and \
+print cross-validation metrics.
+- The model and validation should suit the task type and the task's metric (e.g. a \
+classifier with probabilities for ROC-AUC, a regressor for RMSE).
+- model.pkl must exist at the end of its turn; cross-validation scores must appear in \
+the tool output (not only be claimed).
+- Sensible choices (a strong baseline such as gradient boosting, reasonable \
+hyperparameters, no training on test data) matter more than elaborate ones.
+{_BLAME_RULE}""",
+    ANALYST: f"""\
+The analyst predicts on the test set with the saved model and must write \
+submission.csv in the format of sample_submission.csv: the id column and the target \
+column(s), one row per test row.
+- submission.csv must exist and be scorable; predictions must come from the model (not \
+constants or copied samples) and be of the right kind (labels or probabilities as the \
+metric needs).
+- When an outcome section is shown, it reports how the submission actually scored; the \
+score cap given there is binding.
+- With no scorable submission, the analyst's own failure scores low.
+{_BLAME_RULE}""",
+}
+
+
 class DSBenchEnv(PipelineEnv):
     """DSBench-v0: data_engineer -> modeler -> analyst in one shared workspace.
 
@@ -479,30 +541,17 @@ class DSBenchEnv(PipelineEnv):
         data_dir: A real DSBench data directory (``data_resplit/`` and ``answers/``);
             with ``task_ids`` selects tasks from it instead of the built-in ones.
         task_ids: Task ids to use from ``data_dir`` (or names of built-in tasks).
-        coach: A coach, a spec string (``"rules"``, ``"llm:<model>"``), or ``None`` (only
-            with ``reward_mode="outcome"``).
-        sandbox: ``"jupyter"`` (default: one kernel per agent, all in the workspace), a
-            callable ``workdir -> Sandbox``, or ``None`` (no code runs).
-        isolation: How agents' code is confined, and the artifact inspector with it (see
-            :mod:`mappa_env.sandbox.isolation`): ``"auto"`` (Linux namespaces where
-            bubblewrap works, else none with a warning), ``"namespaces"`` (or raise
-            :class:`~mappa_env.sandbox.isolation.IsolationUnavailableError`) or ``"none"``.
-        seed: Seeds task order and the built-in task data (keyed by the user's task
-            secret too, see :mod:`mappa_env.tasks.secret`, so that agents cannot rebuild
-            it from the seed; pass a :class:`~mappa_env.dsbench.builtin.BuiltinTaskSet`
-            for data keyed otherwise).
-        turns: Per-agent turn limits; default 4 each.
-        max_new_tokens: Token budget per action stated in the prompts.
-        code_timeout_s: Wall-clock limit of one code run.
-        tool_output_chars: Code output longer than this is cut from the middle.
-        shuffle: Visit tasks in a seeded random order.
-        reward_mode: See :class:`~mappa_env.envs.pipeline.PipelineEnv`.
-        outcome_weight: See :class:`~mappa_env.envs.pipeline.PipelineEnv`.
-        reveal: See :class:`~mappa_env.envs.pipeline.PipelineEnv`.
-        max_action_chars: See :class:`~mappa_env.envs.pipeline.PipelineEnv`.
-        max_cycles: See :class:`~mappa_env.envs.pipeline.PipelineEnv`.
-        invalid_reward: See :class:`~mappa_env.envs.pipeline.PipelineEnv`.
-        render_mode: See :class:`~mappa_env.envs.pipeline.PipelineEnv`.
+        cleaned_prompts: With ``data_dir``: the cleaned-prompts file (or its parsed
+            mapping) that gives each task's metric and columns; default: the file in
+            ``data_dir``, else the benchmark directory's (see
+            :func:`~mappa_env.dsbench.tasks.load_dsbench_tasks`).
+        **options: Options of :class:`~mappa_env.envs.pipeline.PipelineEnv` (``coach``
+            defaults to ``"rules"``, ``sandbox`` to ``"jupyter"``: one kernel per agent,
+            all in the workspace; ``isolation`` confines the artifact inspector too;
+            ``seed`` also seeds the built-in task data, keyed by the user's task secret
+            as well (see :mod:`mappa_env.tasks.secret`) so that agents cannot rebuild it
+            from the seed; pass a :class:`~mappa_env.dsbench.builtin.BuiltinTaskSet` for
+            data keyed otherwise).
     """
 
     metadata = {  # noqa: RUF012 - PettingZoo reads this as a class attribute
@@ -511,7 +560,16 @@ class DSBenchEnv(PipelineEnv):
         "is_parallelizable": False,
     }
     env_id = "DSBench-v0"
+    roles = (
+        AgentSpec(DATA_ENGINEER, "data engineer", 4),
+        AgentSpec(MODELER, "modeler", 4),
+        AgentSpec(ANALYST, "analyst", 4),
+    )
     task_class = DSBenchTask
+    coach_rubrics = COACH_RUBRICS
+    rules_rubric = staticmethod(dsbench_rubric)
+    shows_workspace = True
+    default_code_timeout_s = 120.0
 
     def __init__(
         self,
@@ -519,62 +577,33 @@ class DSBenchEnv(PipelineEnv):
         *,
         data_dir: str | Path | None = None,
         task_ids: Sequence[str] | None = None,
-        coach: Coach | str | None = "rules",
-        sandbox: str | SandboxFactory | None = "jupyter",
-        seed: int | None = None,
-        isolation: IsolationMode = "auto",
-        turns: Mapping[str, int] | None = None,
-        max_new_tokens: int = 4096,
-        code_timeout_s: float = 120.0,
-        tool_output_chars: int = 4000,
-        shuffle: bool = True,
-        reward_mode: RewardMode = "process",
-        outcome_weight: float = 0.5,
-        reveal: RevealPolicy | None = None,
-        max_action_chars: int = 32_768,
-        max_cycles: int | None = None,
-        invalid_reward: float = float("nan"),
-        render_mode: str | None = None,
+        cleaned_prompts: str | Path | Mapping[str, Mapping[str, Any]] | None = None,
+        **options: Any,
     ) -> None:
-        self._turn_limits = parse_turn_limits({DATA_ENGINEER: 4, MODELER: 4, ANALYST: 4}, turns)
-        if max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
-        if code_timeout_s <= 0:
-            raise ValueError(f"code_timeout_s must be positive, got {code_timeout_s}")
-        self.max_new_tokens = int(max_new_tokens)
-        self.code_timeout_s = float(code_timeout_s)
-        self.tool_output_chars = int(tool_output_chars)
+        options.setdefault("coach", "rules")
+        options.setdefault("sandbox", "jupyter")
         self._owned_builtin: BuiltinTaskSet | None = None
         self._shared_builtin: BuiltinTaskSet | None = None
         self._answer_tables: dict[str, pd.DataFrame] = {}
         self._row_counts: dict[str, tuple[int | None, int | None]] = {}
         self._input_rows: tuple[int | None, int | None] = (None, None)
-        self.tasks = self._resolve_tasks(tasks, data_dir, task_ids, 0 if seed is None else seed)
+        seed = options.get("seed")
+        self.tasks = self._resolve_tasks(
+            tasks, data_dir, task_ids, cleaned_prompts, 0 if seed is None else seed
+        )
         self._answers: pd.DataFrame | None = None
         self._artifacts: dict[str, dict[str, Any]] = {}
         self._slot_start_files: dict[str, list[FileInfo]] = {}
         self._submission_score: Any = None
         self.task = self.tasks[0]
-        super().__init__(
-            coach=coach,
-            reward_mode=reward_mode,
-            outcome_weight=outcome_weight,
-            reveal=reveal,
-            max_action_chars=max_action_chars,
-            max_cycles=max_cycles,
-            invalid_reward=invalid_reward,
-            render_mode=render_mode,
-            seed=seed,
-            shuffle=shuffle,
-            sandbox=sandbox,
-            isolation=isolation,
-        )
+        super().__init__(**options)
 
     def _resolve_tasks(
         self,
         tasks: Sequence[Any] | None,
         data_dir: str | Path | None,
         task_ids: Sequence[str] | None,
+        cleaned_prompts: str | Path | Mapping[str, Mapping[str, Any]] | None,
         seed: int,
     ) -> list[Any]:
         from mappa_env.dsbench.tasks import DSBenchTask, load_dsbench_tasks
@@ -598,7 +627,9 @@ class DSBenchEnv(PipelineEnv):
                     "load them with mappa_env.dsbench.load_dsbench_tasks()"
                 )
         elif data_dir is not None:
-            resolved = load_dsbench_tasks(data_dir, task_ids=task_ids)
+            resolved = load_dsbench_tasks(
+                data_dir, task_ids=task_ids, cleaned_prompts=cleaned_prompts
+            )
         else:
             # The user's secret, not a fresh one: the same seed then gives the same
             # episodes (PettingZoo's seed_test), and agents still cannot rebuild them.
@@ -611,14 +642,6 @@ class DSBenchEnv(PipelineEnv):
         return resolved
 
     # ------------------------------------------------------------------ pipeline hooks
-
-    def agent_specs(self) -> Sequence[AgentSpec]:
-        """data_engineer -> modeler -> analyst, 4 turns each by default."""
-        return (
-            AgentSpec(DATA_ENGINEER, "data engineer", self._turn_limits[DATA_ENGINEER]),
-            AgentSpec(MODELER, "modeler", self._turn_limits[MODELER]),
-            AgentSpec(ANALYST, "analyst", self._turn_limits[ANALYST]),
-        )
 
     @property
     def system_description(self) -> str:
@@ -902,6 +925,42 @@ class DSBenchEnv(PipelineEnv):
     def task_facts(self) -> tuple[str, str, str | None]:
         """``(task id, description, None)``: DSBench has no short ground-truth string."""
         return self.task.id, self.task.description, None
+
+    @classmethod
+    def cli_options(cls, flags: Mapping[str, Any]) -> dict[str, Any]:
+        """A real DSBench folder (``--data-dir``), else the built-in tasks.
+
+        ``--task-ids`` picks tasks of either; ``--task-secret`` keys the built-in data.
+        """
+        if flags.get("tasks") is not None or flags.get("num_tasks") is not None:
+            raise ValueError(
+                "DSBench-v0 takes --data-dir and --task-ids (or the built-in tasks), "
+                "not --tasks/--num-tasks"
+            )
+        task_ids = flags.get("task_ids")
+        if flags.get("data_dir"):
+            return {"data_dir": flags["data_dir"], "task_ids": task_ids}
+        # Built once and shared by every environment of the run (the caller closes it).
+        return {"tasks": BuiltinTaskSet(names=task_ids, secret=flags.get("task_secret"))}
+
+    @classmethod
+    def summarize_outcomes(cls, outcomes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """The mean metric of scored submissions and the mean fair value of all.
+
+        ``metric_mean_when_successful`` is the raw metric over scored submissions;
+        ``fair_value_mean`` the metric mapped to [0, 1], over every episode.
+        """
+
+        def mean(values: list[Any]) -> float | None:
+            clean = [float(v) for v in values if v is not None and float(v) == float(v)]
+            return sum(clean) / len(clean) if clean else None  # (v == v drops NaN)
+
+        return {
+            "metric_mean_when_successful": mean(
+                [o.get("value") for o in outcomes if o.get("success")]
+            ),
+            "fair_value_mean": mean([o.get("fair_value") for o in outcomes]),
+        }
 
     def coach_metadata(self, record: ActionRecord) -> dict[str, Any]:
         """Task type, metric, artifact checks and (for the analyst) the submission score."""

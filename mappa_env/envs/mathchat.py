@@ -4,6 +4,26 @@ r"""MathChat-v0: three agents solve a competition math problem.
 in a sandbox (up to two turns; a turn without a code block ends its slot), and
 ``verifier`` gives the final answer in ``\\boxed{}``. The episode is correct when the
 verifier's boxed answer equals the ground truth.
+
+Card:
+
+- **Agents**: ``problem_solver`` (1 turn) -> ``code_executor`` (2) -> ``verifier`` (1);
+  ``turns=`` changes the limits.
+- **Observation**: ``{"text": str, "messages": (chat messages, ...)}`` for the acting
+  agent: the problem, what earlier agents handed on, its own earlier turns.
+- **Action**: any string (cut at ``max_action_chars``). The code executor's fenced
+  ```` ```python ```` blocks run in one Jupyter kernel per episode.
+- **Rewards**: ``process`` (default): the coach's score of each action / 10;
+  ``outcome``: 1 to every action when the verifier's boxed answer is right, else 0;
+  ``mixed``: a weighted sum. An invalid coach verdict is NaN and flagged, never 0.
+- **Outcome** (``infos[agent]["outcome"]``): ``correct``, ``predicted``, ``answer``,
+  ``reward``, ``task_id``, ``task_type``.
+- **Tasks**: generated problems (offline default), AIME/AMC files, or ``MathTask`` lists.
+- **Coaches**: ``"rules"`` (offline, :func:`~mappa_env.coach.rules.mathchat_rubric`) or
+  an LLM coach judging by :data:`COACH_RUBRICS`.
+- **Options**: ``tasks``, ``verifier_sees_solver``, ``strict_boxed``, and every option
+  of :class:`~mappa_env.envs.pipeline.PipelineEnv`.
+- **Versions**: v0, the paper's MathChat.
 """
 
 from __future__ import annotations
@@ -13,18 +33,14 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mappa_env.coach.base import Coach, RevealPolicy
+from mappa_env.coach.rules import mathchat_rubric
 from mappa_env.envs.pipeline import (
     ActionRecord,
     AgentSpec,
     PipelineEnv,
-    RewardMode,
     ToolOutcome,
-    parse_turn_limits,
 )
 from mappa_env.grading.math import answers_match_any, extract_boxed
-from mappa_env.sandbox.base import SandboxFactory
-from mappa_env.sandbox.isolation import IsolationMode
 from mappa_env.tasks import MathTask
 from mappa_env.text import extract_code_blocks, strip_think
 
@@ -71,6 +87,39 @@ _ROLE_TEMPLATES = {
         "competition answers are usually a single number.\n"
         "Keep it within {budget} tokens."
     ),
+}
+
+#: What an LLM coach judges each role by (the rules coach uses ``mathchat_rubric``).
+COACH_RUBRICS = {
+    # Keys are the agent ids above.
+    PROBLEM_SOLVER: """\
+The problem solver drafts a step-by-step solution in text (it runs no code).
+- Reasoning must be mathematically sound: valid steps, correct algebra and arithmetic, \
+no unjustified leaps, cases handled.
+- It must reach a concrete final answer (a specific value), not just a plan.
+- Its work should be easy for the code executor to check: clear intermediate results.
+- When a reference answer is shown, a wrong final answer caps the score at 4 however \
+polished the reasoning; a correct answer reached by sound reasoning scores 8 or more.""",
+    CODE_EXECUTOR: """\
+The code executor checks or computes the answer with Python; its code was run and the \
+tool result is shown. Judge the action on that tool result, not on what the agent claims.
+- Code must run: a traceback or timeout caused by its own code is a serious fault.
+- The code should compute the answer or independently check the solver's answer (brute \
+force, exact arithmetic, simulation), and its printed output must show the result.
+- Reading the output correctly matters: claiming a result the output does not show, or \
+ignoring a contradiction with the solver, counts against it.
+- An action with no code block ends its turn: that is right only when a previous run \
+already established the answer; otherwise judge it as not doing the job.
+- When a reference answer is shown, output that computes the correct value is strong \
+evidence of good work; output that confirms a wrong answer is a fault.""",
+    VERIFIER: """\
+The verifier gives the team's final answer as \\boxed{answer}.
+- Exactly one boxed final answer must be present; a missing or ambiguous box scores at \
+most 2.
+- The answer should follow from the evidence (solver's reasoning, code output); noticing \
+and fixing an upstream error is excellent work.
+- When a reference answer is shown: a boxed answer equal to it (mathematically \
+equivalent forms count) scores 8 or more; a wrong boxed answer scores at most 2.""",
 }
 
 # The closing line of each agent's user message: what to do now.
@@ -157,32 +206,12 @@ class MathChatEnv(PipelineEnv):
             :func:`~mappa_env.tasks.generate_math_tasks` arguments (``{"n": 512,
             "seed": 1, "kinds": ["expression"], "difficulty": "medium"}``; handy in
             YAML configs), or ``None`` for 64 generated problems (offline default).
-        coach: A :class:`~mappa_env.coach.Coach`, a coach spec string (``"rules"``,
-            ``"llm:<model>"``), or ``None`` (only with ``reward_mode="outcome"``).
-            Defaults to the rules coach.
-        sandbox: ``"jupyter"`` (a Jupyter kernel per episode, the default), a callable
-            ``workdir -> Sandbox``, or ``None`` to run no code (code blocks are reported
-            as not executed).
-        isolation: How agents' code is confined (see
-            :mod:`mappa_env.sandbox.isolation`): ``"auto"`` (Linux namespaces where
-            bubblewrap works, else none with a warning), ``"namespaces"`` (or raise
-            :class:`~mappa_env.sandbox.isolation.IsolationUnavailableError`) or ``"none"``.
-        seed: Seeds task order; ``reset(seed=...)`` reseeds.
-        turns: Per-agent turn limits, e.g. ``{"code_executor": 3}``; defaults 1/2/1.
-        max_new_tokens: Token budget per action stated in the prompts (the paper: 4,096).
-        code_timeout_s: Wall-clock limit of one code run.
-        tool_output_chars: Code output longer than this is cut from the middle.
         verifier_sees_solver: Also show the problem solver's draft to the verifier.
         strict_boxed: Grade only a ``\\boxed{}`` answer of the verifier (the paper);
             when False, fallbacks such as "the final answer is 5" count too.
-        shuffle: Visit tasks in a seeded random order (else in the given order).
-        reward_mode: See :class:`~mappa_env.envs.pipeline.PipelineEnv`.
-        outcome_weight: See :class:`~mappa_env.envs.pipeline.PipelineEnv`.
-        reveal: See :class:`~mappa_env.envs.pipeline.PipelineEnv`.
-        max_action_chars: See :class:`~mappa_env.envs.pipeline.PipelineEnv`.
-        max_cycles: See :class:`~mappa_env.envs.pipeline.PipelineEnv`.
-        invalid_reward: See :class:`~mappa_env.envs.pipeline.PipelineEnv`.
-        render_mode: See :class:`~mappa_env.envs.pipeline.PipelineEnv`.
+        **options: Options of :class:`~mappa_env.envs.pipeline.PipelineEnv`
+            (``coach`` defaults to ``"rules"``, ``sandbox`` to ``"jupyter"``;
+            ``max_new_tokens`` is the budget the prompts state, the paper's 4,096).
     """
 
     metadata = {  # noqa: RUF012 - PettingZoo reads this as a class attribute
@@ -191,70 +220,35 @@ class MathChatEnv(PipelineEnv):
         "is_parallelizable": False,
     }
     env_id = "MathChat-v0"
+    roles = (
+        AgentSpec(PROBLEM_SOLVER, "problem solver", 1),
+        AgentSpec(CODE_EXECUTOR, "code executor", 2),
+        AgentSpec(VERIFIER, "verifier", 1),
+    )
     task_class = MathTask
+    coach_rubrics = COACH_RUBRICS
+    rules_rubric = staticmethod(mathchat_rubric)
+    tool_agent = CODE_EXECUTOR
+    default_code_timeout_s = 30.0
 
     def __init__(
         self,
         tasks: str | Mapping[str, Any] | Sequence[MathTask] | None = None,
-        coach: Coach | str | None = "rules",
-        sandbox: str | SandboxFactory | None = "jupyter",
-        seed: int | None = None,
         *,
-        isolation: IsolationMode = "auto",
-        turns: Mapping[str, int] | None = None,
-        max_new_tokens: int = 4096,
-        code_timeout_s: float = 30.0,
-        tool_output_chars: int = 4000,
         verifier_sees_solver: bool = False,
         strict_boxed: bool = True,
-        shuffle: bool = True,
-        reward_mode: RewardMode = "process",
-        outcome_weight: float = 0.5,
-        reveal: RevealPolicy | None = None,
-        max_action_chars: int = 32_768,
-        max_cycles: int | None = None,
-        invalid_reward: float = float("nan"),
-        render_mode: str | None = None,
+        **options: Any,
     ) -> None:
-        self._turn_limits = parse_turn_limits(
-            {PROBLEM_SOLVER: 1, CODE_EXECUTOR: 2, VERIFIER: 1}, turns
-        )
-        if max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
-        if code_timeout_s <= 0:
-            raise ValueError(f"code_timeout_s must be positive, got {code_timeout_s}")
-        self.max_new_tokens = int(max_new_tokens)
-        self.code_timeout_s = float(code_timeout_s)
-        self.tool_output_chars = int(tool_output_chars)
+        options.setdefault("coach", "rules")
+        options.setdefault("sandbox", "jupyter")
         self.verifier_sees_solver = bool(verifier_sees_solver)
         self.strict_boxed = bool(strict_boxed)
+        seed = options.get("seed")
         self.tasks = _resolve_tasks(tasks, seed=0 if seed is None else seed)
         self.task: MathTask = self.tasks[0]
-        super().__init__(
-            coach=coach,
-            reward_mode=reward_mode,
-            outcome_weight=outcome_weight,
-            reveal=reveal,
-            max_action_chars=max_action_chars,
-            max_cycles=max_cycles,
-            invalid_reward=invalid_reward,
-            render_mode=render_mode,
-            seed=seed,
-            shuffle=shuffle,
-            sandbox=sandbox,
-            isolation=isolation,
-        )
+        super().__init__(**options)
 
     # ------------------------------------------------------------------ pipeline hooks
-
-    def agent_specs(self) -> Sequence[AgentSpec]:
-        """problem_solver (1 turn) -> code_executor (2) -> verifier (1), by default."""
-        limits = self._turn_limits
-        return (
-            AgentSpec(PROBLEM_SOLVER, "problem solver", limits[PROBLEM_SOLVER]),
-            AgentSpec(CODE_EXECUTOR, "code executor", limits[CODE_EXECUTOR]),
-            AgentSpec(VERIFIER, "verifier", limits[VERIFIER]),
-        )
 
     @property
     def system_description(self) -> str:
@@ -363,6 +357,35 @@ class MathChatEnv(PipelineEnv):
             # The problem's kind (generated tasks) or source file: groups for bias reports.
             "task_type": self.task.metadata.get("kind") or self.task.metadata.get("source"),
         }
+
+    @classmethod
+    def cli_options(cls, flags: Mapping[str, Any]) -> dict[str, Any]:
+        """``--tasks`` (a file, a name, ``gen:N``) or ``--num-tasks`` generated problems.
+
+        Generated problems are drawn with ``--task-seed`` and ``--task-secret``.
+        """
+        if flags.get("data_dir") is not None or flags.get("task_ids") is not None:
+            raise ValueError("MathChat-v0 takes --tasks or --num-tasks, not --data-dir/--task-ids")
+        if flags.get("tasks"):
+            return {"tasks": flags["tasks"]}
+        if flags.get("num_tasks"):
+            from mappa_env.tasks import generate_math_tasks
+
+            return {
+                "tasks": generate_math_tasks(
+                    int(flags["num_tasks"]),
+                    seed=int(flags.get("task_seed") or 0),
+                    secret=flags.get("task_secret"),
+                )
+            }
+        return {}
+
+    @classmethod
+    def summarize_outcomes(cls, outcomes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """``accuracy``: the share of episodes whose verifier answered correctly."""
+        if not outcomes:
+            return {"accuracy": 0.0}
+        return {"accuracy": sum(bool(o.get("correct")) for o in outcomes) / len(outcomes)}
 
     def task_facts(self) -> tuple[str, str, str | None]:
         """``(task id, problem, answer)``."""

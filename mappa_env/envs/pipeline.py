@@ -19,7 +19,7 @@ import math
 import tempfile
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -34,6 +34,7 @@ from mappa_env.coach.base import (
     CoachVerdict,
     FileInfo,
     RevealPolicy,
+    Rubric,
 )
 from mappa_env.envs._sync import SyncRunner
 from mappa_env.sandbox.base import ExecError, ExecResult, Sandbox, SandboxFactory, check_sandbox
@@ -128,8 +129,33 @@ class ActionRecord:
 class PipelineEnv(AECEnv):
     """Base class of the pipeline environments (an ``AECEnv`` with an async core).
 
-    Subclasses define the agents, prompts, what an action does, and the episode
-    outcome. See :class:`mappa_env.envs.mathchat.MathChatEnv` for a complete example.
+    A subclass is one environment: its agents, prompts, tools, tasks, outcome grading and
+    coach rubrics live on it, and nothing elsewhere branches on its id. The contract:
+
+    Class attributes:
+        env_id: The id used by :func:`mappa_env.register`, coach requests and reports.
+        roles: The agents, in order, as :class:`AgentSpec` (name, title, default turns).
+        task_class: Type of the task objects (checked for ``options["task"]``).
+        coach_rubrics: ``{agent: rubric text}`` an LLM coach judges each role by.
+        rules_rubric: ``request -> (score, analysis)`` for the offline ``"rules"``
+            coach, or ``None`` when the environment has none.
+        shows_workspace: The coach is shown the workspace's file list (even when empty).
+        tool_agent: The agent whose tool use is the headline of reports, if any.
+        default_code_timeout_s: ``code_timeout_s`` when none is given.
+
+    Required hooks: :meth:`role_description`, :meth:`agent_messages`,
+    :meth:`run_action`, :meth:`episode_outcome`, :meth:`task_facts`, the property
+    :attr:`system_description`, and ``self.tasks`` (a non-empty sequence of task objects
+    with an ``id``) set in ``__init__``, before or after ``super().__init__(**options)``.
+
+    Optional hooks: :meth:`next_agent` (who acts next: loops and revisits),
+    :meth:`coach_metadata`, :meth:`select_task`, :meth:`on_episode_start`,
+    :meth:`on_slot_end`, :meth:`on_episode_end`, :meth:`on_close` and the class method
+    :meth:`summarize_outcomes` (environment-specific numbers for reports).
+
+    A subclass takes its own options and passes the rest on once: ``def __init__(self,
+    tasks=None, *, my_option=1, **options)`` then ``super().__init__(**options)``. See
+    ``examples/custom_env.py`` for a complete environment in one file.
 
     Args:
         coach: Scores every action; ``None`` is allowed only in ``outcome`` mode.
@@ -156,6 +182,12 @@ class PipelineEnv(AECEnv):
             :mod:`mappa_env.sandbox.isolation`): ``"auto"`` (Linux namespaces where
             bubblewrap works, else none with a warning), ``"namespaces"`` (or raise
             :class:`~mappa_env.sandbox.isolation.IsolationUnavailableError`) or ``"none"``.
+        turns: Per-agent turn limits replacing the defaults of :attr:`roles`, e.g.
+            ``{"code_executor": 3}``.
+        max_new_tokens: Token budget per action, stated in the prompts.
+        code_timeout_s: Wall-clock limit of one code run (``None``: the class's
+            :attr:`default_code_timeout_s`).
+        tool_output_chars: Code output longer than this is cut from the middle.
     """
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -165,9 +197,20 @@ class PipelineEnv(AECEnv):
     }
     #: Environment id used in coach requests and registries.
     env_id: ClassVar[str] = "Pipeline-v0"
-
+    #: The agents in pipeline order, with their default turn limits.
+    roles: ClassVar[tuple[AgentSpec, ...]] = ()
     #: Type of the task objects in ``self.tasks`` (checked for ``options["task"]``).
     task_class: ClassVar[type] = object
+    #: Per-role rubric texts for LLM coaches (roles without one get the general rubric).
+    coach_rubrics: ClassVar[Mapping[str, str]] = {}
+    #: The rules coach's scorer for this environment (``None``: no offline rubric).
+    rules_rubric: ClassVar[Rubric | None] = None
+    #: Whether coaches are shown the workspace's files after each action.
+    shows_workspace: ClassVar[bool] = False
+    #: The agent whose tool use reports single out (``None``: none in particular).
+    tool_agent: ClassVar[str | None] = None
+    #: ``code_timeout_s`` when the caller gives none.
+    default_code_timeout_s: ClassVar[float] = 30.0
 
     def __init__(
         self,
@@ -184,8 +227,32 @@ class PipelineEnv(AECEnv):
         shuffle: bool = True,
         sandbox: str | SandboxFactory | None = None,
         isolation: IsolationMode = "auto",
+        turns: Mapping[str, int] | None = None,
+        max_new_tokens: int = 4096,
+        code_timeout_s: float | None = None,
+        tool_output_chars: int = 4000,
     ) -> None:
         super().__init__()
+        if not self.roles:
+            raise TypeError(
+                f"{type(self).__name__} declares no agents: set the class attribute "
+                "roles = (AgentSpec(name, title, max_turns), ...)"
+            )
+        if code_timeout_s is None:
+            code_timeout_s = self.default_code_timeout_s
+        if max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
+        if code_timeout_s <= 0:
+            raise ValueError(f"code_timeout_s must be positive, got {code_timeout_s}")
+        if tool_output_chars <= 0:
+            raise ValueError(f"tool_output_chars must be positive, got {tool_output_chars}")
+        self.max_new_tokens = int(max_new_tokens)
+        self.code_timeout_s = float(code_timeout_s)
+        self.tool_output_chars = int(tool_output_chars)
+        limits = parse_turn_limits({r.name: r.max_turns for r in self.roles}, turns)
+        self._specs: dict[str, AgentSpec] = {
+            r.name: replace(r, max_turns=limits[r.name]) for r in self.roles
+        }
         # Checked now: isolation="namespaces" where it cannot work fails here, by name.
         self.isolation: IsolationMode = isolation
         self._confinement = resolve_confinement(isolation)
@@ -229,9 +296,7 @@ class PipelineEnv(AECEnv):
         self.invalid_reward = float(invalid_reward)
         self.render_mode = render_mode
 
-        specs = self.agent_specs()
-        self._specs: dict[str, AgentSpec] = {s.name: s for s in specs}
-        self.possible_agents: list[str] = [s.name for s in specs]
+        self.possible_agents: list[str] = list(self._specs)
         self.agents: list[str] = []
         observation_space = text_observation_space(MAX_OBSERVATION_CHARS)
         action_space = UnicodeText(self.max_action_chars)
@@ -260,9 +325,9 @@ class PipelineEnv(AECEnv):
 
     # ------------------------------------------------------------------ subclass hooks
 
-    @abstractmethod
-    def agent_specs(self) -> Sequence[AgentSpec]:
-        """The agents in pipeline order (called once, during ``__init__``)."""
+    def agent_specs(self) -> tuple[AgentSpec, ...]:
+        """The agents in pipeline order, with this environment's turn limits."""
+        return tuple(self._specs.values())
 
     @property
     @abstractmethod
@@ -458,7 +523,7 @@ class PipelineEnv(AECEnv):
         self.rewards[agent] = record.reward
         self.infos[agent] = self._step_info(record)
 
-        next_agent = self._next_agent(agent, record)
+        next_agent = self.next_agent(agent, record)
         if next_agent != agent:
             await self.on_slot_end(agent, next_agent)
         if next_agent is None:
@@ -619,6 +684,9 @@ class PipelineEnv(AECEnv):
             upstream_files=_file_infos(tool.extra.get("upstream_files", ())),
             ground_truth=truth if show_truth else None,
             metadata=self.coach_metadata(record),
+            rubric=self.coach_rubrics.get(record.agent),
+            shows_workspace=self.shows_workspace,
+            rules_rubric=type(self).rules_rubric,
         )
         try:
             return await self.coach.ascore(request)
@@ -658,12 +726,60 @@ class PipelineEnv(AECEnv):
             **record.tool.extra,
         }
 
-    def _next_agent(self, agent: str, record: ActionRecord) -> str | None:
+    def next_agent(self, agent: str, record: ActionRecord) -> str | None:
+        """Who acts after ``agent``'s action ``record``; ``None`` ends the episode.
+
+        The default is a chain: an agent keeps the turn until its slot ends (the action
+        says so, or its turns are used up), then the next agent of :attr:`roles` acts.
+        Override it for loops or revisits (a tester sending work back to a coder);
+        :attr:`max_cycles` then bounds the episode. ``self.turns`` counts each agent's
+        actions so far, this one included.
+        """
         slot_over = record.tool.ends_slot or self.turns[agent] >= self._specs[agent].max_turns
         if not slot_over:
             return agent
         index = self.possible_agents.index(agent) + 1
         return self.possible_agents[index] if index < len(self.possible_agents) else None
+
+    @classmethod
+    def cli_options(cls, flags: Mapping[str, Any]) -> dict[str, Any]:
+        """Constructor options from the task flags of ``mappa eval`` / ``mappa train``.
+
+        Args:
+            flags: ``tasks``, ``num_tasks``, ``task_seed``, ``task_secret``,
+                ``data_dir`` and ``task_ids`` (a list), each ``None`` when not given.
+
+        Returns:
+            Options for the constructor. The default passes ``--tasks`` on as ``tasks``
+            and refuses the other flags; environments whose tasks come otherwise
+            override it.
+
+        Raises:
+            ValueError: For a flag this environment does not take.
+        """
+        given = [
+            f"--{name.replace('_', '-')}"
+            for name in ("num_tasks", "task_secret", "data_dir", "task_ids")
+            if flags.get(name) is not None
+        ]
+        if given:
+            raise ValueError(
+                f"{cls.env_id} does not take {', '.join(given)}: pass its task options "
+                "with --tasks or --env-option KEY=VALUE"
+            )
+        return {} if flags.get("tasks") is None else {"tasks": flags["tasks"]}
+
+    @classmethod
+    def summarize_outcomes(cls, outcomes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Environment-specific numbers for reports, from finished episodes' outcomes.
+
+        Args:
+            outcomes: The ``outcome`` dicts of the finished (not aborted) episodes.
+
+        Returns:
+            Extra report fields (none by default).
+        """
+        return {}
 
     async def _finish(self, truncated: bool) -> None:
         outcome = dict(await self.episode_outcome())

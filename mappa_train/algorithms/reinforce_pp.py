@@ -11,18 +11,28 @@ Read top to bottom:
 2. :func:`token_rewards` - ``r_t = -beta * kl_t`` and ``r_T = s - beta * kl_T``.
 3. :func:`discounted_returns` - ``G_t = sum_{i >= t} gamma^(i - t) r_i``.
 4. :func:`whiten` - advantages normalised over all valid tokens of the batch.
-5. :func:`reinforce_pp_advantages` - 2-4 together (``A_t = whiten(G_t)``).
-6. :func:`ppo_clip_loss` - the clipped surrogate, token-level mean, no critic.
+5. :func:`reinforce_pp_advantages` - 1-4 together (``A_t = whiten(G_t)``).
+6. :func:`reinforce_pp_estimate` - the trainer's estimator (``"reinforce_pp"``): 1-3 per
+   agent, then 4 over each agent's tokens or over all agents' tokens together.
+7. :func:`ppo_clip_loss` - the clipped surrogate, token-level mean, no critic.
 
 No group baseline: in a pipeline, downstream agents start from different upstream
-outputs, so samples rarely share a prompt (see :mod:`mappa_train.algorithms.baselines`
-for GRPO/RLOO where they do).
+outputs, so samples rarely share a prompt (see :mod:`mappa_train.algorithms.grpo` and
+:mod:`mappa_train.algorithms.rloo` for group baselines where they do).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
+
+from mappa_train.algorithms.registry import AdvantageEstimator, AgentAdvantages, AgentBatch
+
+if TYPE_CHECKING:
+    from mappa_train.config import TrainConfig
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
@@ -146,7 +156,7 @@ def reinforce_pp_advantages(
     gamma: float = 1.0,
     kl_estimator: str = "k1",
 ) -> Tensor:
-    r"""REINFORCE++ advantages: KL-shaped token rewards -> returns -> batch whitening.
+    r"""REINFORCE++ advantages of one batch: KL-shaped token rewards -> returns -> whitening.
 
     ``kl_t = kl_penalty(logprobs, ref_logprobs)``; ``r_t = -beta kl_t`` (``+ s`` on the
     last valid token); ``G_t = sum_{i>=t} gamma^(i-t) r_i``; ``A = whiten(G)`` over all
@@ -164,11 +174,108 @@ def reinforce_pp_advantages(
     Returns:
         ``[B, T]`` advantages.
     """
+    returns = reinforce_pp_returns(
+        action_rewards, logprobs, ref_logprobs, mask, kl_coef, gamma, kl_estimator
+    )
+    return whiten(returns, mask)
+
+
+def reinforce_pp_returns(
+    action_rewards: Tensor,
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    mask: Tensor,
+    kl_coef: float = 0.01,
+    gamma: float = 1.0,
+    kl_estimator: str = "k1",
+) -> Tensor:
+    r"""REINFORCE++ returns before whitening: ``G_t = sum_{i>=t} gamma^(i-t) r_i``.
+
+    ``kl_t = kl_penalty(logprobs, ref_logprobs)``, ``r_t = -beta kl_t`` (``+ s`` on the
+    last valid token). Arguments as :func:`reinforce_pp_advantages`.
+
+    Returns:
+        ``[B, T]`` returns (no gradient).
+    """
     with torch.no_grad():
         kl = kl_penalty(logprobs, ref_logprobs, kl_estimator)
         rewards = token_rewards(action_rewards.float(), kl, mask, kl_coef)
-        returns = discounted_returns(rewards, mask, gamma)
-        return whiten(returns, mask)
+        return discounted_returns(rewards, mask, gamma)
+
+
+def whiten_together(values: Sequence[Tensor], masks: Sequence[Tensor]) -> list[Tensor]:
+    r""":func:`whiten` over the union of several batches' valid tokens.
+
+    The batches may differ in width ``T``: each is right-padded with zeros to the widest,
+    all are whitened as one batch (one mean, one std), then cut back to their widths.
+
+    Args:
+        values: ``[B_k, T_k]`` values of each batch.
+        masks: ``[B_k, T_k]`` their valid-token masks.
+
+    Returns:
+        The whitened values of each batch, in order and in their own shapes.
+    """
+    width = max(v.shape[1] for v in values)
+    stacked = torch.cat([_pad_to(v, width) for v in values])
+    whitened = whiten(stacked, torch.cat([_pad_to(m, width) for m in masks]))
+    out, row = [], 0
+    for v in values:
+        n, w = v.shape
+        out.append(whitened[row : row + n, :w])
+        row += n
+    return out
+
+
+def reinforce_pp_estimate(
+    batches: Mapping[str, AgentBatch], config: TrainConfig
+) -> dict[str, AgentAdvantages]:
+    r"""The ``reinforce_pp`` estimator: :func:`reinforce_pp_returns` per agent, whitened.
+
+    ``A = whiten(G)`` over each agent's tokens (``config.normalize_scope == "agent"``,
+    the reference code) or over every agent's tokens together (``"all"``). The KL
+    penalty is in the token rewards (``config.kl_coef``, ``config.kl_estimator``), with
+    ``config.gamma`` as the discount.
+
+    Args:
+        batches: Agent -> its usable actions of the step.
+        config: The run's settings.
+
+    Returns:
+        Agent -> advantages.
+    """
+    returns = {
+        agent: reinforce_pp_returns(
+            batch.rewards,
+            batch.old_logprobs,
+            batch.ref_logprobs,
+            batch.mask,
+            config.kl_coef,
+            config.gamma,
+            config.kl_estimator,
+        )
+        for agent, batch in batches.items()
+    }
+    if config.normalize_scope == "agent":
+        return {
+            agent: AgentAdvantages(whiten(values, batches[agent].mask))
+            for agent, values in returns.items()
+        }
+    if not returns:
+        return {}
+    whitened = whiten_together(list(returns.values()), [batches[a].mask for a in returns])
+    return {agent: AgentAdvantages(values) for agent, values in zip(returns, whitened)}
+
+
+REINFORCE_PP = AdvantageEstimator(reinforce_pp_estimate, kl_in_reward=True, name="reinforce_pp")
+"""REINFORCE++ (the paper's algorithm): KL folded into the token rewards, batch whitening."""
+
+
+def _pad_to(values: Tensor, width: int) -> Tensor:
+    if values.shape[1] == width:
+        return values
+    pad = torch.zeros((values.shape[0], width - values.shape[1]), dtype=values.dtype)
+    return torch.cat([values, pad], dim=1)
 
 
 def ppo_clip_loss(

@@ -1,0 +1,328 @@
+r"""Your own environment in one file: a planner and a coder write a small Python function.
+
+``planner`` reads the task and writes a short plan; ``coder`` writes the function in a
+```` ```python ```` block. Its code runs in the sandbox and the coder sees whether it
+gives the task's example right; it may revise (up to three turns) and its slot ends as
+soon as the example passes (a custom :meth:`next_agent`). The episode is graded by
+running the coder's last code in a fresh interpreter on hidden cases whose expected
+values never enter any interpreter agents' code runs in: the only way to the outcome
+reward is a function that computes the right values.
+
+Everything the environment knows lives in this file: roles, prompts, tool, tasks,
+grading, the rules coach's rubric and the LLM coach's rubrics. Use it like a built-in::
+
+    import mappa_env
+    from examples.custom_env import PlannerCoderEnv  # registers "PlannerCoder-v0"
+
+    env = mappa_env.make("PlannerCoder-v0")
+
+or from the command line, without registering::
+
+    mappa eval --env examples.custom_env:PlannerCoderEnv --episodes 4
+    mappa train --env examples.custom_env:PlannerCoderEnv --steps 1 ...
+"""
+
+from __future__ import annotations
+
+import ast
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mappa_env
+from mappa_env import ActionRecord, AgentSpec, PipelineEnv, ToolOutcome
+from mappa_env.coach.base import CoachRequest
+from mappa_env.text import extract_code_blocks, strip_think
+
+PLANNER = "planner"
+CODER = "coder"
+
+
+@dataclass(frozen=True)
+class CodingTask:
+    """Write ``function``: the prompt shows one example; ``cases`` are hidden.
+
+    Attributes:
+        id: Task id.
+        function: Name of the function to write.
+        prompt: What the function must do, with its signature.
+        example: ``(arguments, expected value)`` shown to the agents.
+        cases: Hidden ``(arguments, expected value)`` pairs the episode is graded on.
+        metadata: Free-form facts (``kind`` groups tasks in reports).
+    """
+
+    id: str
+    function: str
+    prompt: str
+    example: tuple[tuple[Any, ...], Any]
+    cases: tuple[tuple[tuple[Any, ...], Any], ...]
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+TASKS = (
+    CodingTask(
+        "add",
+        "add",
+        "Write `add(a, b)` that returns the sum of two integers.",
+        ((2, 3), 5),
+        (((10, -4), 6), ((0, 0), 0), ((123, 877), 1000)),
+        {"kind": "arithmetic"},
+    ),
+    CodingTask(
+        "reverse-words",
+        "reverse_words",
+        "Write `reverse_words(text)` that returns the words of `text` in reverse order, "
+        "joined by single spaces.",
+        (("hello big world",), "world big hello"),
+        ((("a b",), "b a"), (("one",), "one"), (("  x   y ",), "y x")),
+        {"kind": "strings"},
+    ),
+    CodingTask(
+        "count-vowels",
+        "count_vowels",
+        "Write `count_vowels(text)` that returns how many of the characters of `text` "
+        "are vowels (a, e, i, o, u, either case).",
+        (("Banana",), 3),
+        ((("",), 0), (("xyz",), 0), (("AEIOU aeiou",), 10)),
+        {"kind": "strings"},
+    ),
+    CodingTask(
+        "is-prime",
+        "is_prime",
+        "Write `is_prime(n)` that returns True when the integer `n` is a prime number.",
+        ((7,), True),
+        (((1,), False), ((2,), True), ((91,), False), ((97,), True), ((0,), False)),
+        {"kind": "arithmetic"},
+    ),
+)
+
+SYSTEM_DESCRIPTION = (
+    "Two agents write a small Python function: the planner writes a short plan, then "
+    "the coder writes the function in a ```python block; the coder's code runs and it "
+    "sees whether the task's example passes. The function is graded on hidden cases."
+)
+
+_ROLES = {
+    PLANNER: (
+        "You are the planner. Read the task and write a short plan (at most five "
+        "steps) for the coder: the function's name, its edge cases, the approach. "
+        "Write no code. Keep it within {budget} tokens."
+    ),
+    CODER: (
+        "You are the coder. Write the requested function in one ```python block. It "
+        "runs, and you see whether the task's example gives the right value; you have "
+        "{turns} turn(s) to get it right. Keep each reply within {budget} tokens."
+    ),
+}
+
+#: What an LLM coach judges each role by.
+COACH_RUBRICS = {
+    PLANNER: "A good plan names the function, covers the edge cases the hidden tests "
+    "may probe (empty input, zero, negatives), and is short. Code in the plan, or a "
+    "plan for another function, scores low.",
+    CODER: "Judge the code on its tool result: code that defines the function and "
+    "passes the example is good work; code that errors, or a reply without code, is "
+    "not. Claims the output does not show count against the coder.",
+}
+
+
+def planner_coder_rubric(request: CoachRequest) -> tuple[float, str]:
+    """The rules coach's rubric: a score in [0, 10] and why.
+
+    planner: 6 for a plan that names the function and has no code, 2 for a plan that
+    does not name it, 0 for code or nothing. coder: 9 when its code passes the
+    example, 3 when it runs but gives a wrong value, 1 when it raises, 0 with no code.
+    """
+    facts = request.metadata
+    if request.agent == PLANNER:
+        plan = strip_think(request.action)
+        if not plan.strip() or "```" in plan:
+            return 0.0, "No plan (empty, or code instead of a plan)."
+        if str(facts.get("function", "")) in plan:
+            return 6.0, "A plan that names the function."
+        return 2.0, "The plan does not name the function to write."
+    if request.agent == CODER:
+        if not facts.get("code_ran"):
+            return 0.0, "No code block."
+        if facts.get("example_passed"):
+            return 9.0, "The code passes the example."
+        if facts.get("code_error"):
+            return 1.0, f"The code raised {facts['code_error']}."
+        return 3.0, "The code runs but gives the example a wrong value."
+    raise ValueError(f"no rubric for agent {request.agent!r}")
+
+
+class PlannerCoderEnv(PipelineEnv):
+    """PlannerCoder-v0: planner -> coder on small Python functions.
+
+    Args:
+        tasks: :class:`CodingTask` objects; the four built-in ones by default.
+        **options: Options of :class:`~mappa_env.envs.pipeline.PipelineEnv`
+            (``coach`` defaults to the rules coach, ``sandbox`` to ``"jupyter"``).
+    """
+
+    metadata = {  # noqa: RUF012 - PettingZoo reads this as a class attribute
+        "render_modes": ["human", "ansi"],
+        "name": "planner_coder_v0",
+        "is_parallelizable": False,
+    }
+    env_id = "PlannerCoder-v0"
+    roles = (AgentSpec(PLANNER, "planner", 1), AgentSpec(CODER, "coder", 3))
+    task_class = CodingTask
+    coach_rubrics = COACH_RUBRICS
+    rules_rubric = staticmethod(planner_coder_rubric)
+    tool_agent = CODER
+
+    def __init__(self, tasks: Sequence[CodingTask] | None = None, **options: Any) -> None:
+        options.setdefault("coach", "rules")
+        options.setdefault("sandbox", "jupyter")
+        self.tasks = list(tasks or TASKS)
+        if not self.tasks:
+            raise ValueError("tasks is empty: pass at least one CodingTask")
+        self.task: CodingTask = self.tasks[0]
+        super().__init__(**options)
+
+    # Required hooks ----------------------------------------------------------------
+
+    @property
+    def system_description(self) -> str:
+        """What the system is."""
+        return SYSTEM_DESCRIPTION
+
+    def role_description(self, agent: str) -> str:
+        """The system prompt of ``agent``."""
+        return _ROLES[agent].format(budget=self.max_new_tokens, turns=self.spec_of(CODER).max_turns)
+
+    def agent_messages(self, agent: str) -> list[dict[str, str]]:
+        """The task (and for the coder the plan and its own earlier turns)."""
+        (args, expected) = self.task.example
+        task = (
+            f"Task: {self.task.prompt}\nExample: {self.task.function}{_call(args)} == {expected!r}"
+        )
+        messages = [{"role": "system", "content": self.role_description(agent)}]
+        if agent == PLANNER:
+            messages.append({"role": "user", "content": f"{task}\n\nWrite the plan."})
+            return messages
+        plan = self.last_record(PLANNER)
+        plan_text = strip_think(plan.action).strip() if plan else "(no plan)"
+        messages.append(
+            {
+                "role": "user",
+                "content": f"{task}\n\nThe planner's plan:\n{plan_text}\n\n"
+                f"Write `{self.task.function}` in one ```python block.",
+            }
+        )
+        for record in self.records_of(CODER):
+            messages.append({"role": "assistant", "content": record.action})
+            messages.append({"role": "user", "content": record.tool.output or "(no code ran)"})
+        return messages
+
+    async def run_action(self, agent: str, action: str) -> ToolOutcome:
+        """Run the coder's code, then the task's example in the same interpreter."""
+        if agent != CODER:
+            return ToolOutcome()
+        blocks = extract_code_blocks(action)
+        if not blocks:
+            return ToolOutcome(extra={"code_ran": False})
+        code = "\n".join(blocks)
+        result, output = await self.run_code(
+            code, "coder", self.code_timeout_s, self.tool_output_chars
+        )
+        facts: dict[str, Any] = {"code_ran": result is not None, "example_passed": False}
+        if result is not None and result.error is not None:
+            facts["code_error"] = result.error.name
+        elif result is not None:
+            (args, expected) = self.task.example
+            got = await self._call_function("coder", [args])
+            facts["example_passed"] = got == [repr(expected)]
+            verdict = "passes" if facts["example_passed"] else "FAILS"
+            output += (
+                f"\n[example] {self.task.function}{_call(args)} -> "
+                f"{got[0] if got else 'no value'}: {verdict} (expected {expected!r})"
+            )
+        return ToolOutcome(code=code, result=result, output=output, extra=facts)
+
+    async def episode_outcome(self) -> dict[str, Any]:
+        """Grade the coder's last code on the hidden cases, in a fresh interpreter."""
+        code = next((r.tool.code for r in reversed(self.records_of(CODER)) if r.tool.code), None)
+        passed = 0
+        if code is not None:
+            # A new interpreter: nothing the coder's earlier runs left in memory counts.
+            await self.release_sandbox("grader")
+            result, _ = await self.run_code(code, "grader", self.code_timeout_s, 1000)
+            if result is not None and result.error is None:
+                got = await self._call_function("grader", [args for args, _ in self.task.cases])
+                expected = [repr(value) for _, value in self.task.cases]
+                passed = sum(g == e for g, e in zip(got, expected))
+        total = len(self.task.cases)
+        return {
+            "correct": passed == total,
+            "passed": passed,
+            "cases": total,
+            "reward": 1.0 if passed == total else 0.0,
+            "task_id": self.task.id,
+            "task_type": self.task.metadata.get("kind"),
+        }
+
+    def task_facts(self) -> tuple[str, str, str | None]:
+        """``(task id, task, None)``: there is no single reference answer to reveal."""
+        return self.task.id, self.task.prompt, None
+
+    # Optional hooks ----------------------------------------------------------------
+
+    def next_agent(self, agent: str, record: ActionRecord) -> str | None:
+        """The coder's slot ends as soon as its code passes the example."""
+        if agent == CODER and record.tool.extra.get("example_passed"):
+            return None
+        return super().next_agent(agent, record)
+
+    def coach_metadata(self, record: ActionRecord) -> dict[str, Any]:
+        """The function's name and what the coder's code did."""
+        return {"function": self.task.function, **record.tool.extra}
+
+    @classmethod
+    def summarize_outcomes(cls, outcomes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """``cases_passed``: the share of hidden cases passed, over all episodes."""
+        total = sum(int(o.get("cases", 0)) for o in outcomes)
+        passed = sum(int(o.get("passed", 0)) for o in outcomes)
+        return {"cases_passed": passed / total if total else 0.0}
+
+    # Helpers -----------------------------------------------------------------------
+
+    async def _call_function(self, owner: str, calls: Sequence[tuple[Any, ...]]) -> list[str]:
+        """``repr`` of the function's value for each argument tuple ([] when it fails).
+
+        Only arguments go into the interpreter; the values are compared out here. The
+        reply is read from the line that starts with a marker agents' code never saw.
+        """
+        marker = f"RESULT-{secrets.token_hex(8)}"
+        lines = [f"_results = []\nfor _args in {list(calls)!r}:"]
+        lines.append(
+            "    try:\n"
+            f"        _results.append(repr({self.task.function}(*_args)))\n"
+            "    except Exception as _error:\n"
+            "        _results.append('raised ' + type(_error).__name__)"
+        )
+        lines.append(f"print({marker!r}, repr(_results))")
+        result, _ = await self.run_code("\n".join(lines), owner, self.code_timeout_s, 100_000)
+        if result is None:
+            return []
+        for line in reversed(result.stdout.splitlines()):
+            if line.startswith(marker + " "):
+                try:
+                    values = ast.literal_eval(line[len(marker) + 1 :])
+                except (ValueError, SyntaxError):
+                    return []
+                if isinstance(values, list) and all(isinstance(v, str) for v in values):
+                    return values
+        return []
+
+
+def _call(args: tuple[Any, ...]) -> str:
+    return "(" + ", ".join(repr(a) for a in args) + ")"
+
+
+# Registering makes it "PlannerCoder-v0" for mappa_env.make and PettingZoo's registry.
+if not mappa_env.is_registered(PlannerCoderEnv.env_id):
+    mappa_env.register(PlannerCoderEnv.env_id, PlannerCoderEnv)

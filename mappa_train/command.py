@@ -1,0 +1,38 @@
+"""The ``mappa`` command: ``mappa eval`` (from :mod:`mappa_agents.cli`) and ``mappa train``.
+
+It lives here because ``mappa_train`` is the one package allowed to import all the
+others (``mappa_env`` <- ``mappa_agents`` <- ``mappa_train``); ``python -m mappa_train``
+runs it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+
+from mappa_agents.cli import add_eval_parser
+from mappa_train.cli import add_train_parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``mappa`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="mappa",
+        description="Multiagent LLM systems with per-action coach rewards: evaluate and train.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_eval_parser(commands)
+    add_train_parser(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``mappa`` command; returns its exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return int(args.handler(args) or 0)
