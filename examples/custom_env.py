@@ -2,11 +2,15 @@ r"""Your own environment in one file: a planner and a coder write a small Python
 
 ``planner`` reads the task and writes a short plan; ``coder`` writes the function in a
 ```` ```python ```` block. Its code runs in the sandbox and the coder sees whether it
-gives the task's example right; it may revise (up to three turns) and its slot ends as
-soon as the example passes (a custom :meth:`next_agent`). The episode is graded by
-running the coder's last code in a fresh interpreter on hidden cases whose expected
-values never enter any interpreter agents' code runs in: the only way to the outcome
-reward is a function that computes the right values.
+gives the task's example right and whether it passes a hidden check; it may revise (up
+to three turns) and its slot ends once both pass (a custom :meth:`next_agent`). The
+episode is graded by running all of the coder's code, in order, in a fresh interpreter
+on hidden cases drawn for that episode. Their arguments are random and their expected
+values are computed out here by a reference function, so they never enter any
+interpreter agents' code runs in and cannot be memorised across episodes: the way to
+the outcome reward is a function that computes the right values. (The reference
+functions are in this file: under ``isolation="namespaces"`` agents cannot read it as
+long as its folder is not on ``PYTHONPATH``, which the kernels see.)
 
 Everything the environment knows lives in this file: roles, prompts, tool, tasks,
 grading, the rules coach's rubric and the LLM coach's rubrics. Use it like a built-in::
@@ -26,9 +30,11 @@ from __future__ import annotations
 
 import ast
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 import mappa_env
 from mappa_env import ActionRecord, AgentSpec, PipelineEnv, ToolOutcome
@@ -41,23 +47,39 @@ CODER = "coder"
 
 @dataclass(frozen=True)
 class CodingTask:
-    """Write ``function``: the prompt shows one example; ``cases`` are hidden.
+    """Write ``function``: the prompt shows one example; the graded cases are drawn.
 
     Attributes:
         id: Task id.
         function: Name of the function to write.
         prompt: What the function must do, with its signature.
-        example: ``(arguments, expected value)`` shown to the agents.
-        cases: Hidden ``(arguments, expected value)`` pairs the episode is graded on.
+        example: Arguments of the example shown to the agents.
+        reference: A correct implementation: it gives the expected values.
+        draw: ``rng -> arguments`` of one hidden case.
         metadata: Free-form facts (``kind`` groups tasks in reports).
     """
 
     id: str
     function: str
     prompt: str
-    example: tuple[tuple[Any, ...], Any]
-    cases: tuple[tuple[tuple[Any, ...], Any], ...]
+    example: tuple[Any, ...]
+    reference: Callable[..., Any]
+    draw: Callable[[np.random.Generator], tuple[Any, ...]]
     metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def expected(self, args: tuple[Any, ...]) -> str:
+        """``repr`` of the right value for ``args``."""
+        return repr(self.reference(*args))
+
+
+def _words(rng: np.random.Generator) -> str:
+    words = ["".join(rng.choice(list("abcdefgh"), size=rng.integers(1, 6))) for _ in range(4)]
+    gaps = [" " * int(rng.integers(1, 3)) for _ in words]
+    return "".join(g + w for g, w in zip(gaps, words[: int(rng.integers(1, 5))]))
+
+
+def _is_prime(n: int) -> bool:
+    return n >= 2 and all(n % d for d in range(2, int(n**0.5) + 1))
 
 
 TASKS = (
@@ -65,8 +87,9 @@ TASKS = (
         "add",
         "add",
         "Write `add(a, b)` that returns the sum of two integers.",
-        ((2, 3), 5),
-        (((10, -4), 6), ((0, 0), 0), ((123, 877), 1000)),
+        (2, 3),
+        lambda a, b: a + b,
+        lambda rng: (int(rng.integers(-1000, 1000)), int(rng.integers(-1000, 1000))),
         {"kind": "arithmetic"},
     ),
     CodingTask(
@@ -74,8 +97,9 @@ TASKS = (
         "reverse_words",
         "Write `reverse_words(text)` that returns the words of `text` in reverse order, "
         "joined by single spaces.",
-        (("hello big world",), "world big hello"),
-        ((("a b",), "b a"), (("one",), "one"), (("  x   y ",), "y x")),
+        ("hello big world",),
+        lambda text: " ".join(reversed(text.split())),
+        lambda rng: (_words(rng),),
         {"kind": "strings"},
     ),
     CodingTask(
@@ -83,24 +107,30 @@ TASKS = (
         "count_vowels",
         "Write `count_vowels(text)` that returns how many of the characters of `text` "
         "are vowels (a, e, i, o, u, either case).",
-        (("Banana",), 3),
-        ((("",), 0), (("xyz",), 0), (("AEIOU aeiou",), 10)),
+        ("Banana",),
+        lambda text: sum(c in "aeiouAEIOU" for c in text),
+        lambda rng: ("".join(rng.choice(list("aEiOuxyzBC "), size=rng.integers(0, 12))),),
         {"kind": "strings"},
     ),
     CodingTask(
         "is-prime",
         "is_prime",
         "Write `is_prime(n)` that returns True when the integer `n` is a prime number.",
-        ((7,), True),
-        (((1,), False), ((2,), True), ((91,), False), ((97,), True), ((0,), False)),
+        (7,),
+        _is_prime,
+        lambda rng: (int(rng.integers(-5, 400)),),
         {"kind": "arithmetic"},
     ),
 )
 
+#: Hidden cases an episode is graded on.
+HIDDEN_CASES = 6
+
 SYSTEM_DESCRIPTION = (
     "Two agents write a small Python function: the planner writes a short plan, then "
     "the coder writes the function in a ```python block; the coder's code runs and it "
-    "sees whether the task's example passes. The function is graded on hidden cases."
+    "sees whether the task's example and a hidden check pass. The function is graded "
+    "on hidden cases drawn for each episode."
 )
 
 _ROLES = {
@@ -111,8 +141,9 @@ _ROLES = {
     ),
     CODER: (
         "You are the coder. Write the requested function in one ```python block. It "
-        "runs, and you see whether the task's example gives the right value; you have "
-        "{turns} turn(s) to get it right. Keep each reply within {budget} tokens."
+        "runs, and you see whether the task's example and a hidden check give the right "
+        "values; you have {turns} turn(s) to get it right. Keep each reply within "
+        "{budget} tokens."
     ),
 }
 
@@ -122,8 +153,9 @@ COACH_RUBRICS = {
     "may probe (empty input, zero, negatives), and is short. Code in the plan, or a "
     "plan for another function, scores low.",
     CODER: "Judge the code on its tool result: code that defines the function and "
-    "passes the example is good work; code that errors, or a reply without code, is "
-    "not. Claims the output does not show count against the coder.",
+    "passes both the example and the hidden check is good work; passing the example "
+    "alone suggests a special case, not the function; code that errors, or a reply "
+    "without code, is not. Claims the output does not show count against the coder.",
 }
 
 
@@ -131,8 +163,11 @@ def planner_coder_rubric(request: CoachRequest) -> tuple[float, str]:
     """The rules coach's rubric: a score in [0, 10] and why.
 
     planner: 6 for a plan that names the function and has no code, 2 for a plan that
-    does not name it, 0 for code or nothing. coder: 9 when its code passes the
-    example, 3 when it runs but gives a wrong value, 1 when it raises, 0 with no code.
+    does not name it, 0 for code or nothing (a check of form only: an LLM coach, or the
+    outcome in ``mixed`` mode, judges whether the plan helps). coder: 9 when its code
+    passes the example and the hidden check, 4 when it passes the example only (a
+    special case, not the function), 3 when it runs but gets the example wrong, 1 when
+    it raises, 0 with no code.
     """
     facts = request.metadata
     if request.agent == PLANNER:
@@ -145,10 +180,12 @@ def planner_coder_rubric(request: CoachRequest) -> tuple[float, str]:
     if request.agent == CODER:
         if not facts.get("code_ran"):
             return 0.0, "No code block."
-        if facts.get("example_passed"):
-            return 9.0, "The code passes the example."
         if facts.get("code_error"):
             return 1.0, f"The code raised {facts['code_error']}."
+        if facts.get("example_passed") and facts.get("check_passed"):
+            return 9.0, "The code passes the example and the hidden check."
+        if facts.get("example_passed"):
+            return 4.0, "The code passes the example but not the hidden check."
         return 3.0, "The code runs but gives the example a wrong value."
     raise ValueError(f"no rubric for agent {request.agent!r}")
 
@@ -196,9 +233,10 @@ class PlannerCoderEnv(PipelineEnv):
 
     def agent_messages(self, agent: str) -> list[dict[str, str]]:
         """The task (and for the coder the plan and its own earlier turns)."""
-        (args, expected) = self.task.example
+        args = self.task.example
         task = (
-            f"Task: {self.task.prompt}\nExample: {self.task.function}{_call(args)} == {expected!r}"
+            f"Task: {self.task.prompt}\n"
+            f"Example: {self.task.function}{_call(args)} == {self.task.expected(args)}"
         )
         messages = [{"role": "system", "content": self.role_description(agent)}]
         if agent == PLANNER:
@@ -219,7 +257,7 @@ class PlannerCoderEnv(PipelineEnv):
         return messages
 
     async def run_action(self, agent: str, action: str) -> ToolOutcome:
-        """Run the coder's code, then the task's example in the same interpreter."""
+        """Run the coder's code, then the example and a hidden check in that interpreter."""
         if agent != CODER:
             return ToolOutcome()
         blocks = extract_code_blocks(action)
@@ -229,38 +267,48 @@ class PlannerCoderEnv(PipelineEnv):
         result, output = await self.run_code(
             code, "coder", self.code_timeout_s, self.tool_output_chars
         )
-        facts: dict[str, Any] = {"code_ran": result is not None, "example_passed": False}
+        facts: dict[str, Any] = {
+            "code_ran": result is not None,
+            "example_passed": False,
+            "check_passed": False,
+        }
         if result is not None and result.error is not None:
             facts["code_error"] = result.error.name
         elif result is not None:
-            (args, expected) = self.task.example
-            got = await self._call_function("coder", [args])
-            facts["example_passed"] = got == [repr(expected)]
-            verdict = "passes" if facts["example_passed"] else "FAILS"
+            example = self.task.example
+            check = self.task.draw(self.np_random)  # a fresh case each turn
+            got = await self._call_function("coder", [example, check])
+            if len(got) == 2:
+                facts["example_passed"] = got[0] == self.task.expected(example)
+                facts["check_passed"] = got[1] == self.task.expected(check)
             output += (
-                f"\n[example] {self.task.function}{_call(args)} -> "
-                f"{got[0] if got else 'no value'}: {verdict} (expected {expected!r})"
+                f"\n[example] {self.task.function}{_call(example)} -> "
+                f"{got[0] if got else 'no value'}: "
+                f"{'passes' if facts['example_passed'] else 'FAILS'} "
+                f"(expected {self.task.expected(example)})"
+                f"\n[hidden check] {'passes' if facts['check_passed'] else 'FAILS'}"
             )
         return ToolOutcome(code=code, result=result, output=output, extra=facts)
 
     async def episode_outcome(self) -> dict[str, Any]:
-        """Grade the coder's last code on the hidden cases, in a fresh interpreter."""
-        code = next((r.tool.code for r in reversed(self.records_of(CODER)) if r.tool.code), None)
+        """Grade all of the coder's code on this episode's hidden cases, afresh."""
+        blocks = [r.tool.code for r in self.records_of(CODER) if r.tool.code]
+        cases = [self.task.draw(self.np_random) for _ in range(HIDDEN_CASES)]
         passed = 0
-        if code is not None:
-            # A new interpreter: nothing the coder's earlier runs left in memory counts.
+        if blocks:
+            # A new interpreter: what the coder's runs left in memory does not count,
+            # but its turns may build on each other, so they all run, in order.
             await self.release_sandbox("grader")
-            result, _ = await self.run_code(code, "grader", self.code_timeout_s, 1000)
+            result, _ = await self.run_code("\n".join(blocks), "grader", self.code_timeout_s, 1000)
             if result is not None and result.error is None:
-                got = await self._call_function("grader", [args for args, _ in self.task.cases])
-                expected = [repr(value) for _, value in self.task.cases]
+                got = await self._call_function("grader", cases)
+                expected = [self.task.expected(args) for args in cases]
                 passed = sum(g == e for g, e in zip(got, expected))
-        total = len(self.task.cases)
         return {
-            "correct": passed == total,
+            "correct": passed == HIDDEN_CASES,
             "passed": passed,
-            "cases": total,
-            "reward": 1.0 if passed == total else 0.0,
+            "cases": HIDDEN_CASES,
+            "reward": 1.0 if passed == HIDDEN_CASES else 0.0,
             "task_id": self.task.id,
             "task_type": self.task.metadata.get("kind"),
         }
@@ -272,8 +320,9 @@ class PlannerCoderEnv(PipelineEnv):
     # Optional hooks ----------------------------------------------------------------
 
     def next_agent(self, agent: str, record: ActionRecord) -> str | None:
-        """The coder's slot ends as soon as its code passes the example."""
-        if agent == CODER and record.tool.extra.get("example_passed"):
+        """The coder's slot ends as soon as its code passes the example and the check."""
+        extra = record.tool.extra
+        if agent == CODER and extra.get("example_passed") and extra.get("check_passed"):
             return None
         return super().next_agent(agent, record)
 

@@ -150,10 +150,12 @@ def load_entry_point(path: str) -> type[AECEnv]:
     module_name, _, attr = path.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not module_name.startswith(exc.name):
+            raise  # the module was found but fails to import one of its own imports
         raise ValueError(
-            f"cannot import {module_name!r} for environment {path!r}: {exc}. Is it on "
-            "sys.path (PYTHONPATH, or run from its folder)?"
+            f"cannot import {module_name!r} for environment {path!r}: {exc}. Run from "
+            "the folder that holds it (mappa adds the working directory), or install it"
         ) from exc
     cls = getattr(module, attr, None)
     if not (isinstance(cls, type) and issubclass(cls, AECEnv)):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import sys
 from collections.abc import Sequence
 
 from mappa_agents.cli import add_eval_parser
@@ -31,6 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mappa`` command; returns its exit status."""
     args = build_parser().parse_args(argv)
+    # As ``python -m`` does: ``--env my_envs:MyEnv`` finds a module in the working
+    # directory (a console script's sys.path starts with its bin directory instead).
+    # Only this process sees it; kernels get PYTHONPATH, not this.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -22,7 +22,8 @@ class TrainConfig:
 
     # ------------------------------------------------------------------ what to train
     env: str = "MathChat-v0"
-    """Environment id (``MathChat-v0`` or ``DSBench-v0``)."""
+    """A registered environment id (``MathChat-v0``, ``DSBench-v0``, or one registered with
+    ``mappa_env.register``) or the import path of an environment class, ``module:Class``."""
 
     env_options: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for the training environment (``tasks``, ``turns``, ...)."""

@@ -9,7 +9,7 @@ import pytest
 from pettingzoo.test import api_test, parallel_api_test, seed_test
 
 import mappa_env
-from examples.custom_env import TASKS, PlannerCoderEnv
+from examples.custom_env import HIDDEN_CASES, TASKS, PlannerCoderEnv
 from tests.fakes import InProcessSandbox
 
 ENTRY = "examples.custom_env:PlannerCoderEnv"
@@ -48,7 +48,7 @@ def test_a_correct_function_earns_the_outcome_and_ends_the_coders_slot():
     env = PlannerCoderEnv(sandbox=InProcessSandbox, reward_mode="mixed")
     returns = play(env, {"planner": ["1. write add\n2. return a + b"], "coder": [GOOD_CODE]})
     assert env.outcome["correct"] is True
-    assert env.outcome["passed"] == env.outcome["cases"] == 3
+    assert env.outcome["passed"] == env.outcome["cases"] == HIDDEN_CASES
     assert len(env.records_of("coder")) == 1  # next_agent ended the slot at once
     # mixed: 0.5 * coach (6/10 and 9/10) + 0.5 * outcome (1) per action
     assert returns["planner"] == pytest.approx(0.5 * 0.6 + 0.5)
@@ -66,6 +66,35 @@ def test_the_coder_revises_after_a_failing_example():
     assert "passes" in second.tool.output
     assert second.verdict.score == 9.0
     assert env.outcome["correct"] is True
+    env.close()
+
+
+def test_turns_that_build_on_each_other_are_graded_together():
+    env = PlannerCoderEnv(sandbox=InProcessSandbox)
+    helper = "```python\ndef plus(a, b):\n    return a + b\ndef add(a, b):\n    return 0\n```"
+    uses_it = "```python\ndef add(a, b):\n    return plus(a, b)\n```"
+    play(env, {"planner": ["Write add."], "coder": [helper, uses_it]})
+    assert env.outcome["correct"] is True
+    env.close()
+
+
+def test_hardcoding_the_example_is_not_paid_like_the_function():
+    env = PlannerCoderEnv(sandbox=InProcessSandbox)  # process rewards, the rules coach
+    special = "```python\ndef add(a, b):\n    return 5\n```"
+    cheated = play(env, {"planner": ["Write add."], "coder": [special] * 3})
+    honest = play(env, {"planner": ["Write add."], "coder": [GOOD_CODE]})
+    assert cheated["coder"] / 3 == pytest.approx(0.4)  # each of its three turns
+    assert honest["coder"] == pytest.approx(0.9)
+    env.close()
+
+
+def test_hidden_cases_are_drawn_for_each_episode():
+    env = PlannerCoderEnv(sandbox=InProcessSandbox, seed=3)
+    seen = set()
+    for _ in range(3):
+        env.reset(options={"task": ADD})
+        seen.add(tuple(ADD.draw(env.np_random) for _ in range(HIDDEN_CASES)))
+    assert len(seen) == 3
     env.close()
 
 

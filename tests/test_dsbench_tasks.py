@@ -214,6 +214,19 @@ def test_a_folder_with_its_own_prompts_file_uses_it_before_the_bench_dir(
     env.close()
 
 
+def test_data_inside_the_bench_dir_still_gets_the_raw_prompts(tmp_path: Path, monkeypatch):
+    from mappa_env.dsbench.tasks import TASK_LIST_FILES
+
+    data, prompts, task_list = _fake_tree(tmp_path)  # data/ sits inside the bench folder
+    (tmp_path / CLEANED_PROMPTS_FILE).write_text(prompts.read_text())
+    (tmp_path / TASK_LIST_FILES["train"]).write_text(task_list.read_text())
+    monkeypatch.setenv(BENCH_DIR_ENV, str(tmp_path))
+    for folder in (tmp_path, data):
+        (task,) = load_dsbench_tasks(folder, task_ids=["alpha"])
+        assert task.metadata["raw_prompt"] == "Raw Kaggle text for alpha"
+        assert task.metadata["split"] == "train"
+
+
 # ---------------------------------------------------------------------------------------
 # The real shared task files
 # ---------------------------------------------------------------------------------------

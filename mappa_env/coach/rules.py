@@ -139,7 +139,10 @@ def _registered_rubric(env_id: str) -> Rubric | None:
 
     if not is_registered(env_id):
         return None
-    return getattr(env_class(env_id), "rules_rubric", None)
+    try:
+        return getattr(env_class(env_id), "rules_rubric", None)
+    except ValueError:  # registered, but its module cannot be imported: no rubric
+        return None
 
 
 class RulesCoach:

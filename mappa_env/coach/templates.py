@@ -280,7 +280,13 @@ class CoachTemplates:
         sections += [
             (
                 f"Rubric for the {request.agent}",
-                self.rubric_for(request.env_id, request.agent, request.rubric),
+                self.rubric_for(
+                    request.env_id,
+                    request.agent,
+                    request.rubric
+                    if request.rubric is not None
+                    else _registered_rubric(request.env_id, request.agent),
+                ),
             ),
             ("Reply format", self.reply_format(structured=structured)),
         ]
@@ -299,6 +305,22 @@ class CoachTemplates:
         return self.correction_prompt.format(
             error=error, reply_format=self.reply_format(structured=structured)
         )
+
+
+def _registered_rubric(env_id: str, agent: str) -> str | None:
+    """The role's rubric from the environment registered as ``env_id``, if any.
+
+    Requests built by hand carry no rubric of their own.
+    """
+    from mappa_env.registry import env_class, is_registered
+
+    if not is_registered(env_id):
+        return None
+    try:
+        rubrics = getattr(env_class(env_id), "coach_rubrics", {})
+    except ValueError:  # registered, but its module cannot be imported
+        return None
+    return rubrics.get(agent)
 
 
 def _freeze(rubrics: Mapping[str, Mapping[str, str]]) -> Mapping[str, Mapping[str, str]]:

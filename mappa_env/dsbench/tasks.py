@@ -298,7 +298,9 @@ def load_dsbench_tasks(
         ),
         None,
     )
-    if cleaned_prompts is None and local_prompts is not None:
+    given = cleaned_prompts is not None
+    bench_prompts = None if bench_dir is None else (bench_dir / CLEANED_PROMPTS_FILE).resolve()
+    if not given and local_prompts is not None and local_prompts.resolve() != bench_prompts:
         cleaned_prompts = local_prompts
     if cleaned_prompts is None:
         if bench_dir is None:
@@ -323,8 +325,9 @@ def load_dsbench_tasks(
                 task_id = entry["metadata"]["task_id"]
                 raw_entries[task_id] = {**entry, "split_file": path.name}
                 listed.append(task_id)
-    elif cleaned_prompts is None and bench_dir is not None:
-        # Raw prompts are extra metadata; read them when the default files are there.
+    elif not given and bench_dir is not None:
+        # Raw prompts are extra metadata (and correct known faults of cleaned ones, see
+        # KNOWN_PROMPT_ISSUES); read them when the default files are there.
         for name in TASK_LIST_FILES.values():
             if (bench_dir / name).is_file():
                 for entry in read_task_list(bench_dir / name):

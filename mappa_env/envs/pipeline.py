@@ -743,7 +743,7 @@ class PipelineEnv(AECEnv):
 
     @classmethod
     def cli_options(cls, flags: Mapping[str, Any]) -> dict[str, Any]:
-        """Constructor options from the task flags of ``mappa eval`` / ``mappa train``.
+        """Constructor options from the task flags of ``mappa eval``.
 
         Args:
             flags: ``tasks``, ``num_tasks``, ``task_seed``, ``task_secret``,
