@@ -143,6 +143,13 @@ class TrainConfig:
     Actions of a mini-batch are grouped by length into micro-batches, so little of a
     pass is spent on padding; the summed gradient does not depend on the grouping."""
 
+    micro_batch_tokens: int = 0
+    """When > 0, micro-batches (of the update and of the log-prob passes) are formed by this
+    many padded tokens instead of ``micro_batch_size`` rows: rows sorted by length are
+    grouped while ``rows x longest row`` fits (a longer row goes alone, and no group
+    exceeds ``train_batch_size`` rows). Short rows then share one pass instead of paying
+    the per-pass overhead four at a time. 0 keeps ``micro_batch_size``."""
+
     rollout_batch_size: int = 64
     """Largest number of prompts one agent's model generates at once during rollouts
     (local models); prompts of similar length are batched together."""
@@ -261,6 +268,11 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.micro_batch_size > self.train_batch_size:
             raise ValueError("micro_batch_size must not exceed train_batch_size")
+        if self.micro_batch_tokens < 0:
+            raise ValueError(
+                f"micro_batch_tokens must be >= 0 (0: by micro_batch_size), "
+                f"got {self.micro_batch_tokens}"
+            )
         if self.lr <= 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
         ranges = {

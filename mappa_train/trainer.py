@@ -51,6 +51,7 @@ from mappa_train.algorithms.reinforce_pp import clip_fraction, kl_penalty, ppo_c
 from mappa_train.config import TrainConfig
 from mappa_train.logprobs import move_to, pack, response_logprobs
 from mappa_train.memory import check_fits, count_parameters, static_memory_bytes
+from mappa_train.packing import token_budget_batches
 from mappa_train.precision import MasterWeightAdamW
 
 logger = logging.getLogger(__name__)
@@ -734,14 +735,31 @@ class Trainer:
                 rewards[id(action)] = value
         return rewards
 
+    def _micro_batches(
+        self, samples: Sequence[ActionSample], order: Sequence[int]
+    ) -> list[list[int]]:
+        """``order`` (sample indices sorted by length) cut into micro-batches.
+
+        By ``micro_batch_tokens`` padded tokens when set (at most ``train_batch_size``
+        rows each), else by ``micro_batch_size`` rows.
+        """
+        config = self.config
+        if config.micro_batch_tokens > 0:
+            runs = token_budget_batches(
+                [_row_length(samples[i]) for i in order],
+                config.micro_batch_tokens,
+                max_rows=config.train_batch_size,
+            )
+            return [[order[p] for p in run] for run in runs]
+        size = config.micro_batch_size
+        return [list(order[start : start + size]) for start in range(0, len(order), size)]
+
     @torch.no_grad()
     def _logprobs(self, model: Any, rows: Sequence[ActionSample], pad_id: int) -> torch.Tensor:
         width = max(len(s.response_ids) for s in rows)
         out = torch.zeros((len(rows), width))
-        step = self.config.micro_batch_size
         order = _by_length(rows, range(len(rows)))
-        for start in range(0, len(order), step):
-            indices = order[start : start + step]
+        for indices in self._micro_batches(rows, order):
             chunk = [rows[i] for i in indices]
             batch = pack([s.prompt_ids for s in chunk], [s.response_ids for s in chunk], pad_id)
             values = response_logprobs(
@@ -852,8 +870,7 @@ class Trainer:
             )
             total = float(prep.mask[members].sum())
             learner.optimizer.zero_grad(set_to_none=True)
-            for mstart in range(0, len(members), config.micro_batch_size):
-                micro = members[mstart : mstart + config.micro_batch_size]
+            for micro in self._micro_batches(prep.samples, members):
                 rows = [prep.samples[i] for i in micro]
                 width = max(len(s.response_ids) for s in rows)
                 cpu_mask = prep.mask[micro, :width]
@@ -1065,11 +1082,13 @@ def _enable_checkpointing(model: Any) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def _row_length(sample: ActionSample) -> int:
+    return len(sample.prompt_ids) + len(sample.response_ids)
+
+
 def _by_length(samples: Sequence[ActionSample], indices: Sequence[int]) -> list[int]:
     """``indices`` ordered by prompt + response length, so micro-batches pad little."""
-    return sorted(
-        indices, key=lambda i: (len(samples[i].prompt_ids) + len(samples[i].response_ids), i)
-    )
+    return sorted(indices, key=lambda i: (_row_length(samples[i]), i))
 
 
 def _sync_device(device: str) -> None:
