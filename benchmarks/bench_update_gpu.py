@@ -11,7 +11,9 @@ counted).
 Variants: ``fp32-master`` (bf16 model, float32 master weights in the optimizer, head
 logits kept for the backward pass), ``bf16-weights`` (Adam on the bf16 weights alone),
 ``recompute`` (fp32-master, head logits recomputed in the backward pass),
-``checkpointing`` (fp32-master with activation checkpointing).
+``checkpointing`` (fp32-master with activation checkpointing), ``token-budget``
+(fp32-master, micro-batches of up to 16,384 padded tokens instead of
+``--micro-batch`` rows).
 
 Rollouts decode with CUDA graphs (``compile_decode``) unless ``--eager-rollouts``;
 ``--rollouts 2 --compare-eager-rollout`` times compiled steps (the first compiles) and
@@ -50,6 +52,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "mixed_precision": True,
         "recompute_logits": False,
         "gradient_checkpointing": True,
+    },
+    "token-budget": {
+        "mixed_precision": True,
+        "recompute_logits": False,
+        "micro_batch_tokens": 16_384,
     },
 }
 
