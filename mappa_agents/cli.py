@@ -79,13 +79,48 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--system",
         default="smollm2-135m",
-        help="one model for every agent (smollm2-135m, an HF id or path, api:<litellm model>, "
-        "vllm:<model>) or per agent: 'problem_solver=a,code_executor=b,verifier=c'",
+        help="one model for every agent (smollm2-135m, an HF id or path, "
+        "api:<litellm model>[?api_base=URL&api_key=KEY&timeout_s=S], vllm:<model>, or a "
+        "`mappa train` run dir / checkpoint: runs/x means its newest checkpoint, each agent "
+        "with its own weights) or per agent: 'problem_solver=a,code_executor=b,verifier=c'",
     )
     parser.add_argument(
-        "--coach", default="rules", help="rules, or llm:<litellm model>[?api_base=...]"
+        "--coach",
+        default="rules",
+        help="rules, or llm:<litellm model>[?api_base=URL&max_tokens=N&timeout=S&...]. "
+        "Size the reply budget max_tokens (default 2048) to the judge: ~512 covers a plain "
+        "model's analysis and score, reasoning models need 2048+ (their thinking counts); a "
+        "reply cut at max_tokens is an invalid verdict. timeout (seconds per call, default "
+        "120) should exceed max_tokens / the judge's tokens per second plus the time to "
+        "first token, e.g. 512 tokens at 50 tok/s -> timeout=30. Timeouts and invalid "
+        "verdicts show in the progress line",
     )
-    parser.add_argument("--episodes", type=int, default=8, help="episodes to run")
+    parser.add_argument(
+        "--episodes",
+        type=int,
+        default=None,
+        help="episodes to run (default 8), cycling through the environment's tasks in "
+        "order; not with --samples-per-task/--num-eval-tasks, which set the episodes to "
+        "tasks x samples",
+    )
+    parser.add_argument(
+        "--samples-per-task",
+        type=int,
+        default=None,
+        metavar="K",
+        help="run K episodes of each task (e.g. 4 at --temperature 0.6, as papers report "
+        "mean accuracy of 4 samples) and report mean@K and pass@K with 95%% intervals; "
+        "the tasks are the first --num-eval-tasks of the environment's task list (default: "
+        "all of them), so the run has tasks x K episodes",
+    )
+    parser.add_argument(
+        "--num-eval-tasks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="evaluate the first N tasks of the environment's task list, each "
+        "--samples-per-task times (default 1)",
+    )
     parser.add_argument("--concurrency", type=int, default=8, help="episodes in flight")
     parser.add_argument("--max-new-tokens", type=int, default=512, help="tokens per action")
     parser.add_argument("--temperature", type=float, default=0.6, help="sampling temperature")
@@ -129,8 +164,57 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
+DEFAULT_EPISODES = 8
+"""Episodes of ``mappa eval`` without ``--episodes`` or ``--samples-per-task``."""
+
+
+def eval_plan(
+    task_ids: Sequence[str],
+    *,
+    episodes: int | None = None,
+    samples_per_task: int | None = None,
+    num_eval_tasks: int | None = None,
+) -> list[dict[str, Any]] | None:
+    """The reset options of each episode of ``mappa eval`` (``None``: the runner's order).
+
+    - ``samples_per_task`` or ``num_eval_tasks`` given: each of the first
+      ``num_eval_tasks`` tasks (default: all) ``samples_per_task`` times (default 1),
+      task by task: ``[t0, t0, ..., t1, t1, ...]``; ``episodes`` must not be given.
+    - otherwise ``None``: ``episodes`` episodes cycle through the tasks in order.
+
+    Raises:
+        SystemExit: On conflicting or impossible settings, saying which to change.
+    """
+    if samples_per_task is None and num_eval_tasks is None:
+        return None
+    if episodes is not None:
+        raise SystemExit(
+            "--episodes conflicts with --samples-per-task/--num-eval-tasks (the run has "
+            "tasks x samples episodes): drop --episodes, or set the tasks with --num-eval-tasks"
+        )
+    k = 1 if samples_per_task is None else samples_per_task
+    if k < 1:
+        raise SystemExit(f"--samples-per-task must be >= 1, got {k}")
+    if not task_ids:
+        raise SystemExit(
+            "--samples-per-task/--num-eval-tasks need an environment with a task list "
+            "(its `tasks` attribute); this one has none: use --episodes"
+        )
+    n = len(task_ids) if num_eval_tasks is None else num_eval_tasks
+    if not 1 <= n <= len(task_ids):
+        raise SystemExit(
+            f"--num-eval-tasks must be between 1 and the {len(task_ids)} tasks of the "
+            f"environment, got {n} (MathChat: raise --num-tasks, or choose --tasks)"
+        )
+    return [{"task_id": task_id} for task_id in task_ids[:n] for _ in range(k)]
+
+
 def run_eval(args: argparse.Namespace) -> dict[str, Any]:
-    """Run ``mappa eval``: episodes, report.json, transcripts.jsonl, plots, a printed table."""
+    """Run ``mappa eval``: episodes, report.json, transcripts.jsonl, plots, a printed table.
+
+    Raises:
+        SystemExit: When every episode failed (with the first error), or on bad settings.
+    """
     import mappa_env
     from mappa_agents.policy import SamplingParams
     from mappa_agents.report import format_table, plot_report, summarize
@@ -148,10 +232,19 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     probe = mappa_env.make(args.env, **env_options)
     try:
         agents = list(probe.possible_agents)
+        task_ids = [str(t.id) for t in getattr(probe, "tasks", None) or []]
         # Before loading models: a sandbox that cannot run code stops here, with the cause.
         probe.check_sandbox()
     finally:
         probe.close()
+    samples_per_task = getattr(args, "samples_per_task", None)
+    plan = eval_plan(
+        task_ids,
+        episodes=args.episodes,
+        samples_per_task=samples_per_task,
+        num_eval_tasks=getattr(args, "num_eval_tasks", None),
+    )
+    num_episodes = len(plan) if plan is not None else (args.episodes or DEFAULT_EPISODES)
     logger.info("loading system %s for agents %s", args.system, agents)
     load_start = time.perf_counter()
     system = AgentSystem.from_spec(
@@ -175,7 +268,7 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     )
     start = time.perf_counter()
     try:
-        episodes = runner.run(args.episodes)
+        episodes = runner.run(num_episodes, plan)
     finally:
         shared_tasks = env_options.get("tasks")
         if hasattr(shared_tasks, "close"):
@@ -186,9 +279,20 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
             close_coach()
     wall = time.perf_counter() - start
 
-    report = summarize(episodes, wall_time_s=wall)
+    from mappa_agents.report import AllEpisodesFailedError, check_some_finished
+
+    try:
+        check_some_finished(episodes)
+    except AllEpisodesFailedError as exc:
+        save_jsonl(out / "transcripts.jsonl", [a for e in episodes for a in e.actions])
+        raise SystemExit(f"mappa eval: {exc} (transcripts in {out / 'transcripts.jsonl'})") from exc
+    report = summarize(episodes, wall_time_s=wall, samples_per_task=samples_per_task or 1)
     report["system"] = args.system
     report["coach"] = args.coach
+    report["coach_verdicts"] = dict(runner.coach_verdict_counts)
+    from mappa_agents.system import parse_system_spec
+
+    report["system_per_agent"] = parse_system_spec(args.system, agents)
     report["model_load_s"] = load_s
     report["sampling"] = {
         "max_new_tokens": args.max_new_tokens,

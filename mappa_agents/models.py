@@ -26,6 +26,7 @@ from typing import Any
 
 from mappa_agents.policy import Policy
 from mappa_env._optional import MissingExtraError, require
+from mappa_env.coach import parse_model_spec, parse_spec_bool
 
 logger = logging.getLogger(__name__)
 
@@ -238,7 +239,8 @@ def load_policy(spec: str, **kwargs: Any) -> Policy:
             raise ValueError("'api:' needs a litellm model name, e.g. 'api:openai/gpt-4.1-mini'")
         for key in ("device", "dtype", "compile_decode"):
             _drop_option(kwargs, key, spec, "it would be sent to the API as a request field")
-        return LiteLLMPolicy(rest, **kwargs)
+        model, spec_options = parse_api_spec(spec)
+        return LiteLLMPolicy(model, **{**spec_options, **kwargs})
     if separator and backend == "vllm":
         from mappa_agents.vllm_policy import VLLMPolicy
 
@@ -258,6 +260,44 @@ def load_policy(spec: str, **kwargs: Any) -> Policy:
     if resolved != spec:
         kwargs.setdefault("name", spec)
     return HFPolicy(resolved, **kwargs)
+
+
+API_SPEC_OPTIONS: dict[str, Callable[[str], Any]] = {
+    "api_base": str,
+    "api_key": str,
+    "name": str,
+    "max_concurrency": int,
+    "request_logprobs": parse_spec_bool,
+    "request_token_ids": parse_spec_bool,
+    "timeout_s": float,
+    "num_retries": int,
+    "reasoning_effort": str,
+    "api_version": str,
+}
+"""Options an ``api:`` spec's query string may set (:class:`~mappa_agents.api.LiteLLMPolicy`
+arguments); ``timeout`` is an alias of ``timeout_s``."""
+
+
+def parse_api_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """Split ``"api:<litellm model>[?key=value&...]"`` into the model and its options.
+
+    Read by :func:`mappa_env.coach.parse_model_spec`, the same reader as the coach's
+    ``llm:<model>?...`` spec, so ``"api:openai/qwen?api_base=http://127.0.0.1:8000/v1"``
+    sends requests for model ``openai/qwen`` to that server.
+
+    Returns:
+        ``(model, options)`` with options among :data:`API_SPEC_OPTIONS`.
+
+    Raises:
+        ValueError: On an empty model or an unknown option.
+    """
+    return parse_model_spec(
+        spec,
+        prefix="api:",
+        options=API_SPEC_OPTIONS,
+        aliases={"timeout": "timeout_s"},
+        what="API policy",
+    )
 
 
 def _drop_option(kwargs: dict[str, Any], key: str, spec: str, reason: str) -> None:

@@ -8,7 +8,94 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mappa_agents.metrics import sample_metrics
 from mappa_agents.trajectory import EpisodeResult
+
+UNKNOWN_TASK_TYPE = "unknown"
+"""Task type of episodes whose outcome has no ``task_type``."""
+
+
+class AllEpisodesFailedError(RuntimeError):
+    """Every episode of a run aborted: there is nothing to report."""
+
+
+def check_some_finished(episodes: Sequence[EpisodeResult]) -> None:
+    """Stop when no episode finished, with the first episode's error.
+
+    Raises:
+        AllEpisodesFailedError: When ``episodes`` is empty or every one aborted; the
+            message gives the first error (as the trainer stops on the first error).
+    """
+    if not episodes:
+        raise AllEpisodesFailedError("no episodes ran")
+    if all(e.aborted for e in episodes):
+        first = next((e for e in episodes if e.outcome.get("error")), episodes[0])
+        error = str(first.outcome.get("error", "unknown error")).rstrip(".")
+        raise AllEpisodesFailedError(
+            f"all {len(episodes)} episodes failed; the first error ({first.episode_id}): "
+            f"{error}. Fix that cause (a model or API that cannot answer, an unreachable "
+            "server, a broken environment) and run again."
+        )
+
+
+def per_task_results(episodes: Sequence[EpisodeResult]) -> list[dict[str, Any]]:
+    """One row per task: its samples and how many were correct, in first-seen order.
+
+    Returns:
+        Rows ``{"task_id", "task_type", "samples", "correct", "aborted",
+        "mean_outcome_reward"}``: ``samples`` counts the finished episodes of the task
+        (aborted ones are counted in ``aborted`` only, as they have no graded outcome).
+        ``report.json`` stores them so that ``mappa compare`` can pair runs by task.
+    """
+    rows: dict[str, dict[str, Any]] = {}
+    rewards: dict[str, list[float]] = {}
+    for episode in episodes:
+        task_id = episode.task_id or str(episode.outcome.get("task_id", ""))
+        if not task_id:
+            continue  # an episode whose reset failed: it belongs to no task
+        row = rows.setdefault(
+            task_id,
+            {"task_id": task_id, "task_type": None, "samples": 0, "correct": 0, "aborted": 0},
+        )
+        if episode.aborted:
+            row["aborted"] += 1
+            continue
+        row["samples"] += 1
+        row["correct"] += int(episode.succeeded)
+        if row["task_type"] is None and episode.outcome.get("task_type") is not None:
+            row["task_type"] = str(episode.outcome["task_type"])
+        rewards.setdefault(task_id, []).append(float(episode.outcome.get("reward", 0.0)))
+    for task_id, row in rows.items():
+        row["task_type"] = row["task_type"] or UNKNOWN_TASK_TYPE
+        row["mean_outcome_reward"] = _mean(rewards.get(task_id, []))
+    return list(rows.values())
+
+
+def summarize_samples(per_task: Sequence[dict[str, Any]], k: int) -> dict[str, Any]:
+    """mean@k and pass@k, overall and per task type, from :func:`per_task_results` rows.
+
+    See :mod:`mappa_agents.metrics` for the estimators and their bootstrap intervals.
+
+    Returns:
+        ``{"samples_per_task": k, "mean_at_k": ..., "pass_at_k": ...,
+        "per_task_type": {type: {"mean_at_k": ..., "pass_at_k": ...}}}``, each metric
+        ``{"value", "ci95", "tasks"}``.
+    """
+    overall = sample_metrics([(r["samples"], r["correct"]) for r in per_task], k)
+    by_type: dict[str, list[tuple[int, int]]] = {}
+    for row in per_task:
+        by_type.setdefault(row["task_type"], []).append((row["samples"], row["correct"]))
+    return {
+        "samples_per_task": k,
+        "mean_at_k": overall["mean_at_k"],
+        "pass_at_k": overall["pass_at_k"],
+        "per_task_type": {
+            task_type: {
+                key: value for key, value in sample_metrics(counts, k).items() if key != "k"
+            }
+            for task_type, counts in sorted(by_type.items())
+        },
+    }
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -17,13 +104,18 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 def summarize(
-    episodes: Sequence[EpisodeResult], wall_time_s: float | None = None
+    episodes: Sequence[EpisodeResult],
+    wall_time_s: float | None = None,
+    *,
+    samples_per_task: int = 1,
 ) -> dict[str, Any]:
     """Aggregate a run into the numbers of ``report.json``.
 
     Args:
         episodes: Finished episodes of one environment.
         wall_time_s: Wall-clock time of the whole run, if measured.
+        samples_per_task: The ``k`` of mean@k and pass@k (``mappa eval
+            --samples-per-task``).
 
     Returns:
         A JSON-serialisable dict: episode count, success rate, mean outcome reward, and
@@ -31,7 +123,9 @@ def summarize(
         tool-call rate, mean response tokens, share of responses cut by the length
         limit; coach cost and tokens where the coach reports them; the environment's
         own numbers (its class's ``summarize_outcomes``, e.g. MathChat's accuracy) and
-        the tool-call rate of its ``tool_agent``.
+        the tool-call rate of its ``tool_agent``; mean@k and pass@k overall and per
+        task type with 95% intervals (:func:`summarize_samples`) and the per-task rows
+        they come from (``per_task``, :func:`per_task_results`).
     """
     if not episodes:
         raise ValueError("no episodes to summarise")
@@ -85,6 +179,9 @@ def summarize(
         summarize_outcomes = getattr(env, "summarize_outcomes", None)
         if callable(summarize_outcomes):
             report.update(summarize_outcomes([e.outcome for e in finished]))
+    per_task = per_task_results(episodes)
+    report.update(summarize_samples(per_task, samples_per_task))
+    report["per_task"] = per_task
     if wall_time_s is not None:
         report["wall_time_s"] = wall_time_s
         report["episodes_per_s"] = len(episodes) / wall_time_s if wall_time_s > 0 else None
@@ -106,6 +203,23 @@ def format_table(report: dict[str, Any]) -> str:
         f"{_fmt(report['mean_outcome_reward'])}, invalid coach verdicts "
         f"{_fmt_rate(report['invalid_coach_rate'])}"
     ]
+    if report.get("mean_at_k") is not None:
+        k = report.get("samples_per_task", 1)
+        lines.append(
+            f"over {report['mean_at_k']['tasks']} tasks x {k} samples: "
+            f"mean@{k} {_fmt_estimate(report['mean_at_k'])}, "
+            f"pass@{k} {_fmt_estimate(report['pass_at_k'])} (95% bootstrap intervals)"
+        )
+        by_type = report.get("per_task_type") or {}
+        # With one sample per task the per-type lines are single tasks' outcomes: they
+        # stay in report.json, and the table shows them for K > 1 only.
+        if len(by_type) > 1 and k > 1:
+            for task_type, stats in by_type.items():
+                lines.append(
+                    f"  {task_type}: mean@{k} {_fmt_estimate(stats['mean_at_k'])}, "
+                    f"pass@{k} {_fmt_estimate(stats['pass_at_k'])}, "
+                    f"{stats['mean_at_k']['tasks']} tasks"
+                )
     header = ("agent", "actions", "reward", "coach", "tool calls", "resp tokens", "cut")
     rows = [header]
     for agent, stats in report["per_agent"].items():
@@ -144,7 +258,9 @@ def plot_report(episodes: Sequence[EpisodeResult], out_dir: str | Path) -> list[
     out.mkdir(parents=True, exist_ok=True)
     actions = [a for e in episodes for a in e.actions]
     agents = list(dict.fromkeys(a.agent for a in actions))
-    paths = []
+    paths: list[Path] = []
+    if not agents:  # no action at all (every episode failed at reset): nothing to draw
+        return paths
 
     fig, (left, right) = new_figure(1, 2, figsize=(10, 4), purpose="report plots")
     means = [_mean([a.reward for a in actions if a.agent == g]) or 0.0 for g in agents]
@@ -180,6 +296,17 @@ def plot_report(episodes: Sequence[EpisodeResult], out_dir: str | Path) -> list[
     paths.append(out / "lengths.png")
     fig.savefig(paths[-1], dpi=110)
     return paths
+
+
+def _fmt_estimate(estimate: dict[str, Any] | None) -> str:
+    """``0.500 [0.250, 0.750]`` for ``{"value": 0.5, "ci95": [0.25, 0.75]}``."""
+    if not estimate or estimate.get("value") is None:
+        return "-"
+    interval = estimate.get("ci95")
+    text = f"{estimate['value']:.3f}"
+    if interval:
+        text += f" [{interval[0]:.3f}, {interval[1]:.3f}]"
+    return text
 
 
 def _fmt(value: float | None, spec: str = ".3f") -> str:

@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,48 @@ class _Request:
     live: _Live
     agent: str
     messages: list[dict[str, str]]
+
+
+_TIMEOUT_MARKERS = ("timeout", "timed out", "deadline_s")
+
+
+def classify_verdict(coach: Mapping[str, Any] | None) -> str | None:
+    """What a recorded coach verdict (``ActionSample.coach``) was, for counting.
+
+    Returns:
+        ``None`` without a verdict, ``"valid"``, ``"timeout"`` for an invalid verdict
+        whose error names a timeout or the coach's ``deadline_s``, else ``"invalid"``.
+    """
+    if coach is None:
+        return None
+    if coach.get("valid", False):
+        return "valid"
+    error = str(coach.get("error") or coach.get("analysis") or "").lower()
+    return "timeout" if any(marker in error for marker in _TIMEOUT_MARKERS) else "invalid"
+
+
+def progress_postfix(
+    results: Mapping[int, EpisodeResult], verdicts: Mapping[str, int]
+) -> dict[str, str]:
+    """The progress line's fields: successes, and the coach's timeouts and invalid verdicts.
+
+    Args:
+        results: Finished episodes so far.
+        verdicts: Counts by :func:`classify_verdict` of every action's verdict so far.
+
+    Returns:
+        ``{"success": "3/5", "coach_timeouts": "1", "coach_invalid": "2/40"}``;
+        the coach fields only once the coach has judged an action. ``coach_invalid``
+        counts every invalid verdict (timeouts included) over all verdicts.
+    """
+    wins = sum(r.succeeded for r in results.values())
+    postfix = {"success": f"{wins}/{len(results)}"}
+    judged = sum(verdicts.values())
+    if judged:
+        invalid = verdicts.get("invalid", 0) + verdicts.get("timeout", 0)
+        postfix["coach_timeouts"] = str(verdicts.get("timeout", 0))
+        postfix["coach_invalid"] = f"{invalid}/{judged}"
+    return postfix
 
 
 def derive_seed(*parts: object) -> int:
@@ -102,6 +145,16 @@ class RolloutRunner:
         # not depend on which policy happened to generate first in a run.
         self._policy_index = {id(p): i for i, p in enumerate(system.unique_policies())}
         self._envs: list[PipelineEnv] = []
+        self._verdicts: Counter[str] = Counter()
+
+    @property
+    def coach_verdict_counts(self) -> dict[str, int]:
+        """Coach verdicts of the last run by kind: ``valid``, ``timeout``, ``invalid``.
+
+        Counted as the actions happen (see :func:`classify_verdict`); the progress line
+        shows the timeouts and invalid verdicts live.
+        """
+        return dict(self._verdicts)
 
     def sampling_for(self, agent: str) -> SamplingParams:
         """The sampling settings of ``agent``."""
@@ -179,6 +232,7 @@ class RolloutRunner:
         options = list(episode_options) if episode_options is not None else None
         results: dict[int, EpisodeResult] = {}
         next_index = 0
+        self._verdicts = Counter()
         bar = self._progress_bar(num_episodes)
         try:
             envs = await self._ensure_envs(n_slots)
@@ -249,6 +303,7 @@ class RolloutRunner:
                         still_live.append(episode)
                 live = still_live
                 tick += 1
+                self._refresh_bar(bar, results)
         finally:
             if bar is not None:
                 bar.close()
@@ -341,6 +396,9 @@ class RolloutRunner:
             sampling=dataclasses.asdict(self.sampling_for(request.agent)),
         )
         episode.samples.append(sample)
+        kind = classify_verdict(sample.coach)
+        if kind is not None:
+            self._verdicts[kind] += 1
         # Terminated agents take PettingZoo's dead step here, so the next tick only sees
         # agents that must act.
         while env.agents and (
@@ -391,10 +449,14 @@ class RolloutRunner:
             return None
         return tqdm(total=total, desc="episodes", unit="ep", dynamic_ncols=True)
 
-    @staticmethod
-    def _update_bar(bar: Any, results: Mapping[int, EpisodeResult]) -> None:
+    def _update_bar(self, bar: Any, results: Mapping[int, EpisodeResult]) -> None:
         if bar is None:
             return
-        wins = sum(r.succeeded for r in results.values())
-        bar.set_postfix(success=f"{wins}/{len(results)}", refresh=False)
+        bar.set_postfix(progress_postfix(results, self._verdicts), refresh=False)
         bar.update(1)
+
+    def _refresh_bar(self, bar: Any, results: Mapping[int, EpisodeResult]) -> None:
+        """Show the coach counts after each tick, between finished episodes."""
+        if bar is None:
+            return
+        bar.set_postfix(progress_postfix(results, self._verdicts))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mappa_agents.policy import Policy
+
+logger = logging.getLogger(__name__)
 
 
 class AgentSystem:
@@ -41,7 +44,9 @@ class AgentSystem:
 
         Args:
             spec: One spec for every agent (``"smollm2-135m"``, an HF id or path,
-                ``"api:<litellm model>"``, ``"vllm:<model>"``), a mapping agent -> spec,
+                ``"api:<litellm model>[?api_base=...]"``, ``"vllm:<model>"``, a
+                ``mappa train`` run dir or checkpoint: see :func:`parse_system_spec`),
+                a mapping agent -> spec,
                 or a string ``"agent=spec,agent=spec"``. Agents with the same spec share one
                 loaded policy (the weights are identical; training makes separate copies).
             agents: The environment's agent ids, in order.
@@ -91,8 +96,23 @@ class AgentSystem:
 def parse_system_spec(spec: str | Mapping[str, str], agents: Sequence[str]) -> dict[str, str]:
     """Per-agent model specs from a single spec, a mapping, or ``"a=x,b=y"``.
 
+    The one place system specs are read. A spec that is a checkpoint of ``mappa train``
+    resolves per agent to that agent's own weights (see :mod:`mappa_agents.checkpoints`):
+
+    - ``runs/x``: the newest complete checkpoint of the run;
+    - ``runs/x/checkpoints``: the same;
+    - ``runs/x/checkpoints/step-000010``: that checkpoint;
+
+    each agent then gets ``<checkpoint>/agents/<agent>`` (an HF model dir, or with LoRA
+    its peft adapter, which transformers loads over the base named in its
+    ``adapter_config.json``). An agent the checkpoint lacks (frozen during training)
+    gets the model the run's ``trainer_state.json`` names for it, with a warning.
+    ``"problem_solver=runs/x,verifier=smollm2-135m"`` mixes checkpoints and models.
+
     Raises:
         ValueError: For unknown agents or agents left without a spec.
+        CheckpointError: For a checkpoint spec without a complete checkpoint, or whose
+            checkpoint and training config give an agent no weights.
     """
     if isinstance(spec, str) and "=" in spec and not spec.startswith(("api:", "vllm:")):
         mapping = {}
@@ -103,11 +123,46 @@ def parse_system_spec(spec: str | Mapping[str, str], agents: Sequence[str]) -> d
             mapping[agent.strip()] = model.strip()
         spec = mapping
     if isinstance(spec, str):
-        return dict.fromkeys(agents, spec)
-    unknown = sorted(set(spec) - set(agents))
-    if unknown:
-        raise ValueError(f"system spec names unknown agents {unknown}; agents: {list(agents)}")
-    missing = [a for a in agents if a not in spec]
-    if missing:
-        raise ValueError(f"system spec has no model for agents {missing}")
-    return dict(spec)
+        per_agent = dict.fromkeys(agents, spec)
+    else:
+        unknown = sorted(set(spec) - set(agents))
+        if unknown:
+            raise ValueError(f"system spec names unknown agents {unknown}; agents: {list(agents)}")
+        missing = [a for a in agents if a not in spec]
+        if missing:
+            raise ValueError(f"system spec has no model for agents {missing}")
+        per_agent = {agent: spec[agent] for agent in agents}
+    return {
+        agent: _resolve_checkpoint_spec(model, agent, agents) for agent, model in per_agent.items()
+    }
+
+
+def _resolve_checkpoint_spec(model_spec: str, agent: str, agents: Sequence[str]) -> str:
+    """``model_spec`` itself, or the weights of ``agent`` when it names a checkpoint."""
+    from mappa_agents import checkpoints
+
+    if model_spec.startswith(("api:", "vllm:")) or not checkpoints.looks_like_checkpoint_spec(
+        model_spec
+    ):
+        return model_spec
+    checkpoint = checkpoints.resolve_checkpoint(model_spec)
+    try:
+        return str(checkpoints.agent_weights(checkpoint, agent))
+    except checkpoints.CheckpointError:
+        trained_with = checkpoints.checkpoint_system_spec(checkpoint)
+        if trained_with is None:
+            raise
+        fallback = parse_system_spec(trained_with, agents)[agent]
+        if (
+            checkpoints.looks_like_checkpoint_spec(fallback)
+            and checkpoints.resolve_checkpoint(fallback) == checkpoint
+        ):
+            raise
+        logger.warning(
+            "checkpoint %s has no weights for %s (frozen in training): it acts with the "
+            "run's model %s",
+            checkpoint,
+            agent,
+            fallback,
+        )
+        return fallback

@@ -4,7 +4,13 @@ A record holds everything a policy-gradient trainer needs for one action (the ex
 prompt and sampled token ids, their log-probabilities, the finish reason, the coach's
 verdict and the step reward) plus the episode's outcome, so other RL code can train on
 the JSONL export without touching ``mappa_train``. The JSONL file has one row per action
-and loads with ``datasets.load_dataset("json", data_files=path)``.
+and loads with :func:`load_trajectories` (rows, or a ``datasets.Dataset``) or
+``datasets.load_dataset("json", data_files=path)``.
+
+Each row also carries the OpenAI-style pair other RL code expects: ``messages`` (the
+prompt, a list of ``{"role", "content"}`` chat messages) and ``completion`` (the
+response text, equal to ``text``). Rows written before ``completion`` existed load the
+same way (it is filled from ``text``).
 """
 
 from __future__ import annotations
@@ -85,18 +91,25 @@ class ActionSample:
         """True when the action ran code."""
         return self.code is not None
 
-    def to_json(self) -> str:
-        """One JSON line (NaN rewards are written as null)."""
+    def to_row(self) -> dict[str, Any]:
+        """The JSONL row: every field, plus ``completion`` (= ``text``); NaN reward -> None."""
         data = asdict(self)
         if isinstance(data["reward"], float) and math.isnan(data["reward"]):
             data["reward"] = None
-        return json.dumps(data, ensure_ascii=False, default=_json_default)
+        data["completion"] = self.text
+        return data
+
+    def to_json(self) -> str:
+        """One JSON line of :meth:`to_row` (NaN rewards are written as null)."""
+        return json.dumps(self.to_row(), ensure_ascii=False, default=_json_default)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ActionSample:
         """Inverse of :meth:`to_json` (after ``json.loads``); unknown keys are ignored."""
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
+        if "text" not in values and isinstance(data.get("completion"), str):
+            values["text"] = data["completion"]
         if values.get("reward") is None:
             values["reward"] = math.nan
         required = [
@@ -160,6 +173,83 @@ def load_jsonl(path: str | Path) -> list[ActionSample]:
             except ValueError as exc:
                 raise ValueError(f"{path}:{number}: {exc}") from exc
     return samples
+
+
+def normalize_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSONL row with the export fields filled: ``completion`` from ``text`` if missing.
+
+    Rows of older exports (without ``completion``) and of newer ones read the same.
+    """
+    data = dict(row)
+    if "completion" not in data and "text" in data:
+        data["completion"] = data["text"]
+    if "text" not in data and "completion" in data:
+        data["text"] = data["completion"]
+    return data
+
+
+def trajectory_files(path_or_paths: str | Path | Iterable[str | Path]) -> list[Path]:
+    """The JSONL files named: a file, a directory (its ``*.jsonl``, sorted) or several.
+
+    Raises:
+        FileNotFoundError: For a path that does not exist or a directory without JSONL.
+    """
+    items = [path_or_paths] if isinstance(path_or_paths, (str, Path)) else list(path_or_paths)
+    files: list[Path] = []
+    for item in items:
+        path = Path(item)
+        if path.is_dir():
+            found = sorted(path.glob("*.jsonl"))
+            if not found:
+                raise FileNotFoundError(
+                    f"{path} holds no *.jsonl file (mappa eval writes transcripts.jsonl)"
+                )
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"no trajectory file {path}")
+    return files
+
+
+def load_trajectories(
+    path_or_paths: str | Path | Iterable[str | Path], as_dataset: bool = False
+) -> list[dict[str, Any]] | Any:
+    """Read exported trajectories as plain rows, or as a ``datasets.Dataset``.
+
+    Args:
+        path_or_paths: A JSONL file from :func:`save_jsonl` (e.g. ``mappa eval``'s
+            ``transcripts.jsonl``), a directory of them, or a list of either.
+        as_dataset: Return a ``datasets.Dataset`` (the ``agents`` extra) instead of a
+            list of dicts.
+
+    Returns:
+        One dict per action, in file order, with every field of :class:`ActionSample`
+        plus ``completion`` (see :func:`normalize_row`); or the same rows as a Dataset.
+
+    Raises:
+        ValueError: Naming the line that is not valid JSON or not an action record.
+        MissingExtraError: For ``as_dataset=True`` without ``datasets`` installed.
+    """
+    rows: list[dict[str, Any]] = []
+    for path in trajectory_files(path_or_paths):
+        with path.open(encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
+                if not isinstance(row, dict) or "prompt_ids" not in row:
+                    raise ValueError(f"{path}:{number}: not an action record (no prompt_ids)")
+                rows.append(normalize_row(row))
+    if not as_dataset:
+        return rows
+    from mappa_env._optional import require
+
+    datasets = require("datasets", "agents", purpose="load_trajectories(as_dataset=True)")
+    return datasets.Dataset.from_list(rows)
 
 
 def group_episodes(samples: Sequence[ActionSample]) -> dict[str, list[ActionSample]]:

@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import random
-import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,12 +29,23 @@ from typing import Any
 import numpy as np
 import torch
 
+from mappa_agents.checkpoints import CHECKPOINT_MARKER as MARKER
+from mappa_agents.checkpoints import complete_checkpoints, latest_checkpoint
 from mappa_train.precision import MasterWeightAdamW
 
 logger = logging.getLogger(__name__)
 
-MARKER = "COMPLETE"
-_NAME = re.compile(r"^step-(\d{6,})$")
+__all__ = [
+    "MARKER",
+    "checkpoint_dir",
+    "complete_checkpoints",
+    "latest_checkpoint",
+    "load_optimizer_states",
+    "load_trainer_state",
+    "rng_state",
+    "save_checkpoint",
+    "set_rng_state",
+]
 
 
 def checkpoint_dir(root: Path, step: int) -> Path:
@@ -114,24 +124,6 @@ def save_checkpoint(
         for old in complete_checkpoints(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return final
-
-
-def complete_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoint directories under ``root``, oldest first."""
-    if not root.is_dir():
-        return []
-    found = []
-    for path in root.iterdir():
-        match = _NAME.match(path.name)
-        if match and (path / MARKER).is_file():
-            found.append((int(match.group(1)), path))
-    return [path for _, path in sorted(found)]
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    """The newest complete checkpoint, or ``None``."""
-    done = complete_checkpoints(root)
-    return done[-1] if done else None
 
 
 def load_trainer_state(path: Path) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from mappa_agents.cli import add_eval_parser
+from mappa_agents.compare import add_compare_parser
 from mappa_train.cli import add_train_parser
 
 
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     add_eval_parser(commands)
     add_train_parser(commands)
+    add_compare_parser(commands)
     return parser
 
 

@@ -268,3 +268,10 @@ def test_an_env_step_that_raises_ends_only_its_episode():
     report = summarize(episodes)
     assert report["aborted_episodes"] == 1
     assert report["success_rate"] == pytest.approx(2 / 5)
+
+
+def test_runner_counts_invalid_coach_verdicts_as_they_happen():
+    runner, _ = make_runner(coach=FixedCoach(score=None))
+    episodes = runner.run(2)
+    actions = sum(len(e.actions) for e in episodes)
+    assert runner.coach_verdict_counts == {"invalid": actions}

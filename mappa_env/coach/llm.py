@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
-from urllib.parse import parse_qsl
 
 from mappa_env._async import BackgroundLoop
 from mappa_env._optional import require
@@ -315,6 +314,10 @@ class LLMCoach:
         A query suffix sets options: ``"llm:openai/qwen?api_base=http://host:8000/v1&
         temperature=0.2&max_concurrency=8"``. Numbers and booleans are converted;
         ``reasoning_effort``, ``seed``, ``top_p`` and ``api_version`` go to litellm.
+        The reply budget and the per-call limit are ``max_tokens`` and ``timeout_s``
+        (alias ``timeout``): ``"llm:openai/judge?max_tokens=512&timeout=30"`` (see
+        :func:`~mappa_env.coach.make_coach` for how to size them). The query is read by
+        :func:`~mappa_env.coach.parse_model_spec`, as ``api:`` policy specs are.
 
         Args:
             spec: ``"llm:<model>[?key=value&...]"`` (the ``llm:`` prefix is optional).
@@ -326,15 +329,11 @@ class LLMCoach:
         Raises:
             ValueError: On an empty model or an unknown option.
         """
-        body = spec[len("llm:") :] if spec.startswith("llm:") else spec
-        model, _, query = body.partition("?")
-        options: dict[str, Any] = {}
-        for key, raw in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
-            if key not in _SPEC_OPTIONS:
-                raise ValueError(
-                    f"unknown coach option {key!r} in {spec!r}; known: {sorted(_SPEC_OPTIONS)}"
-                )
-            options[key] = _SPEC_OPTIONS[key](raw)
+        from mappa_env.coach import parse_model_spec
+
+        model, options = parse_model_spec(
+            spec, prefix="llm:", options=_SPEC_OPTIONS, aliases=_SPEC_ALIASES, what="coach"
+        )
         options.update(overrides)
         return cls(model, **options)
 
@@ -730,12 +729,9 @@ class LLMCoach:
 
 
 def _parse_bool(raw: str) -> bool:
-    lowered = raw.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"not a boolean: {raw!r}")
+    from mappa_env.coach import parse_spec_bool
+
+    return parse_spec_bool(raw)
 
 
 def _optional_int(raw: str) -> int | None:
@@ -764,3 +760,5 @@ _SPEC_OPTIONS: dict[str, Any] = {
     "top_p": float,
     "api_version": str,
 }
+
+_SPEC_ALIASES: dict[str, str] = {"timeout": "timeout_s"}

@@ -1,0 +1,340 @@
+"""mean@k / pass@k estimators, K samples per task in ``mappa eval``, checkpoint specs,
+``api:`` spec query strings and the all-episodes-failed stop."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from mappa_agents.checkpoints import CheckpointError, latest_checkpoint, resolve_checkpoint
+from mappa_agents.cli import eval_plan
+from mappa_agents.metrics import (
+    bootstrap_interval,
+    estimate,
+    mean_at_k,
+    paired_difference,
+    pass_at_k,
+    sample_metrics,
+)
+from mappa_agents.report import (
+    AllEpisodesFailedError,
+    check_some_finished,
+    per_task_results,
+    plot_report,
+    summarize_samples,
+)
+from mappa_agents.runner import classify_verdict, progress_postfix
+from mappa_agents.system import parse_system_spec
+from mappa_agents.trajectory import EpisodeResult
+from tests.openai_stub_server import StubReply, run_stub_server
+
+AGENTS = ["problem_solver", "code_executor", "verifier"]
+
+# ------------------------------------------------------------------ estimators
+
+
+def test_pass_at_k_matches_hand_computed_values():
+    # 1 - C(n-c, k) / C(n, k)
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # C(3,2)=3, C(4,2)=6
+    assert pass_at_k(4, 2, 2) == pytest.approx(1 - 1 / 6)  # C(2,2)=1
+    assert pass_at_k(5, 1, 3) == pytest.approx(1 - 4 / 10)  # C(4,3)=4, C(5,3)=10
+    assert pass_at_k(4, 0, 4) == 0.0
+    assert pass_at_k(4, 1, 4) == 1.0  # n - c < k: every draw holds the correct one
+    assert pass_at_k(3, 3, 1) == 1.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(mean_at_k(4, 1)) == 0.25  # pass@1 = c/n
+    with pytest.raises(ValueError):
+        pass_at_k(4, 5, 1)
+    with pytest.raises(ValueError):
+        pass_at_k(2, 1, 3)
+
+
+def test_sample_metrics_average_over_tasks():
+    # tasks: 2/4, 0/4, 4/4 correct -> mean@4 = (0.5 + 0 + 1) / 3, pass@4 = (1 + 0 + 1) / 3
+    # pass@2 of the first: 1 - C(2,2)/C(4,2) = 5/6
+    metrics = sample_metrics([(4, 2), (4, 0), (4, 4), (0, 0)], k=4)
+    assert metrics["mean_at_k"]["value"] == pytest.approx(0.5)
+    assert metrics["pass_at_k"]["value"] == pytest.approx(2 / 3)
+    assert metrics["mean_at_k"]["tasks"] == 3  # the task without samples is left out
+    assert sample_metrics([(4, 2), (4, 0)], k=2)["pass_at_k"]["value"] == pytest.approx(5 / 12)
+
+
+def test_bootstrap_interval_is_fixed_and_brackets_the_mean():
+    values = [0.0, 0.25, 0.5, 1.0, 1.0, 0.75]
+    low, high = bootstrap_interval(values)
+    assert low <= sum(values) / len(values) <= high
+    assert 0.0 <= low < high <= 1.0
+    assert bootstrap_interval(values) == (low, high)  # fixed seed
+    assert bootstrap_interval([0.4]) == (0.4, 0.4)
+    assert bootstrap_interval([]) is None
+    assert estimate([]) == {"value": None, "ci95": None, "tasks": 0}
+    same = estimate([1.0, 1.0, 1.0])
+    assert same["value"] == 1.0
+    assert same["ci95"] == [1.0, 1.0]
+
+
+def test_paired_difference_uses_shared_tasks_only():
+    base = {"a": 0.0, "b": 0.5, "c": 1.0}
+    other = {"a": 0.5, "b": 1.0, "d": 0.0}
+    diff = paired_difference(base, other)
+    assert diff["tasks"] == 2
+    assert diff["value"] == pytest.approx(0.5)
+    assert diff["ci95"] == [pytest.approx(0.5), pytest.approx(0.5)]
+    assert paired_difference({"a": 1.0}, {"b": 1.0}) is None
+
+
+# ------------------------------------------------------------------ report rows
+
+
+def _episode(index, task_id, correct, task_type="arithmetic", error=None):
+    outcome = (
+        {"error": error, "aborted": True}
+        if error
+        else {"correct": correct, "reward": float(correct), "task_type": task_type}
+    )
+    return EpisodeResult(f"ep-{index:05d}", task_id, "MathChat-v0", [], outcome)
+
+
+def test_per_task_rows_and_per_task_type_metrics():
+    episodes = [
+        _episode(0, "t0", True),
+        _episode(1, "t0", False),
+        _episode(2, "t1", False, "algebra"),
+        _episode(3, "t1", False, "algebra"),
+        _episode(4, "t1", False, error="generation failed"),
+    ]
+    rows = per_task_results(episodes)
+    assert rows[0] == {
+        "task_id": "t0",
+        "task_type": "arithmetic",
+        "samples": 2,
+        "correct": 1,
+        "aborted": 0,
+        "mean_outcome_reward": 0.5,
+    }
+    assert rows[1]["samples"] == 2
+    assert rows[1]["aborted"] == 1
+    summary = summarize_samples(rows, k=2)
+    assert summary["mean_at_k"]["value"] == pytest.approx(0.25)
+    assert summary["pass_at_k"]["value"] == pytest.approx(0.5)
+    assert summary["per_task_type"]["arithmetic"]["pass_at_k"]["value"] == 1.0
+    assert summary["per_task_type"]["algebra"]["mean_at_k"]["value"] == 0.0
+
+
+def test_all_failed_episodes_stop_with_the_first_error(tmp_path):
+    episodes = [
+        _episode(0, "", False, error="reset failed: boom"),
+        _episode(1, "", False, error="x"),
+    ]
+    with pytest.raises(AllEpisodesFailedError, match=r"all 2 episodes failed.*reset failed: boom"):
+        check_some_finished(episodes)
+    check_some_finished([*episodes, _episode(2, "t0", True)])
+    assert plot_report(episodes, tmp_path) == []  # no action, no plot (and no crash)
+
+
+def test_eval_plan_runs_each_task_k_times():
+    ids = ["a", "b", "c"]
+    assert eval_plan(ids) is None
+    assert eval_plan(ids, episodes=5) is None
+    plan = eval_plan(ids, samples_per_task=2, num_eval_tasks=2)
+    assert [o["task_id"] for o in plan] == ["a", "a", "b", "b"]
+    assert len(eval_plan(ids, samples_per_task=4)) == 12
+    with pytest.raises(SystemExit, match="--episodes conflicts"):
+        eval_plan(ids, episodes=4, samples_per_task=2)
+    with pytest.raises(SystemExit, match="between 1 and the 3 tasks"):
+        eval_plan(ids, num_eval_tasks=9)
+    with pytest.raises(SystemExit, match="task list"):
+        eval_plan([], samples_per_task=2)
+
+
+def test_coach_verdicts_are_classified_for_the_progress_line():
+    assert classify_verdict(None) is None
+    assert classify_verdict({"valid": True, "score": 5}) == "valid"
+    timeout = {"valid": False, "error": "transient API error ...: APITimeoutError: Timeout"}
+    assert classify_verdict(timeout) == "timeout"
+    assert classify_verdict({"valid": False, "error": "deadline_s=60 passed"}) == "timeout"
+    assert classify_verdict({"valid": False, "error": "no usable score"}) == "invalid"
+    postfix = progress_postfix({}, {"valid": 7, "timeout": 1, "invalid": 2})
+    assert postfix == {"success": "0/0", "coach_timeouts": "1", "coach_invalid": "3/10"}
+    assert progress_postfix({}, {}) == {"success": "0/0"}
+
+
+# ------------------------------------------------------------------ checkpoint specs
+
+
+def _fake_checkpoint(run, step, agents, system=None):
+    path = run / "checkpoints" / f"step-{step:06d}"
+    for agent in agents:
+        (path / "agents" / agent).mkdir(parents=True)
+        (path / "agents" / agent / "config.json").write_text("{}")
+    state = {"step": step, "config": {"system": system} if system else {}}
+    (path / "trainer_state.json").write_text(json.dumps(state))
+    (path / "COMPLETE").write_text(f"step {step}\n")
+    return path
+
+
+def test_checkpoint_specs_resolve_per_agent(tmp_path, caplog):
+    run = tmp_path / "run"
+    _fake_checkpoint(run, 5, AGENTS)
+    newest = _fake_checkpoint(run, 10, AGENTS)
+    (run / "checkpoints" / "step-000020").mkdir()  # no COMPLETE marker: not a checkpoint
+    assert latest_checkpoint(run / "checkpoints") == newest
+    for spec in (run, run / "checkpoints", newest):
+        assert resolve_checkpoint(spec) == newest
+        per_agent = parse_system_spec(str(spec), AGENTS)
+        assert per_agent == {a: str(newest / "agents" / a) for a in AGENTS}
+    mixed = parse_system_spec(f"problem_solver={run},code_executor=m,verifier=m", AGENTS)
+    assert mixed["problem_solver"] == str(newest / "agents" / "problem_solver")
+    assert mixed["verifier"] == "m"
+
+    frozen = _fake_checkpoint(tmp_path / "frozen", 3, ["problem_solver"], system="base-model")
+    with caplog.at_level("WARNING"):
+        per_agent = parse_system_spec(str(tmp_path / "frozen"), AGENTS)
+    assert per_agent["problem_solver"] == str(frozen / "agents" / "problem_solver")
+    assert per_agent["verifier"] == "base-model"
+    assert "frozen in training" in caplog.text
+
+
+def test_checkpoint_spec_errors_say_what_to_do(tmp_path):
+    lacking = tmp_path / "lacking"
+    _fake_checkpoint(lacking, 1, ["problem_solver"])
+    with pytest.raises(CheckpointError, match="no weights for agent 'code_executor'"):
+        parse_system_spec(str(lacking), AGENTS)
+    empty = tmp_path / "empty" / "checkpoints"
+    empty.mkdir(parents=True)
+    with pytest.raises(CheckpointError, match="holds no complete checkpoint"):
+        parse_system_spec(str(tmp_path / "empty"), AGENTS)
+
+
+# ------------------------------------------------------------------ end to end
+
+
+def _eval(*extra):
+    pytest.importorskip("transformers")
+    from mappa_train.command import main
+
+    return main(
+        [
+            "eval", "--env", "MathChat-v0", "--coach", "rules", "--max-new-tokens", "4",
+            "--num-tasks", "3", "--sandbox", "none", "--no-progress", *extra,
+        ]
+    )  # fmt: skip
+
+
+def test_eval_samples_per_task_reports_mean_and_pass_at_k(tmp_path, capsys):
+    from mappa_agents.tiny_models import tiny_model_dir
+
+    model = tiny_model_dir(tmp_path / "model")
+    out = tmp_path / "out"
+    code = _eval(
+        "--system", str(model), "--samples-per-task", "2", "--num-eval-tasks", "2",
+        "--out", str(out),
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["episodes"] == 4
+    assert report["samples_per_task"] == 2
+    assert [(r["task_id"], r["samples"]) for r in report["per_task"]] == [
+        (report["per_task"][0]["task_id"], 2),
+        (report["per_task"][1]["task_id"], 2),
+    ]
+    for key in ("mean_at_k", "pass_at_k"):
+        assert report[key]["tasks"] == 2
+        assert len(report[key]["ci95"]) == 2
+    assert report["per_task_type"]
+    assert "mean@2" in capsys.readouterr().out
+
+
+def test_eval_a_checkpoint_gives_each_agent_its_weights(tmp_path):
+    from mappa_agents.tiny_models import tiny_model_dir
+
+    model = tiny_model_dir(tmp_path / "model")
+    step = tmp_path / "run" / "checkpoints" / "step-000002"
+    for agent in AGENTS:
+        shutil.copytree(model, step / "agents" / agent)
+    (step / "trainer_state.json").write_text('{"step": 2, "config": {}}')
+    (step / "COMPLETE").write_text("step 2\n")
+    out = tmp_path / "out"
+    assert _eval("--system", str(tmp_path / "run"), "--episodes", "1", "--out", str(out)) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["system_per_agent"] == {a: str(step / "agents" / a) for a in AGENTS}
+    rows = [json.loads(line) for line in (out / "transcripts.jsonl").read_text().splitlines()]
+    assert {row["agent"]: row["policy"] for row in rows} == {
+        a: str(step / "agents" / a) for a in AGENTS
+    }
+
+
+def test_api_spec_query_reaches_the_local_server():
+    pytest.importorskip("litellm")
+    from mappa_agents.models import load_policy
+    from mappa_agents.policy import SamplingParams
+
+    with run_stub_server(lambda _request: "\\boxed{4}") as server:
+        policy = load_policy(
+            f"api:openai/stub-model?api_base={server.base_url}&api_key=k&timeout=20"
+        )
+        try:
+            assert policy.model == "openai/stub-model"
+            assert policy.timeout_s == 20.0
+            [generation] = policy.generate(
+                [[{"role": "user", "content": "2+2?"}]], SamplingParams()
+            )
+        finally:
+            policy.close()
+        assert generation.text == "\\boxed{4}"
+        assert server.request_count == 1
+        assert server.requests[0].body["model"] == "stub-model"
+        assert server.requests[0].headers["Authorization"] == "Bearer k"
+
+
+def test_eval_stops_clearly_when_every_episode_fails(tmp_path):
+    pytest.importorskip("litellm")
+    with run_stub_server(lambda _r: StubReply(status=400, error_message="bad model")) as server:
+        spec = f"api:openai/stub-model?api_base={server.base_url}&api_key=k&num_retries=0"
+        with pytest.raises(SystemExit, match="all 2 episodes failed; the first error"):
+            _eval("--system", spec, "--episodes", "2", "--out", str(tmp_path / "out"))
+        assert server.request_count >= 2
+    assert (tmp_path / "out" / "transcripts.jsonl").exists()
+    assert not (tmp_path / "out" / "report.json").exists()
+
+
+def test_coach_spec_sets_reply_budget_and_timeout():
+    pytest.importorskip("litellm")
+    from mappa_env.coach import make_coach
+
+    coach = make_coach("llm:openai/judge?api_base=http://127.0.0.1:9/v1&max_tokens=512&timeout=30")
+    try:
+        assert (coach.max_tokens, coach.timeout_s, coach.api_base) == (
+            512,
+            30.0,
+            "http://127.0.0.1:9/v1",
+        )
+    finally:
+        coach.close()
+
+
+def test_a_lora_checkpoint_loads_each_agents_adapter(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    from mappa_agents.lora import LoRASettings, shared_lora_model
+    from mappa_agents.models import load_policy
+    from mappa_agents.tiny_models import tiny_model_dir
+
+    base_dir = tiny_model_dir(tmp_path / "base")
+    base = transformers.AutoModelForCausalLM.from_pretrained(base_dir)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(base_dir)
+    model = shared_lora_model(base, ["problem_solver"], LoRASettings(rank=4))
+    step = tmp_path / "run" / "checkpoints" / "step-000001"
+    model.save_pretrained(step / "agents", selected_adapters=["problem_solver"])  # as training does
+    tokenizer.save_pretrained(step / "agents" / "problem_solver")
+    (step / "trainer_state.json").write_text(json.dumps({"config": {"system": str(base_dir)}}))
+    (step / "COMPLETE").write_text("step 1\n")
+    per_agent = parse_system_spec(str(tmp_path / "run"), AGENTS)
+    assert per_agent["problem_solver"] == str(step / "agents" / "problem_solver")
+    assert per_agent["verifier"] == str(base_dir)  # frozen in training: the run's model
+    policy = load_policy(per_agent["problem_solver"], device="cpu")
+    try:
+        assert getattr(policy.model, "_hf_peft_config_loaded", False)  # the adapter is on
+    finally:
+        policy.close()
