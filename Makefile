@@ -7,7 +7,7 @@ CONSTRAINTS := requirements/cpu-constraints.txt
 TEST_EXTRAS ?= dev,llm,agents
 STAMP := $(VENV)/.installed-$(TEST_EXTRAS)
 
-.PHONY: venv install demo test test-vllm lint format fast-test bench clean
+.PHONY: venv install demo test test-vllm lint format docs fast-test bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +36,16 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# The documentation site, into site/ (git-ignored). --strict: a warning (a broken link or
+# anchor, a docstring griffe cannot read) fails the build. Offline: no fonts or plugins
+# that fetch anything. Not --quiet: it hides the warnings that --strict counts.
+# NO_MKDOCS_2_WARNING silences the theme's banner about MkDocs 2.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 # pytest exits 5 when nothing was collected: not a failure of the project.
-test: lint
+# The docs build first, so a broken page fails CI (the tutorials run in tests/test_docs.py).
+test: lint docs
 	$(PY) -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
 
 # VLLMPolicy against a real vLLM: the CPU build pins its own torch and transformers, so
@@ -67,4 +75,4 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.bench_runner
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache build site *.egg-info
