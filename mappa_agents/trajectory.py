@@ -140,8 +140,16 @@ class EpisodeResult:
 
     @property
     def succeeded(self) -> bool:
-        """MathChat ``correct`` or DSBench ``success``."""
-        return bool(self.outcome.get("correct", self.outcome.get("success", False)))
+        """Whether the episode succeeded.
+
+        By the outcome's ``correct`` (MathChat) or ``success`` (DSBench); for an
+        environment whose outcome has neither, by a full outcome reward (1.0).
+        """
+        for key in ("correct", "success"):
+            if key in self.outcome:
+                return bool(self.outcome[key])
+        reward = self.outcome.get("reward")
+        return isinstance(reward, (int, float)) and not isinstance(reward, bool) and reward >= 1.0
 
 
 def save_jsonl(path: str | Path, samples: Iterable[ActionSample]) -> Path:

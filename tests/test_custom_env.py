@@ -169,3 +169,17 @@ def test_mappa_train_runs_one_step_on_it(tmp_path):
     assert metrics[-1]["step"] == 1
     assert {"planner/actions", "coder/actions", "planner/tool_call_rate"} <= set(metrics[-1])
     assert (out / "rollouts" / "step-000000.jsonl").exists()
+
+
+def test_success_of_an_outcome_without_correct_or_success_is_a_full_reward():
+    from mappa_agents.trajectory import EpisodeResult
+
+    def result(outcome):
+        return EpisodeResult(
+            episode_id="ep-0", task_id="t", env_id="X-v0", actions=[], outcome=outcome
+        )
+
+    assert result({"reward": 1.0}).succeeded
+    assert not result({"reward": 0.5}).succeeded
+    assert not result({"reward": 1.0, "correct": False}).succeeded
+    assert result({"success": True, "reward": 0.0}).succeeded

@@ -352,7 +352,9 @@ class PipelineEnv(AECEnv):
 
         Returns:
             A dict with at least ``"reward"`` (float in [0, 1], the outcome reward);
-            it is stored in ``infos[agent]["outcome"]`` for every agent.
+            it is stored in ``infos[agent]["outcome"]`` for every agent. Reports count
+            an episode as a success by its ``"correct"`` or ``"success"`` key, else by
+            a reward of 1; ``"task_type"`` groups tasks in reports and coach reports.
         """
 
     def select_task(self, options: Mapping[str, Any] | None) -> Any:
