@@ -6,6 +6,10 @@
    Target: at least 4x more episodes per second batched.
 2. Coach latency: 32 concurrent episodes with the rules coach, then with the same coach
    behind a fixed 200 ms delay per verdict. Target: wall time close to the first.
+3. Schedules: ``ticks`` against ``continuous`` on the same episodes, with the code
+   executor's Python run in Jupyter kernels and a coach whose latency varies by task
+   (50-450 ms, a stand-in for an API judge): uneven steps, which ticks wait out and the
+   continuous schedule does not.
 
 Greedy decoding, so both settings generate the same text. Prints tables and writes
 ``benchmarks/results/runner.json``.
@@ -17,16 +21,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import time
 
 import mappa_env
-from benchmarks._common import print_table, write_results
+from benchmarks._common import RESULTS_DIR, print_table, write_results
 from mappa_agents.models import load_policy
 from mappa_agents.policy import SamplingParams
 from mappa_agents.runner import RolloutRunner
 from mappa_agents.system import AgentSystem
 from mappa_env.coach import RulesCoach
 from mappa_env.coach.base import CoachRequest, CoachVerdict
+
+
+class UnevenCoach(RulesCoach):
+    """The rules coach, answering after 50-450 ms depending on the task."""
+
+    async def ascore(self, request: CoachRequest) -> CoachVerdict:
+        digest = sum(map(ord, request.task_id))
+        await asyncio.sleep(0.05 + 0.1 * (digest % 5))
+        return await super().ascore(request)
 
 
 class DelayedCoach(RulesCoach):
@@ -41,21 +55,34 @@ class DelayedCoach(RulesCoach):
         return self.score(request)
 
 
-def timed_run(policy, episodes: int, concurrency: int, max_new_tokens: int, coach) -> dict:
+def timed_run(
+    policy,
+    episodes: int,
+    concurrency: int,
+    max_new_tokens: int,
+    coach,
+    *,
+    schedule: str = "ticks",
+    sandbox: str | None = None,
+) -> dict:
     system = AgentSystem.shared(policy, ["problem_solver", "code_executor", "verifier"])
     runner = RolloutRunner(
-        lambda: mappa_env.make("MathChat-v0", tasks="gen:32:7", sandbox=None, coach=coach),
+        lambda: mappa_env.make(
+            "MathChat-v0", tasks="gen:32:7", sandbox=sandbox, coach=coach, isolation="none"
+        ),
         system,
         SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0),
         concurrency=concurrency,
         seed=0,
         progress=False,
+        schedule=schedule,
     )
     start = time.perf_counter()
     results = runner.run(episodes)
     wall = time.perf_counter() - start
     tokens = sum(len(a.response_ids) for e in results for a in e.actions)
     return {
+        "schedule": schedule,
         "episodes": episodes,
         "concurrency": concurrency,
         "coach": type(coach).__name__ if not isinstance(coach, str) else coach,
@@ -74,10 +101,32 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--latency-episodes", type=int, default=32)
+    parser.add_argument("--schedule-episodes", type=int, default=16)
+    parser.add_argument(
+        "--only-schedules",
+        action="store_true",
+        help="run only the schedule comparison (other sections of runner.json are kept)",
+    )
     args = parser.parse_args()
 
     policy = load_policy(args.model, dtype=args.dtype, device="cpu")
     timed_run(policy, 1, 1, 8, "rules")  # warm-up
+    payload: dict = {}
+    previous = RESULTS_DIR / "runner.json"
+    if args.only_schedules and previous.is_file():
+        payload = {
+            k: v
+            for k, v in json.loads(previous.read_text()).items()
+            if k in ("throughput", "coach_latency")
+        }
+    else:
+        payload.update(throughput_and_latency(policy, args))
+    payload["schedules"] = compare_schedules(policy, args)
+    write_results("runner", {"settings": vars(args), **payload})
+
+
+def throughput_and_latency(policy, args) -> dict:
+    """Sections 1 and 2: batched vs sequential, and coach latency hidden."""
     sequential = timed_run(policy, args.episodes, 1, args.max_new_tokens, "rules")
     batched = timed_run(policy, args.episodes, 8, args.max_new_tokens, "rules")
     same_text = sequential.pop("texts") == batched.pop("texts")
@@ -95,23 +144,41 @@ def main() -> None:
         f"added wall time: {overhead:.2f} s for {delayed['episodes']} episodes x 4 verdicts "
         f"of 200 ms ({n * 4 * 0.2:.1f} s if they ran one after another)"
     )
-    write_results(
-        "runner",
-        {
-            "settings": vars(args),
-            "throughput": {
-                "sequential": sequential,
-                "batched": batched,
-                "speedup": speedup,
-                "identical_greedy_text": same_text,
-            },
-            "coach_latency": {
-                "no_delay": no_delay,
-                "delay_200ms": delayed,
-                "added_wall_s": overhead,
-            },
+    return {
+        "throughput": {
+            "sequential": sequential,
+            "batched": batched,
+            "speedup": speedup,
+            "identical_greedy_text": same_text,
         },
+        "coach_latency": {"no_delay": no_delay, "delay_200ms": delayed, "added_wall_s": overhead},
+    }
+
+
+def compare_schedules(policy, args) -> dict:
+    """Section 3: ticks vs continuous on the same episodes, side by side."""
+    runs = {
+        name: timed_run(
+            policy,
+            args.schedule_episodes,
+            8,
+            args.max_new_tokens,
+            UnevenCoach(),
+            schedule=name,
+            sandbox="jupyter",
+        )
+        for name in ("ticks", "continuous")
+    }
+    same_text = runs["ticks"].pop("texts") == runs["continuous"].pop("texts")
+    ratio = runs["continuous"]["episodes_per_s"] / runs["ticks"]["episodes_per_s"]
+    print_table(
+        list(runs.values()),
+        title="Schedules: ticks vs continuous (Jupyter sandbox, coach latency 50-450 ms)",
     )
+    print(
+        f"continuous / ticks episodes per second: {ratio:.2f}x; identical greedy text: {same_text}"
+    )
+    return {**runs, "continuous_over_ticks": ratio, "identical_greedy_text": same_text}
 
 
 if __name__ == "__main__":

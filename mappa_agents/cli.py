@@ -122,6 +122,14 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         "--samples-per-task times (default 1)",
     )
     parser.add_argument("--concurrency", type=int, default=8, help="episodes in flight")
+    parser.add_argument(
+        "--schedule",
+        default="ticks",
+        choices=["ticks", "continuous"],
+        help="how generation is batched: ticks (deterministic: a seed repeats a run) or "
+        "continuous (each policy serves requests as they arrive: faster when steps take "
+        "uneven time, not reproducible)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=512, help="tokens per action")
     parser.add_argument("--temperature", type=float, default=0.6, help="sampling temperature")
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -265,6 +273,7 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
         concurrency=args.concurrency,
         seed=args.seed,
         progress=not args.no_progress,
+        schedule=args.schedule,
     )
     start = time.perf_counter()
     try:

@@ -1,14 +1,23 @@
-"""The batched rollout runner: many episodes at once, one generation batch per policy.
+"""The batched rollout runner: many episodes at once, batched generation per policy.
 
-The runner advances episodes in ticks. At each tick it collects the pending generation
-request of every live episode, sends one batch per policy (policies run concurrently),
-then steps every episode at once, so the coach calls and sandbox runs of all episodes
-overlap. Finished episodes free their slot for the next one.
+Two schedules (``schedule=``):
 
-Ticks make batching deterministic: a batch holds exactly the episodes waiting at that
-tick, in episode order, and each batch gets a seed derived from the run seed, the tick
-and the policy. With a deterministic backend (greedy decoding, or seeded sampling on the
-same hardware), the same run seed gives the same trajectories.
+- ``"ticks"`` (default): the runner advances episodes in ticks. At each tick it collects
+  the pending generation request of every live episode, sends one batch per policy
+  (policies run concurrently), then steps every episode at once, so the coach calls and
+  sandbox runs of all episodes overlap. Ticks make batching deterministic: a batch holds
+  exactly the episodes waiting at that tick, in episode order, and each batch gets a
+  seed derived from the run seed, the tick and the policy. With a deterministic backend
+  (greedy decoding, or seeded sampling on the same hardware), the same run seed gives
+  the same trajectories, which is what a resumed training run needs.
+- ``"continuous"``: every episode runs on its own, and each policy serves requests as
+  they arrive: whatever is pending when the policy is free goes out as the next batch,
+  and the rest wait for the one after. One agent's generation overlaps the sandbox and
+  coach work of other episodes, and a slow step holds up only its own episode. Which
+  requests share a batch depends on timing, so seeded runs are not reproducible in this
+  mode (batch seeds derive from the run seed, the policy and the batch number).
+
+Finished episodes free their slot for the next one.
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from mappa_agents.policy import Generation, GenerationError, Policy, SamplingParams
 from mappa_agents.system import AgentSystem
@@ -32,6 +41,7 @@ from mappa_env.envs.pipeline import PipelineEnv
 logger = logging.getLogger(__name__)
 
 EnvFactory = Callable[[], PipelineEnv]
+SCHEDULES: tuple[str, ...] = ("ticks", "continuous")
 
 
 @dataclass
@@ -114,6 +124,9 @@ class RolloutRunner:
         keep_envs: Keep the environments between :meth:`run` calls (a trainer running
             many steps); then call :meth:`close` when done. By default each run closes
             the environments it made.
+        schedule: ``"ticks"`` (deterministic batches: reproducible seeded runs) or
+            ``"continuous"`` (requests served as they arrive: more of the engine busy,
+            not reproducible); see the module docstring.
 
     A generation that fails (an API error after its retries, for example) or an
     environment step that raises ends only the episodes concerned: they are returned with
@@ -131,9 +144,13 @@ class RolloutRunner:
         seed: int | None = 0,
         progress: bool = True,
         keep_envs: bool = False,
+        schedule: Literal["ticks", "continuous"] = "ticks",
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+        self.schedule = schedule
         self.env_factory = env_factory
         self.system = system
         self.sampling = sampling if sampling is not None else SamplingParams()
@@ -268,6 +285,9 @@ class RolloutRunner:
 
             started = await asyncio.gather(*(refill(env) for env in envs))
             live = [episode for episode in started if episode is not None]
+            if self.schedule == "continuous":
+                await self._run_continuous(live, refill, results, bar, run_seed)
+                live = []
             tick = 0
             while live:
                 requests = [self._request(episode) for episode in live]
@@ -337,33 +357,84 @@ class RolloutRunner:
 
         async def generate(key: tuple[int, SamplingParams], members: list[int]) -> None:
             policy_id, params = key
-            policy = policies[policy_id]
             if run_seed is not None and params.seed is None:
                 slot = self._policy_index[policy_id]
                 params = dataclasses.replace(params, seed=derive_seed(run_seed, tick, slot))
-            batch = [requests[i].messages for i in members]
-            try:
-                outputs: list[Generation | None] = list(await policy.agenerate(batch, params))
-                errors: list[BaseException | None] = [None] * len(outputs)
-            except GenerationError as exc:  # some prompts failed; keep the others
-                outputs, errors = list(exc.generations), list(exc.errors)
-            except Exception as exc:  # a backend failure ends these episodes, not the run
-                logger.exception("policy %r failed on a batch of %d", policy.name, len(batch))
-                outputs, errors = [None] * len(batch), [exc] * len(batch)
-            if len(outputs) != len(batch):
-                raise RuntimeError(
-                    f"policy {policy.name!r} returned {len(outputs)} generations "
-                    f"for a batch of {len(batch)}"
-                )
-            for i, output, error in zip(members, outputs, errors):
-                generations[i] = (
-                    output
-                    if output is not None
-                    else f"generation failed: {type(error).__name__}: {error}"
-                )
+            outputs = await self._generate_batch(
+                policies[policy_id], params, [requests[i].messages for i in members]
+            )
+            for i, output in zip(members, outputs):
+                generations[i] = output
 
         await asyncio.gather(*(generate(key, members) for key, members in groups.items()))
         return generations
+
+    async def _generate_batch(
+        self, policy: Policy, params: SamplingParams, batch: list[list[dict[str, str]]]
+    ) -> list[Generation | str]:
+        """One batch through ``policy``: a generation per prompt, or why it failed."""
+        try:
+            outputs: list[Generation | None] = list(await policy.agenerate(batch, params))
+            errors: list[BaseException | None] = [None] * len(outputs)
+        except GenerationError as exc:  # some prompts failed; keep the others
+            outputs, errors = list(exc.generations), list(exc.errors)
+        except Exception as exc:  # a backend failure ends these episodes, not the run
+            logger.exception("policy %r failed on a batch of %d", policy.name, len(batch))
+            outputs, errors = [None] * len(batch), [exc] * len(batch)
+        if len(outputs) != len(batch):
+            raise RuntimeError(
+                f"policy {policy.name!r} returned {len(outputs)} generations "
+                f"for a batch of {len(batch)}"
+            )
+        return [
+            output if output is not None else f"generation failed: {type(error).__name__}: {error}"
+            for output, error in zip(outputs, errors)
+        ]
+
+    async def _run_continuous(
+        self,
+        live: list[_Live],
+        refill: Callable[[PipelineEnv], Any],
+        results: dict[int, EpisodeResult],
+        bar: Any,
+        run_seed: int | None,
+    ) -> None:
+        """Drive every slot on its own; each policy batches what is pending when free."""
+        batchers: dict[tuple[int, SamplingParams], _Batcher] = {}
+
+        def batcher_for(agent: str) -> _Batcher:
+            policy = self.system.policy_for(agent)
+            params = self.sampling_for(agent)
+            key = (id(policy), params)
+            if key not in batchers:
+                slot = self._policy_index[id(policy)]
+                batchers[key] = _Batcher(self, policy, params, run_seed, slot)
+            return batchers[key]
+
+        async def drive(episode: _Live | None) -> None:
+            while episode is not None:
+                error: str | None = None
+                while error is None and not self._finished(episode.env):
+                    request = self._request(episode)
+                    gen = await batcher_for(request.agent).submit(request.messages)
+                    if not isinstance(gen, Generation):
+                        error = gen
+                        break
+                    try:
+                        await self._step(request, gen)
+                    except Exception as exc:  # ends this episode, not the run
+                        logger.exception("episode %d failed", episode.index)
+                        error = f"environment step failed: {exc!r}"
+                results[episode.index] = await self._collect(episode, error)
+                self._update_bar(bar, results)
+                self._refresh_bar(bar, results)
+                episode = await refill(episode.env)
+
+        try:
+            await asyncio.gather(*(drive(episode) for episode in live))
+        finally:
+            for batcher in batchers.values():
+                await batcher.close()
 
     async def _step(self, request: _Request, gen: Generation) -> None:
         episode = request.live
@@ -460,3 +531,77 @@ class RolloutRunner:
         if bar is None:
             return
         bar.set_postfix(progress_postfix(results, self._verdicts))
+
+
+class _Batcher:
+    """Serves one (policy, sampling settings) pair: a batch of whatever is pending.
+
+    Requests arriving while a batch is being generated wait for the next one; the next
+    batch starts as soon as the policy is free and something is pending.
+    """
+
+    def __init__(
+        self,
+        runner: RolloutRunner,
+        policy: Policy,
+        params: SamplingParams,
+        run_seed: int | None,
+        slot: int,
+    ) -> None:
+        self.runner = runner
+        self.policy = policy
+        self.params = params
+        self.run_seed = run_seed
+        self.slot = slot
+        self.batches = 0
+        self.batch_sizes: list[int] = []
+        self._pending: list[tuple[list[dict[str, str]], asyncio.Future[Generation | str]]] = []
+        self._wakeup = asyncio.Event()
+        self._task = asyncio.create_task(self._serve(), name=f"batcher-{policy.name}")
+
+    async def submit(self, messages: list[dict[str, str]]) -> Generation | str:
+        """The generation for ``messages`` (or why it failed), once its batch is done."""
+        future: asyncio.Future[Generation | str] = asyncio.get_running_loop().create_future()
+        self._pending.append((messages, future))
+        self._wakeup.set()
+        return await future
+
+    async def _serve(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            # Let episodes woken by the same event (a batch just delivered) submit too.
+            await asyncio.sleep(0)
+            batch, self._pending = self._pending, []
+            if not batch:
+                continue
+            params = self.params
+            if self.run_seed is not None and params.seed is None:
+                seed = derive_seed(self.run_seed, "continuous", self.slot, self.batches)
+                params = dataclasses.replace(params, seed=seed)
+            self.batches += 1
+            self.batch_sizes.append(len(batch))
+            try:
+                outputs = await self.runner._generate_batch(
+                    self.policy, params, [messages for messages, _ in batch]
+                )
+            # A broken policy: every waiting episode hears of it (and fails with it).
+            except Exception as exc:  # noqa: BLE001 - handed on to each waiting episode
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, future), output in zip(batch, outputs):
+                if not future.done():
+                    future.set_result(output)
+
+    async def close(self) -> None:
+        """Stop serving; requests still waiting fail with CancelledError."""
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+        for _, future in self._pending:
+            future.cancel()
+        self._pending = []

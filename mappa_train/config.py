@@ -65,6 +65,13 @@ class TrainConfig:
     concurrency: int = 64
     """Episodes in flight during rollouts."""
 
+    rollout_schedule: str = "ticks"
+    """How the rollout runner batches generation (see :mod:`mappa_agents.runner`):
+    ``"ticks"`` (deterministic batches, so a seeded run and a resumed one give the same
+    rollouts) or ``"continuous"`` (each policy serves requests as they arrive and a slow
+    episode holds up only itself; rollouts then depend on timing, so a resumed run no
+    longer repeats the original one exactly)."""
+
     max_new_tokens: int = 4096
     """Tokens per action (the paper's budget; lower it for CPU runs)."""
 
@@ -249,6 +256,7 @@ class TrainConfig:
             "normalize_scope": ("agent", "all"),
             "kl_estimator": ("k1", "k2", "k3"),
             "isolation": ("auto", "namespaces", "none"),
+            "rollout_schedule": ("ticks", "continuous"),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

@@ -569,6 +569,7 @@ class Trainer:
                 concurrency=config.concurrency,
                 progress=False,
                 keep_envs=True,  # environments live across steps; closed by close()
+                schedule=config.rollout_schedule,  # type: ignore[arg-type]
             )
             self._runners[kind] = runner
         runner.sampling = SamplingParams(

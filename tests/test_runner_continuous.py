@@ -1,0 +1,141 @@
+"""The runner's continuous schedule: requests served as they arrive, slow steps isolated."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+import mappa_env
+from mappa_agents.runner import RolloutRunner
+from mappa_agents.scripted import ScriptedPolicy
+from mappa_agents.system import AgentSystem
+from mappa_env.coach.base import CoachVerdict
+from tests.fakes import FixedCoach, InProcessSandbox
+from tests.test_runner import AGENTS, TASKS, FlakyPolicy, solver_script
+
+
+class SlowOnOneTask(FixedCoach):
+    """Takes ``delay_s`` to score every action of task t1; the others at once."""
+
+    async def ascore(self, request):
+        if request.task_id == "t1":
+            await asyncio.sleep(self.delay_s)
+        return CoachVerdict(score=6.0, valid=True, analysis="fixed", coach=self.name)
+
+
+class RecordingPolicy(ScriptedPolicy):
+    """A scripted policy that takes ``delay_s`` per batch and records batch sizes."""
+
+    def __init__(self, respond, delay_s: float = 0.0) -> None:
+        super().__init__(respond)
+        self.delay_s = delay_s
+        self.batch_sizes: list[int] = []
+
+    async def agenerate(self, batch, params):
+        self.batch_sizes.append(len(batch))
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        return self.generate(batch, params)
+
+
+def runner_for(policy, schedule, coach="rules", concurrency=6):
+    return RolloutRunner(
+        lambda: mappa_env.make("MathChat-v0", tasks=TASKS, sandbox=InProcessSandbox, coach=coach),
+        AgentSystem.shared(policy, AGENTS),
+        concurrency=concurrency,
+        progress=False,
+        schedule=schedule,
+    )
+
+
+def test_continuous_gives_the_same_episodes_as_ticks_with_a_deterministic_policy():
+    by_schedule = {}
+    for schedule in ("ticks", "continuous"):
+        episodes = runner_for(ScriptedPolicy(solver_script), schedule, concurrency=4).run(6)
+        by_schedule[schedule] = [
+            (e.task_id, e.succeeded, [(a.agent, a.text, a.reward) for a in e.actions])
+            for e in episodes
+        ]
+    assert by_schedule["continuous"] == by_schedule["ticks"]
+    assert [task for task, _, _ in by_schedule["continuous"]] == [t.id for t in TASKS]
+
+
+def test_requests_pending_when_the_policy_is_free_share_a_batch():
+    policy = RecordingPolicy(solver_script, delay_s=0.05)
+    runner_for(policy, "continuous").run(6)
+    # 6 episodes x 4 actions: the first batch takes all six starts, and requests that
+    # arrive while a batch generates wait for the next one instead of going one by one.
+    assert sum(policy.batch_sizes) == 24
+    assert policy.batch_sizes[0] == 6
+    assert len(policy.batch_sizes) <= 8, policy.batch_sizes
+
+
+def test_a_slow_episode_holds_up_only_itself():
+    delay = 0.3
+    timings = {}
+    for schedule in ("ticks", "continuous"):
+        policy = RecordingPolicy(solver_script)
+        runner = runner_for(policy, schedule, coach=SlowOnOneTask(delay_s=delay))
+        start = time.perf_counter()
+        episodes = runner.run(12)  # two passes over the 6 tasks, 6 slots
+        timings[schedule] = time.perf_counter() - start
+        assert all(not e.aborted for e in episodes)
+    # Ticks wait for task t1's slow coach at every tick of the first pass and again in
+    # the second; continuous lets the other slots run ahead meanwhile.
+    assert timings["ticks"] >= 8 * delay
+    assert timings["continuous"] < 0.75 * timings["ticks"], timings
+
+
+def test_a_failed_generation_ends_only_its_episode_in_continuous_mode_too():
+    episodes = runner_for(FlakyPolicy(solver_script), "continuous").run(6)
+    assert "HTTP 503" in episodes[3].outcome["error"]
+    assert [e.aborted for e in episodes] == [False, False, False, True, False, False]
+
+
+def test_a_policy_that_breaks_fails_the_run_instead_of_hanging():
+    class Broken(ScriptedPolicy):
+        async def agenerate(self, batch, params):
+            return []  # a wrong number of generations: a bug, not an API error
+
+    with pytest.raises(RuntimeError, match="returned 0 generations"):
+        runner_for(Broken(solver_script), "continuous").run(2)
+
+
+def test_unknown_schedules_are_refused():
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        runner_for(ScriptedPolicy(solver_script), "greedy")
+
+
+def test_the_trainer_and_mappa_eval_take_the_continuous_schedule(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from mappa_agents.tiny_models import tiny_model_dir
+    from mappa_train.command import main
+    from mappa_train.config import TrainConfig
+    from mappa_train.trainer import Trainer
+    from tests.toy_env import LetterEnv
+
+    model_dir = tiny_model_dir(tmp_path / "model")
+    config = TrainConfig(
+        env="Letter-v0", system=str(model_dir), steps=1, prompts_per_step=4,
+        samples_per_prompt=2, concurrency=8, max_new_tokens=8, mask_truncated=False,
+        train_batch_size=8, save_every=0, tensorboard=False, progress=False,
+        gradient_checkpointing=False, output_dir=str(tmp_path / "run"),
+        rollout_schedule="continuous",
+    )  # fmt: skip
+    trainer = Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
+    (metrics,) = trainer.train()
+    trainer.close()
+    assert metrics["rollout/episodes"] == 8
+    with pytest.raises(ValueError, match="rollout_schedule"):
+        TrainConfig(rollout_schedule="greedy")
+    code = main(
+        [
+            "eval", "--system", str(model_dir), "--episodes", "2", "--num-tasks", "2",
+            "--max-new-tokens", "4", "--sandbox", "none", "--schedule", "continuous",
+            "--out", str(tmp_path / "eval"), "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == 0
