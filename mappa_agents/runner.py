@@ -52,6 +52,7 @@ class _Live:
     env: PipelineEnv
     samples: list[ActionSample]
     started: float
+    task_id: str = ""
 
 
 @dataclass
@@ -101,6 +102,14 @@ def progress_postfix(
         postfix["coach_timeouts"] = str(verdicts.get("timeout", 0))
         postfix["coach_invalid"] = f"{invalid}/{judged}"
     return postfix
+
+
+def _current_task_id(env: PipelineEnv) -> str:
+    """The id of the task ``env`` is on, or "" when it cannot say."""
+    try:
+        return str(env.task_facts()[0])
+    except Exception:  # noqa: BLE001 - a report label only; the episode carries on
+        return ""
 
 
 def derive_seed(*parts: object) -> int:
@@ -248,6 +257,9 @@ class RolloutRunner:
         run_seed = self.seed if seed is None else seed
         options = list(episode_options) if episode_options is not None else None
         results: dict[int, EpisodeResult] = {}
+        # The task each episode was given: kept for episodes that abort before acting, so
+        # reports still count them against their task.
+        planned: dict[int, str] = {}
         next_index = 0
         self._verdicts = Counter()
         bar = self._progress_bar(num_episodes)
@@ -269,8 +281,15 @@ class RolloutRunner:
                 else:
                     reset_options = None
                 episode_seed = None if run_seed is None else run_seed + index
+                planned[index] = str((reset_options or {}).get("task_id", ""))
                 await env.areset(seed=episode_seed, options=reset_options)
-                return _Live(index=index, env=env, samples=[], started=time.perf_counter())
+                return _Live(
+                    index=index,
+                    env=env,
+                    samples=[],
+                    started=time.perf_counter(),
+                    task_id=_current_task_id(env) or planned[index],
+                )
 
             async def refill(env: PipelineEnv) -> _Live | None:
                 """The slot's next episode; one whose reset fails is recorded as aborted."""
@@ -280,7 +299,9 @@ class RolloutRunner:
                         return await start(env)
                     except Exception as exc:  # a broken env must not lose the run
                         logger.exception("resetting the environment for episode %d failed", index)
-                        results[index] = self._aborted(index, env, f"reset failed: {exc!r}")
+                        results[index] = self._aborted(
+                            index, env, f"reset failed: {exc!r}", planned.get(index, "")
+                        )
                         self._update_bar(bar, results)
 
             started = await asyncio.gather(*(refill(env) for env in envs))
@@ -430,9 +451,15 @@ class RolloutRunner:
                 self._refresh_bar(bar, results)
                 episode = await refill(episode.env)
 
+        drivers = [asyncio.ensure_future(drive(episode)) for episode in live]
         try:
-            await asyncio.gather(*(drive(episode) for episode in live))
+            await asyncio.gather(*drivers)
         finally:
+            # One driver's failure (or a cancellation) stops the others before the
+            # environments close: none is left waiting on a batch that never comes.
+            for driver in drivers:
+                driver.cancel()
+            await asyncio.gather(*drivers, return_exceptions=True)
             for batcher in batchers.values():
                 await batcher.close()
 
@@ -490,7 +517,9 @@ class RolloutRunner:
             outcome = {"error": error, "aborted": True}
         for sample in episode.samples:
             sample.outcome = outcome
-        task_id = episode.samples[0].task_id if episode.samples else ""
+        task_id = episode.samples[0].task_id if episode.samples else episode.task_id
+        if error is not None and task_id:
+            outcome["task_id"] = task_id
         return EpisodeResult(
             episode_id=f"ep-{episode.index:05d}",
             task_id=task_id,
@@ -501,13 +530,16 @@ class RolloutRunner:
         )
 
     @staticmethod
-    def _aborted(index: int, env: PipelineEnv, error: str) -> EpisodeResult:
+    def _aborted(index: int, env: PipelineEnv, error: str, task_id: str = "") -> EpisodeResult:
+        outcome: dict[str, Any] = {"error": error, "aborted": True}
+        if task_id:
+            outcome["task_id"] = task_id
         return EpisodeResult(
             episode_id=f"ep-{index:05d}",
-            task_id="",
+            task_id=task_id,
             env_id=env.env_id,
             actions=[],
-            outcome={"error": error, "aborted": True},
+            outcome=outcome,
         )
 
     def _progress_bar(self, total: int) -> Any:
@@ -556,11 +588,18 @@ class _Batcher:
         self.batches = 0
         self.batch_sizes: list[int] = []
         self._pending: list[tuple[list[dict[str, str]], asyncio.Future[Generation | str]]] = []
+        self._closed = False
         self._wakeup = asyncio.Event()
         self._task = asyncio.create_task(self._serve(), name=f"batcher-{policy.name}")
 
     async def submit(self, messages: list[dict[str, str]]) -> Generation | str:
-        """The generation for ``messages`` (or why it failed), once its batch is done."""
+        """The generation for ``messages`` (or why it failed), once its batch is done.
+
+        Raises:
+            RuntimeError: If the batcher is closed or its serving task has ended.
+        """
+        if self._closed or self._task.done():
+            raise RuntimeError(f"the batcher of policy {self.policy.name!r} is closed")
         future: asyncio.Future[Generation | str] = asyncio.get_running_loop().create_future()
         self._pending.append((messages, future))
         self._wakeup.set()
@@ -576,8 +615,11 @@ class _Batcher:
             if not batch:
                 continue
             params = self.params
-            if self.run_seed is not None and params.seed is None:
-                seed = derive_seed(self.run_seed, "continuous", self.slot, self.batches)
+            # A fixed seed is mixed with the batch number too: batches here may hold one
+            # copy of a prompt each, and the same seed would give every copy one sample.
+            base = self.params.seed if self.params.seed is not None else self.run_seed
+            if base is not None:
+                seed = derive_seed(base, "continuous", self.slot, self.batches)
                 params = dataclasses.replace(params, seed=seed)
             self.batches += 1
             self.batch_sizes.append(len(batch))
@@ -585,6 +627,11 @@ class _Batcher:
                 outputs = await self.runner._generate_batch(
                     self.policy, params, [messages for messages, _ in batch]
                 )
+            except asyncio.CancelledError:
+                # Closed mid-batch: the waiting episodes must not wait for ever.
+                for _, future in batch:
+                    future.cancel()
+                raise
             # A broken policy: every waiting episode hears of it (and fails with it).
             except Exception as exc:  # noqa: BLE001 - handed on to each waiting episode
                 for _, future in batch:
@@ -597,6 +644,7 @@ class _Batcher:
 
     async def close(self) -> None:
         """Stop serving; requests still waiting fail with CancelledError."""
+        self._closed = True
         self._task.cancel()
         try:
             await self._task

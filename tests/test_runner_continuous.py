@@ -40,13 +40,14 @@ class RecordingPolicy(ScriptedPolicy):
         return self.generate(batch, params)
 
 
-def runner_for(policy, schedule, coach="rules", concurrency=6):
+def runner_for(policy, schedule, coach="rules", concurrency=6, keep_envs=False):
     return RolloutRunner(
         lambda: mappa_env.make("MathChat-v0", tasks=TASKS, sandbox=InProcessSandbox, coach=coach),
         AgentSystem.shared(policy, AGENTS),
         concurrency=concurrency,
         progress=False,
         schedule=schedule,
+        keep_envs=keep_envs,
     )
 
 
@@ -139,3 +140,66 @@ def test_the_trainer_and_mappa_eval_take_the_continuous_schedule(tmp_path):
         ]
     )  # fmt: skip
     assert code == 0
+
+
+class WrongCountOnTask(ScriptedPolicy):
+    """Returns one generation too few whenever a batch holds task t5's verifier prompt."""
+
+    async def agenerate(self, batch, params):
+        outputs = self.generate(batch, params)
+        if any(
+            " 5 *" in p[1]["content"] and p[0]["content"].startswith("You are the verifier")
+            for p in batch
+        ):
+            return outputs[:-1]
+        return outputs
+
+
+def test_a_failing_episode_leaves_no_task_waiting_behind():
+    async def run_and_look():
+        # Kept environments (as the trainer keeps them) stay usable after the failure, so
+        # an episode still in its slow coach call would carry on and ask for a batch.
+        runner = runner_for(
+            WrongCountOnTask(solver_script),
+            "continuous",
+            coach=SlowOnOneTask(delay_s=0.2),
+            keep_envs=True,
+        )
+        with pytest.raises(RuntimeError, match="generations"):
+            await runner.arun(6)
+        await asyncio.sleep(0.5)
+        left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for env in runner._envs:
+            await env.aclose()
+        return left
+
+    assert asyncio.run(run_and_look()) == []
+
+
+@pytest.mark.parametrize("schedule", ["ticks", "continuous"])
+def test_an_episode_that_fails_before_acting_keeps_its_task(schedule):
+    from mappa_agents.report import per_task_results
+
+    options = [{"task_id": t.id} for t in TASKS for _ in range(2)]
+    episodes = runner_for(FlakyPolicy(solver_script), schedule).run(len(options), options)
+    failed = [e for e in episodes if e.aborted]
+    assert [e.task_id for e in failed] == ["t3", "t3"]
+    rows = {row["task_id"]: row for row in per_task_results(episodes)}
+    assert rows["t3"]["aborted"] == 2
+
+
+def test_a_fixed_sampling_seed_still_differs_between_continuous_batches():
+    from mappa_agents.policy import SamplingParams
+
+    seeds = []
+
+    class SeedRecorder(RecordingPolicy):
+        async def agenerate(self, batch, params):
+            seeds.append(params.seed)
+            return await super().agenerate(batch, params)
+
+    runner = runner_for(SeedRecorder(solver_script, delay_s=0.01), "continuous")
+    runner.sampling = SamplingParams(seed=123)
+    runner.run(6)
+    assert len(seeds) >= 4
+    assert len(set(seeds)) == len(seeds)
