@@ -30,6 +30,9 @@ CHECKPOINTS_DIR = "checkpoints"
 AGENTS_DIR = "agents"
 """Sub-directory of a checkpoint holding one weights directory per trained agent."""
 
+TRAINER_STATE = "trainer_state.json"
+"""File of a checkpoint with its step and training config."""
+
 RUN_METRICS = "metrics.jsonl"
 """File every ``mappa train`` run directory has: it marks a run dir as one."""
 
@@ -69,11 +72,26 @@ def is_checkpoint(path: str | Path) -> bool:
     return (path / CHECKPOINT_MARKER).is_file() and (path / AGENTS_DIR).is_dir()
 
 
+def looks_like_checkpoint_dir(path: str | Path) -> bool:
+    """Whether ``path`` is shaped like one checkpoint, complete or not.
+
+    That is a directory named ``step-NNNNNN``, or one holding ``agents/`` or
+    ``trainer_state.json``.
+    """
+    path = Path(path)
+    return path.is_dir() and (
+        bool(_STEP_NAME.match(path.name))
+        or (path / AGENTS_DIR).is_dir()
+        or (path / TRAINER_STATE).is_file()
+    )
+
+
 def looks_like_checkpoint_spec(path: str | Path) -> bool:
     """Whether ``path`` is a run dir, a checkpoints dir or a checkpoint (not a model dir).
 
-    A model directory (with ``config.json`` or ``adapter_config.json``) is never taken
-    for a checkpoint spec.
+    A checkpoint still being written (no marker yet) counts, so that resolving it says
+    it is incomplete. A model directory (with ``config.json`` or
+    ``adapter_config.json``) is never taken for a checkpoint spec.
     """
     path = Path(path)
     if not path.is_dir() or (path / "config.json").is_file():
@@ -82,6 +100,7 @@ def looks_like_checkpoint_spec(path: str | Path) -> bool:
         return False
     return (
         is_checkpoint(path)
+        or looks_like_checkpoint_dir(path)
         or (path / CHECKPOINTS_DIR).is_dir()
         or (path / RUN_METRICS).is_file()  # a run dir, even one that saved no checkpoint
         or any(_STEP_NAME.match(p.name) for p in path.iterdir())
@@ -100,11 +119,24 @@ def resolve_checkpoint(path: str | Path) -> Path:
         The complete checkpoint directory.
 
     Raises:
-        CheckpointError: When ``path`` holds no complete checkpoint.
+        CheckpointError: When ``path`` holds no complete checkpoint, or is one checkpoint
+            without its marker (naming the newest complete one beside it, if any).
     """
     path = Path(path)
     if is_checkpoint(path):
         return path
+    if looks_like_checkpoint_dir(path) and latest_checkpoint(path / CHECKPOINTS_DIR) is None:
+        newest = latest_checkpoint(path.parent)
+        hint = (
+            f"; the newest complete checkpoint beside it is {newest}"
+            if newest is not None
+            else "; there is no complete checkpoint beside it"
+        )
+        raise CheckpointError(
+            f"{path} is an incomplete checkpoint (no {CHECKPOINT_MARKER} marker: training "
+            f"may still be writing it, or stopped while saving it){hint}. Pass a complete "
+            "checkpoint, or the run directory for its newest one"
+        )
     for root in (path / CHECKPOINTS_DIR, path):
         newest = latest_checkpoint(root)
         if newest is not None:

@@ -227,7 +227,7 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     from mappa_agents.policy import SamplingParams
     from mappa_agents.report import format_table, plot_report, summarize
     from mappa_agents.runner import RolloutRunner
-    from mappa_agents.system import AgentSystem
+    from mappa_agents.system import AgentSystem, parse_system_spec
     from mappa_agents.trajectory import save_jsonl
     from mappa_env.coach import make_coach
 
@@ -253,11 +253,15 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
         num_eval_tasks=getattr(args, "num_eval_tasks", None),
     )
     num_episodes = len(plan) if plan is not None else (args.episodes or DEFAULT_EPISODES)
-    logger.info("loading system %s for agents %s", args.system, agents)
+    # Resolved once: the report records the very weights loaded, even while the run
+    # named by --system is still saving newer checkpoints.
+    system_per_agent = parse_system_spec(args.system, agents)
+    logger.info("loading system %s for agents %s: %s", args.system, agents, system_per_agent)
     load_start = time.perf_counter()
     system = AgentSystem.from_spec(
-        args.system,
+        system_per_agent,
         agents,
+        resolved=True,
         device=args.device,
         dtype=args.dtype,
         **({"compile_decode": True} if args.compile_decode else {}),
@@ -299,9 +303,7 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     report["system"] = args.system
     report["coach"] = args.coach
     report["coach_verdicts"] = dict(runner.coach_verdict_counts)
-    from mappa_agents.system import parse_system_spec
-
-    report["system_per_agent"] = parse_system_spec(args.system, agents)
+    report["system_per_agent"] = system_per_agent
     report["model_load_s"] = load_s
     report["sampling"] = {
         "max_new_tokens": args.max_new_tokens,

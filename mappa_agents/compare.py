@@ -7,8 +7,10 @@ tokens, the invalid-coach rate and the coach's cost. Against the baseline it giv
 difference of each; for the task-level metrics (success, accuracy, mean@k, pass@k,
 outcome reward) the difference comes with a 95% paired bootstrap interval over the task
 ids both reports share (their ``per_task`` rows; see
-:func:`mappa_agents.metrics.paired_difference`). It writes ``compare.json`` and
-``compare.png``.
+:func:`mappa_agents.metrics.paired_difference`), and the table says over how many tasks.
+pass@k is compared at one k: when the runs sampled different K per task, every run's
+pass@k is recomputed from its ``per_task`` rows at the smallest K, with a warning. It
+writes ``compare.json`` and ``compare.png``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mappa_agents.metrics import mean_at_k, paired_difference, pass_at_k
+from mappa_agents.metrics import estimate, mean_at_k, paired_difference, pass_at_k
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +74,20 @@ def run_metrics(report: Mapping[str, Any]) -> dict[str, float | None]:
     return metrics
 
 
-def per_task_values(report: Mapping[str, Any], metric: str) -> dict[str, float] | None:
+def samples_per_task(report: Mapping[str, Any]) -> int:
+    """The K of a report: its samples per task (1 for reports that do not say)."""
+    return int(report.get("samples_per_task") or 1)
+
+
+def per_task_values(
+    report: Mapping[str, Any], metric: str, k: int | None = None
+) -> dict[str, float] | None:
     """Task id -> the task's value of ``metric``, from the report's ``per_task`` rows.
+
+    Args:
+        report: A ``report.json``.
+        metric: A task-level metric name (``success_rate``, ``pass_at_k``, ...).
+        k: The k of pass@k (default: the report's own samples per task).
 
     Returns:
         None for a metric without a per-task form or a report without ``per_task``.
@@ -82,7 +96,7 @@ def per_task_values(report: Mapping[str, Any], metric: str) -> dict[str, float] 
     value_of = _PER_TASK_METRICS.get(metric)
     if not rows or value_of is None:
         return None
-    k = int(report.get("samples_per_task") or 1)
+    k = samples_per_task(report) if k is None else k
     values = {}
     for row in rows:
         if row.get("samples", 0) < 1:
@@ -93,20 +107,79 @@ def per_task_values(report: Mapping[str, Any], metric: str) -> dict[str, float] 
     return values
 
 
+def _task_ids(report: Mapping[str, Any]) -> set[str] | None:
+    """Ids of the tasks a report has finished samples of (None without ``per_task``)."""
+    rows = report.get("per_task")
+    if not rows:
+        return None
+    return {str(row["task_id"]) for row in rows if row.get("samples", 0) >= 1}
+
+
+def _pass_at(report: Mapping[str, Any], k: int) -> float | None:
+    """The report's pass@k at ``k``: its own number at its K, else from ``per_task``."""
+    if samples_per_task(report) == k:
+        stored = report.get("pass_at_k")
+        return stored.get("value") if isinstance(stored, Mapping) else None
+    values = per_task_values(report, "pass_at_k", k)
+    return estimate(list(values.values()))["value"] if values else None
+
+
 def compare_reports(reports: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dict[str, Any]:
     """Side-by-side numbers and differences against ``reports[0]``.
 
+    pass@k is compared at ``k`` = the smallest samples per task of the runs: a run with
+    more samples gets its pass@k recomputed from its ``per_task`` rows at that ``k``
+    (None where it has no rows), and ``warnings`` says so.
+
     Returns:
-        ``{"baseline": name, "runs": [...], "metrics": {metric: {"values": {run: v},
-        "diff": {run: {"value", "ci95", "tasks"}}}}}``: ``ci95`` is a paired bootstrap
-        interval over shared task ids where both reports carry ``per_task`` rows, else
-        None (the difference of the two numbers alone).
+        ``{"baseline": name, "pass_k": k, "runs": [...], "metrics": {metric: {"label",
+        "values": {run: v}, "diff": {run: {"value", "ci95", "tasks"}}}}, "warnings":
+        [...]}``: ``ci95`` is a paired bootstrap interval over shared task ids where
+        both reports carry ``per_task`` rows, else None (the difference of the two
+        numbers alone); ``tasks`` counts those shared tasks. ``label`` is the row's
+        name in the table (``pass@4``); ``warnings`` lines say where the numbers do not
+        compare like with like (pass@k at other K, differences over fewer tasks than
+        the runs have).
     """
     if len(reports) != len(names) or not reports:
         raise ValueError("need one name per report, and at least one report")
     flat = [run_metrics(r) for r in reports]
     metric_names = list(dict.fromkeys(m for f in flat for m in f))
     baseline = names[0]
+    # K of the runs that report pass@k (older reports without it do not count).
+    ks = {
+        name: samples_per_task(r)
+        for name, r in zip(names, reports)
+        if isinstance(r.get("pass_at_k"), Mapping)
+    }
+    k = min(ks.values(), default=1)
+    same_k = len(set(ks.values())) <= 1
+    warnings: list[str] = []
+    if not same_k:
+        runs_k = ", ".join(f"{name} K={run_k}" for name, run_k in ks.items())
+        warnings.append(
+            f"runs sampled different K per task ({runs_k}): pass@k of every run is "
+            f"pass@{k}, recomputed from its per_task rows; mean@k is each run's mean "
+            "accuracy over its own samples"
+        )
+        for name, report, f in zip(names, reports, flat):
+            if name in ks:
+                f["pass_at_k"] = _pass_at(report, k)
+                if f["pass_at_k"] is None:
+                    warnings.append(f"{name} has no per_task rows: no pass@{k} for it")
+    labels = {"pass_at_k": f"pass@{k}", "mean_at_k": f"mean@{k}" if same_k else "mean@k"}
+    base_ids = _task_ids(reports[0])
+    for name, report in zip(names[1:], reports[1:]):
+        ids = _task_ids(report)
+        if base_ids is None or ids is None:
+            continue
+        shared = len(base_ids & ids)
+        if shared < len(base_ids) or shared < len(ids):
+            warnings.append(
+                f"diff {name}: over the {shared} tasks both runs share, of {baseline}'s "
+                f"{len(base_ids)} and {name}'s {len(ids)}; the value columns cover each "
+                "run's own tasks"
+            )
     comparison: dict[str, Any] = {
         "baseline": baseline,
         "runs": [
@@ -120,15 +193,23 @@ def compare_reports(reports: Sequence[Mapping[str, Any]], names: Sequence[str]) 
             }
             for name, report in zip(names, reports)
         ],
+        "pass_k": k,
         "metrics": {},
+        "warnings": warnings,
     }
     for metric in metric_names:
         values = {name: f.get(metric) for name, f in zip(names, flat)}
         diffs: dict[str, Any] = {}
-        base_tasks = per_task_values(reports[0], metric)
+        base_tasks = per_task_values(reports[0], metric, k)
         for name, report in zip(names[1:], reports[1:]):
-            diffs[name] = _difference(values[baseline], values[name], base_tasks, report, metric)
-        comparison["metrics"][metric] = {"values": values, "diff": diffs}
+            diffs[name] = _difference(
+                values[baseline], values[name], base_tasks, per_task_values(report, metric, k)
+            )
+        comparison["metrics"][metric] = {
+            "label": labels.get(metric, metric),
+            "values": values,
+            "diff": diffs,
+        }
     return comparison
 
 
@@ -136,10 +217,8 @@ def _difference(
     base: float | None,
     other: float | None,
     base_tasks: Mapping[str, float] | None,
-    report: Mapping[str, Any],
-    metric: str,
+    other_tasks: Mapping[str, float] | None,
 ) -> dict[str, Any] | None:
-    other_tasks = per_task_values(report, metric)
     if base_tasks is not None and other_tasks is not None:
         paired = paired_difference(base_tasks, other_tasks)
         if paired is not None:
@@ -151,12 +230,16 @@ def _difference(
 
 
 def format_comparison(comparison: Mapping[str, Any]) -> str:
-    """The comparison as a text table: one row per metric, a value and diff per run."""
+    """The comparison as a text table: one row per metric, a value and diff per run.
+
+    A paired difference shows the number of shared tasks it covers; the comparison's
+    warnings follow the table.
+    """
     names = [run["name"] for run in comparison["runs"]]
     header = ["metric", *names, *(f"diff {n}" for n in names[1:])]
     rows = [header]
     for metric, entry in comparison["metrics"].items():
-        row = [metric]
+        row = [entry.get("label", metric)]
         row += [_fmt(entry["values"].get(n)) for n in names]
         for name in names[1:]:
             diff = entry["diff"].get(name)
@@ -164,7 +247,9 @@ def format_comparison(comparison: Mapping[str, Any]) -> str:
                 row.append("-")
             elif diff.get("ci95"):
                 low, high = diff["ci95"]
-                row.append(f"{diff['value']:+.3f} [{low:+.3f}, {high:+.3f}]")
+                row.append(
+                    f"{diff['value']:+.3f} [{low:+.3f}, {high:+.3f}] ({diff.get('tasks')} tasks)"
+                )
             else:
                 row.append(f"{diff['value']:+.3f}")
         rows.append(row)
@@ -172,7 +257,10 @@ def format_comparison(comparison: Mapping[str, Any]) -> str:
     lines = [f"baseline: {comparison['baseline']}"]
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-    lines.append("diff: run - baseline; [95% paired bootstrap interval over shared tasks]")
+    lines.append(
+        "diff: run - baseline; [95% paired bootstrap interval] (over n tasks both runs share)"
+    )
+    lines += [f"warning: {warning}" for warning in comparison.get("warnings", [])]
     return "\n".join(lines)
 
 
@@ -191,7 +279,8 @@ def plot_comparison(comparison: Mapping[str, Any], path: str | Path) -> Path:
     for i, name in enumerate(names):
         heights = [comparison["metrics"][m]["values"].get(name) or 0.0 for m in shown]
         left.bar([j + i * width for j in range(len(shown))], heights, width, label=name)
-    left.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(shown))], shown)
+    labels = [comparison["metrics"][m].get("label", m) for m in shown]
+    left.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(shown))], labels)
     left.set_ylim(0, 1)
     left.set_title("Per run")
     left.legend(fontsize="small")
@@ -211,7 +300,9 @@ def plot_comparison(comparison: Mapping[str, Any], path: str | Path) -> Path:
             errors[1].append(max(high - value, 0.0))
         right.bar(xs, ys, rwidth, yerr=errors, capsize=4, label=name)
     right.axhline(0.0, color="black", linewidth=0.8)
-    right.set_xticks([j + rwidth * (max(len(others), 1) - 1) / 2 for j in range(len(shown))], shown)
+    right.set_xticks(
+        [j + rwidth * (max(len(others), 1) - 1) / 2 for j in range(len(shown))], labels
+    )
     right.set_title(f"Difference from {comparison['baseline']} (95% interval)")
     if others:
         right.legend(fontsize="small")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -38,7 +39,12 @@ class AgentSystem:
 
     @classmethod
     def from_spec(
-        cls, spec: str | Mapping[str, str], agents: Sequence[str], **policy_options: Any
+        cls,
+        spec: str | Mapping[str, str],
+        agents: Sequence[str],
+        *,
+        resolved: bool = False,
+        **policy_options: Any,
     ) -> AgentSystem:
         """Build a system from model specs.
 
@@ -50,6 +56,10 @@ class AgentSystem:
                 or a string ``"agent=spec,agent=spec"``. Agents with the same spec share one
                 loaded policy (the weights are identical; training makes separate copies).
             agents: The environment's agent ids, in order.
+            resolved: ``spec`` is a mapping :func:`parse_system_spec` already returned:
+                load exactly those specs, without resolving checkpoints again (so a
+                caller that records the mapping records what was loaded, even while a
+                run is still saving newer checkpoints).
             **policy_options: Passed to :func:`mappa_agents.models.load_policy`.
 
         Raises:
@@ -57,7 +67,9 @@ class AgentSystem:
         """
         from mappa_agents.models import load_policy
 
-        per_agent = parse_system_spec(spec, agents)
+        per_agent = _per_agent_specs(spec, agents)
+        if not resolved:
+            per_agent = _resolve_checkpoints(per_agent, agents)
         loaded: dict[str, Policy] = {}
         policies = {}
         for agent in agents:
@@ -109,11 +121,20 @@ def parse_system_spec(spec: str | Mapping[str, str], agents: Sequence[str]) -> d
     gets the model the run's ``trainer_state.json`` names for it, with a warning.
     ``"problem_solver=runs/x,verifier=smollm2-135m"`` mixes checkpoints and models.
 
+    Each distinct checkpoint spec is resolved once, so every agent given ``runs/x`` gets
+    the weights of the same checkpoint even while the run saves a newer one.
+
     Raises:
         ValueError: For unknown agents or agents left without a spec.
-        CheckpointError: For a checkpoint spec without a complete checkpoint, or whose
-            checkpoint and training config give an agent no weights.
+        CheckpointError: For a checkpoint spec without a complete checkpoint (or an
+            incomplete checkpoint), or whose checkpoint and training config give an
+            agent no weights.
     """
+    return _resolve_checkpoints(_per_agent_specs(spec, agents), agents)
+
+
+def _per_agent_specs(spec: str | Mapping[str, str], agents: Sequence[str]) -> dict[str, str]:
+    """Agent -> spec as given (no checkpoint resolved), checking the agents."""
     if isinstance(spec, str) and "=" in spec and not spec.startswith(("api:", "vllm:")):
         mapping = {}
         for part in spec.split(","):
@@ -132,32 +153,52 @@ def parse_system_spec(spec: str | Mapping[str, str], agents: Sequence[str]) -> d
         if missing:
             raise ValueError(f"system spec has no model for agents {missing}")
         per_agent = {agent: spec[agent] for agent in agents}
+    return per_agent
+
+
+def _resolve_checkpoints(per_agent: Mapping[str, str], agents: Sequence[str]) -> dict[str, str]:
+    """Each agent's spec, with checkpoint specs resolved once per distinct spec."""
+    found: dict[str, Path | None] = {}
     return {
-        agent: _resolve_checkpoint_spec(model, agent, agents) for agent, model in per_agent.items()
+        agent: _resolve_checkpoint_spec(model, agent, agents, found)
+        for agent, model in per_agent.items()
     }
 
 
-def _resolve_checkpoint_spec(model_spec: str, agent: str, agents: Sequence[str]) -> str:
-    """``model_spec`` itself, or the weights of ``agent`` when it names a checkpoint."""
+def _checkpoint_of(model_spec: str, found: dict[str, Path | None]) -> Path | None:
+    """The checkpoint ``model_spec`` names (None: not a checkpoint spec), resolved once."""
     from mappa_agents import checkpoints
 
-    if model_spec.startswith(("api:", "vllm:")) or not checkpoints.looks_like_checkpoint_spec(
-        model_spec
-    ):
+    if model_spec not in found:
+        is_spec = not model_spec.startswith(
+            ("api:", "vllm:")
+        ) and checkpoints.looks_like_checkpoint_spec(model_spec)
+        found[model_spec] = checkpoints.resolve_checkpoint(model_spec) if is_spec else None
+    return found[model_spec]
+
+
+def _resolve_checkpoint_spec(
+    model_spec: str, agent: str, agents: Sequence[str], found: dict[str, Path | None]
+) -> str:
+    """``model_spec`` itself, or the weights of ``agent`` when it names a checkpoint.
+
+    ``found`` caches spec -> checkpoint across the agents of one system spec.
+    """
+    from mappa_agents import checkpoints
+
+    checkpoint = _checkpoint_of(model_spec, found)
+    if checkpoint is None:
         return model_spec
-    checkpoint = checkpoints.resolve_checkpoint(model_spec)
     try:
         return str(checkpoints.agent_weights(checkpoint, agent))
     except checkpoints.CheckpointError:
         trained_with = checkpoints.checkpoint_system_spec(checkpoint)
         if trained_with is None:
             raise
-        fallback = parse_system_spec(trained_with, agents)[agent]
-        if (
-            checkpoints.looks_like_checkpoint_spec(fallback)
-            and checkpoints.resolve_checkpoint(fallback) == checkpoint
-        ):
+        fallback_spec = _per_agent_specs(trained_with, agents)[agent]
+        if _checkpoint_of(fallback_spec, found) == checkpoint:
             raise
+        fallback = _resolve_checkpoint_spec(fallback_spec, agent, agents, found)
         logger.warning(
             "checkpoint %s has no weights for %s (frozen in training): it acts with the "
             "run's model %s",

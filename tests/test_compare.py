@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -50,6 +51,69 @@ def test_differences_are_paired_over_shared_tasks():
     assert "+0.500 [" in table
 
 
+def test_diff_says_over_how_many_shared_tasks():
+    base = _report({"a": 0, "b": 1, "c": 2})
+    other = _report({"a": 2, "b": 1, "d": 2, "e": 2})
+    comparison = compare_reports([base, other], ["base", "other"])
+    assert comparison["metrics"]["success_rate"]["diff"]["other"]["tasks"] == 2
+    table = format_comparison(comparison)
+    assert "(2 tasks)" in table
+    assert (
+        "warning: diff other: over the 2 tasks both runs share, of base's 3 and other's 4" in table
+    )
+    same = compare_reports([base, _report({"a": 2, "b": 1, "c": 0})], ["base", "same"])
+    assert same["warnings"] == []
+    assert "(3 tasks)" in format_comparison(same)
+
+
+def test_pass_at_k_is_compared_at_the_smallest_k(tmp_path, capsys):
+    from mappa_agents.compare import run_compare
+    from mappa_agents.report import summarize_samples
+
+    def report(k, correct):
+        rows = [
+            {"task_id": f"t{i}", "task_type": "x", "samples": k, "correct": correct(i),
+             "aborted": 0, "mean_outcome_reward": correct(i) / k}
+            for i in range(8)
+        ]  # fmt: skip
+        rate = sum(r["correct"] for r in rows) / (k * len(rows))
+        return {"env_id": "MathChat-v0", "success_rate": rate, "mean_outcome_reward": rate,
+                "per_agent": {}, "per_task": rows, **summarize_samples(rows, k)}  # fmt: skip
+
+    k1 = report(1, lambda i: int(i % 4 == 0))  # pass@1 = 0.25
+    k4 = report(4, lambda i: 1)  # one correct in four: pass@4 = 1.0, pass@1 = 0.25
+    assert k4["pass_at_k"]["value"] == 1.0
+    comparison = compare_reports([k1, k4], ["k1", "k4"])
+    entry = comparison["metrics"]["pass_at_k"]
+    assert comparison["pass_k"] == 1
+    assert entry["label"] == "pass@1"
+    assert entry["values"] == {"k1": pytest.approx(0.25), "k4": pytest.approx(0.25)}
+    assert entry["diff"]["k4"]["value"] == pytest.approx(0.0)  # like with like: pass@1 both
+    assert entry["diff"]["k4"]["tasks"] == 8
+    table = format_comparison(comparison)
+    assert "pass@1" in table
+    assert "pass@4" not in table
+    assert "pass_at_k" not in table
+    assert "warning: runs sampled different K per task (k1 K=1, k4 K=4)" in table
+    assert "pass@1, recomputed from its per_task rows" in table
+    # same K: the reports' own numbers, named with their k
+    same = compare_reports([k4, k4], ["a", "b"])
+    assert same["metrics"]["pass_at_k"]["label"] == "pass@4"
+    assert same["metrics"]["pass_at_k"]["values"]["a"] == 1.0
+    assert same["warnings"] == []
+    # through the command: the warning is printed
+    for name, rep in (("k1", k1), ("k4", k4)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "report.json").write_text(json.dumps(rep))
+    args = argparse.Namespace(
+        runs=[str(tmp_path / "k1"), str(tmp_path / "k4")], out=str(tmp_path / "cmp")
+    )
+    run_compare(args)
+    assert "warning: runs sampled different K" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert saved["metrics"]["pass_at_k"]["label"] == "pass@1"
+
+
 def test_compare_two_tiny_model_eval_runs(tmp_path, capsys):
     pytest.importorskip("transformers")
     from mappa_agents.tiny_models import tiny_model_dir
@@ -73,7 +137,9 @@ def test_compare_two_tiny_model_eval_runs(tmp_path, capsys):
     assert main(["compare", *runs, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "baseline: greedy" in printed
-    assert "pass_at_k" in printed
+    assert "pass@2" in printed
+    assert "mean@2" in printed
+    assert "(2 tasks)" in printed
     comparison = json.loads((out / "compare.json").read_text())
     assert [r["name"] for r in comparison["runs"]] == ["greedy", "sampled"]
     diff = comparison["metrics"]["mean_at_k"]["diff"]["sampled"]

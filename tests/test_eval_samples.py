@@ -207,6 +207,48 @@ def test_checkpoint_spec_errors_say_what_to_do(tmp_path):
         parse_system_spec(str(tmp_path / "empty"), AGENTS)
 
 
+def test_an_incomplete_checkpoint_given_explicitly_says_so(tmp_path):
+    run = tmp_path / "run"
+    complete = _fake_checkpoint(run, 10, AGENTS)
+    incomplete = _fake_checkpoint(run, 20, AGENTS)
+    (incomplete / "COMPLETE").unlink()  # still being written
+    with pytest.raises(CheckpointError, match="is an incomplete checkpoint") as caught:
+        parse_system_spec(str(incomplete), AGENTS)
+    assert "no COMPLETE marker" in str(caught.value)
+    assert f"the newest complete checkpoint beside it is {complete}" in str(caught.value)
+    # a lone incomplete checkpoint, named or not like step-NNNNNN
+    lone = tmp_path / "lone" / "step-000001"
+    (lone / "agents" / "verifier").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match="no complete checkpoint beside it"):
+        parse_system_spec(str(lone), AGENTS)
+    renamed = tmp_path / "my-ckpt"
+    (renamed / "agents").mkdir(parents=True)
+    (renamed / "trainer_state.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="is an incomplete checkpoint"):
+        parse_system_spec(str(renamed), AGENTS)
+    assert parse_system_spec(str(run), AGENTS)["verifier"] == str(complete / "agents/verifier")
+
+
+def test_each_distinct_checkpoint_spec_is_resolved_once(tmp_path, monkeypatch):
+    from mappa_agents import checkpoints
+
+    run = tmp_path / "run"
+    _fake_checkpoint(run, 1, AGENTS)
+    calls = []
+    real = checkpoints.resolve_checkpoint
+
+    def resolve_then_save_newer(path):
+        calls.append(str(path))
+        found = real(path)
+        _fake_checkpoint(run, 1 + len(calls), AGENTS)  # training saves on meanwhile
+        return found
+
+    monkeypatch.setattr(checkpoints, "resolve_checkpoint", resolve_then_save_newer)
+    per_agent = parse_system_spec(str(run), AGENTS)
+    assert calls == [str(run)]
+    assert per_agent == {a: str(run / "checkpoints" / "step-000001" / "agents" / a) for a in AGENTS}
+
+
 # ------------------------------------------------------------------ end to end
 
 
@@ -246,7 +288,8 @@ def test_eval_samples_per_task_reports_mean_and_pass_at_k(tmp_path, capsys):
     assert "mean@2" in capsys.readouterr().out
 
 
-def test_eval_a_checkpoint_gives_each_agent_its_weights(tmp_path):
+def test_eval_a_checkpoint_gives_each_agent_its_weights(tmp_path, monkeypatch):
+    from mappa_agents import models
     from mappa_agents.tiny_models import tiny_model_dir
 
     model = tiny_model_dir(tmp_path / "model")
@@ -255,8 +298,19 @@ def test_eval_a_checkpoint_gives_each_agent_its_weights(tmp_path):
         shutil.copytree(model, step / "agents" / agent)
     (step / "trainer_state.json").write_text('{"step": 2, "config": {}}')
     (step / "COMPLETE").write_text("step 2\n")
+    real_load = models.load_policy
+
+    def load_while_training_saves(spec, **kwargs):
+        # The run saves a newer checkpoint while eval loads: the report keeps the one used.
+        newer = tmp_path / "run" / "checkpoints" / "step-000004"
+        if not newer.exists():
+            shutil.copytree(step, newer)
+        return real_load(spec, **kwargs)
+
+    monkeypatch.setattr(models, "load_policy", load_while_training_saves)
     out = tmp_path / "out"
     assert _eval("--system", str(tmp_path / "run"), "--episodes", "1", "--out", str(out)) == 0
+    assert (tmp_path / "run" / "checkpoints" / "step-000004" / "COMPLETE").is_file()
     report = json.loads((out / "report.json").read_text())
     assert report["system_per_agent"] == {a: str(step / "agents" / a) for a in AGENTS}
     rows = [json.loads(line) for line in (out / "transcripts.jsonl").read_text().splitlines()]
