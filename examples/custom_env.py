@@ -199,11 +199,6 @@ class PlannerCoderEnv(PipelineEnv):
             (``coach`` defaults to the rules coach, ``sandbox`` to ``"jupyter"``).
     """
 
-    metadata = {  # noqa: RUF012 - PettingZoo reads this as a class attribute
-        "render_modes": ["human", "ansi"],
-        "name": "planner_coder_v0",
-        "is_parallelizable": False,
-    }
     env_id = "PlannerCoder-v0"
     roles = (AgentSpec(PLANNER, "planner", 1), AgentSpec(CODER, "coder", 3))
     task_class = CodingTask

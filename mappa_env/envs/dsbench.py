@@ -554,11 +554,6 @@ class DSBenchEnv(PipelineEnv):
             data keyed otherwise).
     """
 
-    metadata = {  # noqa: RUF012 - PettingZoo reads this as a class attribute
-        "render_modes": ["human", "ansi"],
-        "name": "dsbench_v0",
-        "is_parallelizable": False,
-    }
     env_id = "DSBench-v0"
     roles = (
         AgentSpec(DATA_ENGINEER, "data engineer", 4),

@@ -214,11 +214,6 @@ class MathChatEnv(PipelineEnv):
             ``max_new_tokens`` is the budget the prompts state, the paper's 4,096).
     """
 
-    metadata = {  # noqa: RUF012 - PettingZoo reads this as a class attribute
-        "render_modes": ["human", "ansi"],
-        "name": "mathchat_v0",
-        "is_parallelizable": False,
-    }
     env_id = "MathChat-v0"
     roles = (
         AgentSpec(PROBLEM_SOLVER, "problem solver", 1),

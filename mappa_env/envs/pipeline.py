@@ -190,6 +190,7 @@ class PipelineEnv(AECEnv):
         tool_output_chars: Code output longer than this is cut from the middle.
     """
 
+    #: PettingZoo's metadata; a subclass that sets none gets these, named after its env_id.
     metadata: ClassVar[dict[str, Any]] = {
         "render_modes": ["human", "ansi"],
         "name": "pipeline_v0",
@@ -211,6 +212,13 @@ class PipelineEnv(AECEnv):
     tool_agent: ClassVar[str | None] = None
     #: ``code_timeout_s`` when the caller gives none.
     default_code_timeout_s: ClassVar[float] = 30.0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "metadata" not in cls.__dict__:
+            # "MathChat-v0" -> "mathchat_v0", PettingZoo's spelling of environment names.
+            name = cls.env_id.lower().replace("-", "_")
+            cls.metadata = {**PipelineEnv.metadata, "name": name}
 
     def __init__(
         self,
