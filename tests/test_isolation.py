@@ -277,7 +277,9 @@ def test_no_process_outlives_close_not_even_a_pid_hopper(tmp_path):
         "    if os.fork():\n"
         "        os._exit(0)\n"
         "    os.setsid()\n"
-        "    time.sleep(0.01)\n"
+        # Long enough per pid for psutil to read its command line (a 10 ms hop was
+        # gone between listing /proc and reading it, and the test missed it).
+        "    time.sleep(0.2)\n"
     )
     sandbox = JupyterSandbox(tmp_path, isolation="namespaces")
     run_ok(
@@ -286,7 +288,7 @@ def test_no_process_outlives_close_not_even_a_pid_hopper(tmp_path):
         f"subprocess.Popen([sys.executable, '-c', {hopper!r}, {marker!r}])\n"
         f"subprocess.Popen(['sleep', '600', {marker!r}]) if False else None\n",
     )
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 10
     while not _sandbox_processes(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _sandbox_processes(marker), "the hopper did not start"
