@@ -271,31 +271,38 @@ def _sandbox_processes(marker: str) -> list[psutil.Process]:
 
 def test_no_process_outlives_close_not_even_a_pid_hopper(tmp_path):
     marker = f"mappa-hopper-{os.getpid()}-{time.monotonic_ns()}"
+    # Each hop forks, the parent exits and the child detaches (setsid): a new pid every
+    # 200 ms, each appended to hops.log in the workspace, so the test sees it hop
+    # whether or not it catches a pid alive.
     hopper = (
         "import os, sys, time\n"
         "while True:\n"
         "    if os.fork():\n"
         "        os._exit(0)\n"
         "    os.setsid()\n"
-        # Long enough per pid for psutil to read its command line (a 10 ms hop was
-        # gone between listing /proc and reading it, and the test missed it).
+        "    with open('hops.log', 'a') as log:\n"
+        "        log.write(f'{os.getpid()}\\n')\n"
         "    time.sleep(0.2)\n"
     )
     sandbox = JupyterSandbox(tmp_path, isolation="namespaces")
     run_ok(
         sandbox,
         "import subprocess, sys\n"
-        f"subprocess.Popen([sys.executable, '-c', {hopper!r}, {marker!r}])\n"
-        f"subprocess.Popen(['sleep', '600', {marker!r}]) if False else None\n",
+        f"subprocess.Popen([sys.executable, '-c', {hopper!r}, {marker!r}])\n",
     )
-    deadline = time.monotonic() + 10
-    while not _sandbox_processes(marker) and time.monotonic() < deadline:
+    hops = tmp_path / "hops.log"
+
+    def hop_count() -> int:
+        return len(hops.read_text().split()) if hops.exists() else 0
+
+    deadline = time.monotonic() + 15
+    while hop_count() < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _sandbox_processes(marker), "the hopper did not start"
+    assert hop_count() >= 3, sandbox.run("print(open('hops.log').read())")
     sandbox.close()
-    deadline = time.monotonic() + 5
-    while _sandbox_processes(marker) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    settled = hop_count()
+    time.sleep(1.0)  # five hops' time: a surviving hopper would have written again
+    assert hop_count() == settled
     assert not [p for p in _sandbox_processes(marker) if p.status() != psutil.STATUS_ZOMBIE]
 
 
