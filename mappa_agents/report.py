@@ -10,6 +10,7 @@ from typing import Any
 
 from mappa_agents.metrics import sample_metrics
 from mappa_agents.trajectory import EpisodeResult
+from mappa_env.registry import registered_env_attribute
 
 UNKNOWN_TASK_TYPE = "unknown"
 """Task type of episodes whose outcome has no ``task_type``."""
@@ -169,16 +170,14 @@ def summarize(
         "policy_prompt_tokens": sum(len(a.prompt_ids) for a in actions),
         "policy_response_tokens": sum(len(a.response_ids) for a in actions),
     }
-    env = _env_class(env_id)
-    if env is not None:
-        # What is particular to an environment comes from the environment class.
-        tool_agent = getattr(env, "tool_agent", None)
-        if tool_agent is not None and tool_agent in per_agent:
-            report["code_agent"] = tool_agent
-            report["code_agent_tool_call_rate"] = per_agent[tool_agent]["tool_call_rate"]
-        summarize_outcomes = getattr(env, "summarize_outcomes", None)
-        if callable(summarize_outcomes):
-            report.update(summarize_outcomes([e.outcome for e in finished]))
+    # What is particular to an environment comes from its class (none: not registered).
+    tool_agent = registered_env_attribute(env_id, "tool_agent")
+    if tool_agent is not None and tool_agent in per_agent:
+        report["code_agent"] = tool_agent
+        report["code_agent_tool_call_rate"] = per_agent[tool_agent]["tool_call_rate"]
+    summarize_outcomes = registered_env_attribute(env_id, "summarize_outcomes")
+    if callable(summarize_outcomes):
+        report.update(summarize_outcomes([e.outcome for e in finished]))
     per_task = per_task_results(episodes)
     report.update(summarize_samples(per_task, samples_per_task))
     report["per_task"] = per_task
@@ -186,13 +185,6 @@ def summarize(
         report["wall_time_s"] = wall_time_s
         report["episodes_per_s"] = len(episodes) / wall_time_s if wall_time_s > 0 else None
     return report
-
-
-def _env_class(env_id: str) -> type | None:
-    """The class registered as ``env_id``, or None (a report of an unregistered env)."""
-    from mappa_env.registry import env_class, is_registered
-
-    return env_class(env_id) if is_registered(env_id) else None
 
 
 def format_table(report: dict[str, Any]) -> str:

@@ -100,6 +100,20 @@ def registered_ids() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def registered_env_attribute(env_id: str, name: str, default: Any = None) -> Any:
+    """Attribute ``name`` of the class registered as ``env_id``, else ``default``.
+
+    For code that only has an id (a request built by hand, a report of saved episodes):
+    ``default`` too when the id is not registered or its module cannot be imported.
+    """
+    if not is_registered(env_id):
+        return default
+    try:
+        return getattr(env_class(env_id), name, default)
+    except ValueError:  # registered, but its module cannot be imported
+        return default
+
+
 def env_class(env_id: str) -> type[AECEnv]:
     """The AEC environment class of a registered id or a ``"module:Class"`` path.
 

@@ -44,6 +44,7 @@ import re
 from collections.abc import Mapping
 
 from mappa_env.coach.base import CoachRequest, CoachVerdict, RevealPolicy, Rubric
+from mappa_env.registry import registered_env_attribute
 from mappa_env.text import strip_think
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
@@ -130,21 +131,6 @@ def mathchat_rubric(request: CoachRequest) -> tuple[float, str]:
     raise ValueError(f"no MathChat rubric for agent {request.agent!r}")
 
 
-def _registered_rubric(env_id: str) -> Rubric | None:
-    """The ``rules_rubric`` of the environment registered as ``env_id``, if any.
-
-    Requests built by hand carry no rubric of their own.
-    """
-    from mappa_env.registry import env_class, is_registered
-
-    if not is_registered(env_id):
-        return None
-    try:
-        return getattr(env_class(env_id), "rules_rubric", None)
-    except ValueError:  # registered, but its module cannot be imported: no rubric
-        return None
-
-
 class RulesCoach:
     """Deterministic coach: each environment brings its own rubric.
 
@@ -180,7 +166,8 @@ class RulesCoach:
         rubric = (
             self.rubrics.get(request.env_id)
             or request.rules_rubric
-            or _registered_rubric(request.env_id)
+            # A request built by hand carries none: the registered environment's.
+            or registered_env_attribute(request.env_id, "rules_rubric")
         )
         if rubric is None:
             return CoachVerdict.invalid(

@@ -24,6 +24,7 @@ from typing import Any
 
 from mappa_env.coach.base import SCORE_MAX, CoachRequest, FileInfo
 from mappa_env.coach.parsing import SCORE_KEY
+from mappa_env.registry import registered_env_attribute
 from mappa_env.text import truncate_middle
 
 #: Version of the built-in template set. Bump it whenever any wording below changes.
@@ -285,7 +286,10 @@ class CoachTemplates:
                     request.agent,
                     request.rubric
                     if request.rubric is not None
-                    else _registered_rubric(request.env_id, request.agent),
+                    # A request built by hand carries none: the registered environment's.
+                    else registered_env_attribute(request.env_id, "coach_rubrics", {}).get(
+                        request.agent
+                    ),
                 ),
             ),
             ("Reply format", self.reply_format(structured=structured)),
@@ -305,22 +309,6 @@ class CoachTemplates:
         return self.correction_prompt.format(
             error=error, reply_format=self.reply_format(structured=structured)
         )
-
-
-def _registered_rubric(env_id: str, agent: str) -> str | None:
-    """The role's rubric from the environment registered as ``env_id``, if any.
-
-    Requests built by hand carry no rubric of their own.
-    """
-    from mappa_env.registry import env_class, is_registered
-
-    if not is_registered(env_id):
-        return None
-    try:
-        rubrics = getattr(env_class(env_id), "coach_rubrics", {})
-    except ValueError:  # registered, but its module cannot be imported
-        return None
-    return rubrics.get(agent)
 
 
 def _freeze(rubrics: Mapping[str, Mapping[str, str]]) -> Mapping[str, Mapping[str, str]]:

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Literal
 import gymnasium
 from pettingzoo import AECEnv
 
+from mappa_env._async import BackgroundLoop
 from mappa_env._fs import remove_tree
 from mappa_env.coach.base import (
     Coach,
@@ -36,7 +37,6 @@ from mappa_env.coach.base import (
     RevealPolicy,
     Rubric,
 )
-from mappa_env.envs._sync import SyncRunner
 from mappa_env.sandbox.base import ExecError, ExecResult, Sandbox, SandboxFactory, check_sandbox
 from mappa_env.sandbox.isolation import Confinement, IsolationMode, resolve_confinement
 from mappa_env.spaces import UnicodeText, make_observation, text_observation_space
@@ -328,7 +328,9 @@ class PipelineEnv(AECEnv):
         self._order: list[int] = []
         self._cursor = 0
         self._workdir: Path | None = None
-        self._sync = SyncRunner()
+        # One loop for the whole life of the env: the episode's loop-bound state survives
+        # between reset/step calls, whether or not the caller runs a loop itself.
+        self._sync = BackgroundLoop(name="mappa-env-sync")
         self._closed = False
 
     # ------------------------------------------------------------------ subclass hooks
