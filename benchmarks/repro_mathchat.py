@@ -234,7 +234,11 @@ def eval_points(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for record in records:
         if "eval/success_rate" not in record:
             continue
-        point: dict[str, Any] = {"step": record["step"], "accuracy": record["eval/success_rate"]}
+        point: dict[str, Any] = {
+            "step": record["step"],
+            "accuracy": record["eval/success_rate"],
+            "seconds": record.get("eval/seconds"),
+        }
         for agent in AGENTS:
             for key in ("tool_call_rate", "mean_response_tokens", "mean_coach_score"):
                 point[f"{agent}/{key}"] = record.get(f"eval/{agent}/{key}")
@@ -254,6 +258,8 @@ def train_points(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "success_rate": record.get("rollout/success_rate"),
             "mean_reward": record.get("rollout/mean_reward"),
             "seconds": (record.get("rollout/seconds") or 0) + (record.get("train/seconds") or 0),
+            "rollout_seconds": record.get("rollout/seconds"),
+            "update_seconds": record.get("train/seconds"),
         }
         for agent in AGENTS:
             for key in keys:

@@ -944,8 +944,10 @@ class Trainer:
         episodes = self._run_episodes(
             "eval", options, config.eval_temperature, derive_seed(config.seed, "eval", self.step)
         )
-        report = summarize(episodes, wall_time_s=time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        report = summarize(episodes, wall_time_s=elapsed)
         metrics: dict[str, Any] = {
+            "eval/seconds": elapsed,
             "eval/success_rate": report["success_rate"],
             "eval/mean_outcome_reward": report["mean_outcome_reward"],
         }
