@@ -470,6 +470,8 @@ def plot_accuracy(runs: Sequence[Mapping[str, Any]], modes: Sequence[str], path:
             color=colour,
             alpha=0.2,
         )
+    # Accuracy starts at 0; runs that stay there get a readable 0-10% axis, not +-0.05.
+    ax.set_ylim(0, max(10.0, ax.get_ylim()[1]))
     ax.set_xlabel("training step")
     ax.set_ylabel("held-out accuracy (%)")
     ax.set_title("MathChat-v0 held-out accuracy (mean; band: range over seeds)")
