@@ -47,43 +47,54 @@ _GENERATE_LOCK = threading.Lock()
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32"}
 """Short dtype names accepted besides torch's own names."""
 
-CACHE_LENGTH_STEP = 256
-"""Static KV caches (``compile_decode``) are sized in multiples of this many positions."""
+MIN_CACHE_LENGTH = 512
+"""Smallest static KV cache (``compile_decode``); larger ones are powers of two."""
+
+DECODE_ROW_GROWTH = 4
+"""Compiled decode batches are padded to a power of this many rows (1, 4, 16, 64, ...)."""
 
 
 def decode_batch_rows(count: int, max_batch_size: int) -> int:
-    """Rows a compiled decode batch is padded to: the next power of two, at most the cap.
+    """Rows a compiled decode batch is padded to: the next power of four, at most the cap.
 
-    CUDA graphs are recorded per batch shape; rounding the batch up keeps the number of
-    shapes (and of recordings, each holding memory) to a handful. A decode step is bound
-    by launch overhead, not by rows, so filler rows cost little there; they do take
-    their share of the (eager) prefill and of the KV cache: 33 prompts run as 64 rows.
+    CUDA graphs are recorded (and the decode step compiled) per batch shape, and a
+    recording takes seconds and holds memory. Rounding the batch up to 1, 4, 16, 64, ...
+    rows keeps the shapes of a policy to a handful, 4 up to a 64-row cap. A decode step
+    is bound by launch overhead, not by rows, so filler rows cost little there; they do
+    take their share of the (eager) prefill and of the KV cache: 17 prompts run as 64
+    rows.
 
     Args:
         count: Prompts in the batch (``1 <= count <= max_batch_size``).
         max_batch_size: The policy's largest batch.
 
     Returns:
-        ``min(2 ** ceil(log2(count)), max_batch_size)``.
+        ``min(4 ** ceil(log4(count)), max_batch_size)``.
     """
-    return min(1 << (count - 1).bit_length(), max_batch_size)
+    rows = 1
+    while rows < count:
+        rows *= DECODE_ROW_GROWTH
+    return min(rows, max_batch_size)
 
 
 def static_cache_length(prompt_width: int, max_new_tokens: int) -> int:
-    """Positions a static KV cache needs, rounded up to a multiple of ``CACHE_LENGTH_STEP``.
+    """Positions a static KV cache needs, rounded up to a power of two (at least 512).
 
-    Rounding lets calls with slightly different prompt widths share one cache shape, so
-    they replay the same compiled decode step instead of compiling a new one.
+    Calls of different prompt widths then share one cache shape and replay the same
+    compiled decode step. Powers of two give few shapes over a whole run: the code
+    executor's prompts of a MathChat reproduction run (histories up to ~2,000 tokens,
+    256 new ones) need 4 cache lengths, against 7 in steps of 256. The price is up to
+    twice the positions of the cache (memory, and attention over masked positions).
 
     Args:
         prompt_width: Positions of the (left-padded) prompts.
         max_new_tokens: Most tokens the call may generate.
 
     Returns:
-        ``prompt_width + max_new_tokens`` rounded up to a multiple of the step.
+        The smallest power of two ``>= max(prompt_width + max_new_tokens, 512)``.
     """
-    needed = prompt_width + max_new_tokens
-    return -(-needed // CACHE_LENGTH_STEP) * CACHE_LENGTH_STEP
+    needed = max(prompt_width + max_new_tokens, MIN_CACHE_LENGTH)
+    return 1 << (needed - 1).bit_length()
 
 
 def _torch() -> Any:
@@ -242,8 +253,9 @@ class HFPolicy:
             automatic ``torch.compile`` of the decode step). Decoding in eager mode is
             bound by Python and kernel launches, not by the GPU; graphs remove most of
             that. The first call compiles (tens of seconds); a new batch shape records
-            new graphs, so batches are padded to a power of two (rows discarded) and
-            caches sized in steps of :data:`CACHE_LENGTH_STEP`. All calls run on one
+            new graphs, so batches are padded to a power of four (rows discarded) and
+            caches sized in powers of two (:func:`decode_batch_rows`,
+            :func:`static_cache_length`). All calls run on one
             thread of the policy's own, where the graphs were recorded. Weights may
             change in place between calls (optimizer steps do); replacing parameter
             tensors needs a new policy. Not with ``adapter``. On CPU only the static

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from mappa_agents.hf import (  # noqa: E402
-    CACHE_LENGTH_STEP,
+    MIN_CACHE_LENGTH,
     HFPolicy,
     decode_batch_rows,
     prepare_cuda_graph_thread,
@@ -413,20 +413,19 @@ def test_closed_policy_refuses_to_generate(tiny):
 
 
 def test_compiled_decode_shapes_are_bucketed():
-    assert [decode_batch_rows(n, 64) for n in (1, 2, 3, 5, 16, 17, 33, 64)] == [
-        1,
-        2,
-        4,
-        8,
-        16,
-        32,
-        64,
-        64,
-    ]
+    counts = range(1, 65)
+    rows = [decode_batch_rows(n, 64) for n in counts]
+    assert sorted(set(rows)) == [1, 4, 16, 64]  # four recorded batch shapes up to 64 rows
+    assert all(r >= n for r, n in zip(rows, counts))
+    assert [decode_batch_rows(n, 64) for n in (1, 2, 4, 5, 16, 17, 64)] == [1, 4, 4, 16, 16, 64, 64]
     assert decode_batch_rows(40, 48) == 48  # never above the policy's largest batch
-    assert static_cache_length(1, 1) == CACHE_LENGTH_STEP
-    assert static_cache_length(200, 56) == 256
-    assert static_cache_length(200, 57) == 512
+    assert static_cache_length(1, 1) == MIN_CACHE_LENGTH
+    assert static_cache_length(200, 312) == 512
+    assert static_cache_length(200, 313) == 1024
+    # A run's prompts of 100..2,100 tokens plus 256 new ones: four cache shapes.
+    lengths = {static_cache_length(width, 256) for width in range(100, 2101)}
+    assert lengths == {512, 1024, 2048, 4096}
+    assert all(static_cache_length(w, 256) >= w + 256 for w in range(1, 5000, 37))
 
 
 def test_compile_decode_pads_the_batch_without_changing_results(tiny, caplog, monkeypatch):
@@ -487,7 +486,7 @@ def test_filler_rows_end_at_once_and_real_rows_keep_decoding(tiny, monkeypatch):
     assert len(generation.response_ids) == 6
     assert seen["sequences"].shape[0] == 1  # one prompt: a batch of one needs no filler
     compiled.generate([SHORT, LONG], SamplingParams(max_new_tokens=6, temperature=0))
-    assert seen["sequences"].shape[0] == 2  # nor does a power of two
+    assert seen["sequences"].shape[0] == 4  # two prompts run as four rows
     compiled.generate([SHORT, LONG, THIRD], SamplingParams(max_new_tokens=6, temperature=0))
     sequences = seen["sequences"]
     width = sequences.shape[1] - 6
