@@ -1,0 +1,270 @@
+"""Whole MAPPA training steps, alone on one GPU, and where their time goes.
+
+Runs ``--steps`` steps of the trainer on MathChat-v0 (three agents, Jupyter sandboxes,
+the rules coach, ``process`` credit; SmolLM2-135M unless ``--shape`` names a random
+shape or another model) and reports:
+
+- the first step's seconds (it compiles each agent's decoding) and the steady-state
+  step: the median of the later steps, split into rollouts, log-prob passes, the
+  update, and the rest (``other``: writing rollouts, metrics, the sandbox's cleanup);
+- rollout tokens/s next to the policies' own batch throughput on the very same prompts
+  (each agent's prompts of the last step, generated again in batches of
+  ``rollout_batch_size`` with the same sampling settings, outside the runner);
+- update tokens/s next to a plain transformers training step on the very same rows
+  (CUDA only; see ``bench_train_gpu``);
+- peak GPU memory.
+
+The ratios compare figures of one process, measured one after the other.
+
+Run:  python -m benchmarks.bench_step_gpu                       # SmolLM2, 64 episodes
+      python -m benchmarks.bench_step_gpu --micro-batch-tokens 16384 --name step_smollm2_tb
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks._common import print_table, write_results
+from benchmarks.bench_train_gpu import (
+    SHAPES,
+    free_trainer,
+    naive_batches,
+    naive_result,
+    parameter_counts,
+    random_model_dir,
+)
+
+
+def step_breakdown(wall_s: float, metrics: Mapping[str, Any]) -> dict[str, float]:
+    """One step's seconds split into rollout, log-probs, update and the rest.
+
+    ``other = wall - rollout - logprob - update`` (never below 0): what the step spent
+    outside generation and the two training phases.
+    """
+    rollout = float(metrics.get("rollout/seconds") or 0.0)
+    logprob = float(metrics.get("train/logprob_seconds") or 0.0)
+    update = float(metrics.get("train/update_seconds") or 0.0)
+    return {
+        "step_s": wall_s,
+        "rollout_s": rollout,
+        "logprob_s": logprob,
+        "update_s": update,
+        "other_s": max(0.0, wall_s - rollout - logprob - update),
+        "response_tokens": float(metrics.get("rollout/response_tokens") or 0.0),
+        "train_tokens": float(metrics.get("train/tokens") or 0.0),
+    }
+
+
+def steady_state(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Medians over the steps after the first (the first compiles); all steps if one."""
+    later = list(steps[1:]) or list(steps)
+    keys = later[0].keys()
+    return {key: statistics.median(s[key] for s in later) for key in keys}
+
+
+def policy_throughput(trainer: Any, samples: Sequence[Any]) -> dict[str, Any]:
+    """Generate each agent's prompts of ``samples`` again with its policy, in one call.
+
+    Returns:
+        Seconds, response tokens and tokens/s over all agents, and per agent.
+    """
+    from mappa_agents.policy import SamplingParams
+
+    config = trainer.config
+    params = SamplingParams(
+        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p
+    )
+    per_agent: dict[str, Any] = {}
+    total_s, total_tokens = 0.0, 0
+    for agent, policy in trainer.policies.items():
+        prompts = [s.messages for s in samples if s.agent == agent]
+        if not prompts:
+            continue
+        for learner in trainer.learners.values():
+            learner.model.eval()
+        started = time.perf_counter()
+        generations = policy.generate(prompts, params)
+        seconds = time.perf_counter() - started
+        tokens = sum(len(g.response_ids) for g in generations)
+        per_agent[agent] = {
+            "prompts": len(prompts),
+            "seconds": round(seconds, 3),
+            "tokens": tokens,
+            "tok_s": round(tokens / seconds) if seconds > 0 else None,
+        }
+        total_s += seconds
+        total_tokens += tokens
+    return {
+        "seconds": round(total_s, 3),
+        "tokens": total_tokens,
+        "tok_s": round(total_tokens / total_s) if total_s > 0 else None,
+        "per_agent": per_agent,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--shape", default="smollm2-135m", help="a model spec or directory, or 0.5b / 1.5b"
+    )
+    parser.add_argument("--steps", type=int, default=4, help="steps to run (the first compiles)")
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--samples", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=384)
+    parser.add_argument("--micro-batch", type=int, default=4, help="rows per micro-batch")
+    parser.add_argument(
+        "--micro-batch-tokens", type=int, default=0, help="token-budget micro-batches (0: rows)"
+    )
+    parser.add_argument("--schedule", choices=("ticks", "continuous"), default="ticks")
+    parser.add_argument(
+        "--sandbox", default="jupyter", help="the env's sandbox: jupyter, or none (no kernels)"
+    )
+    parser.add_argument(
+        "--train-truncated",
+        action="store_true",
+        help="train on responses cut by the length limit (always for random-weight shapes)",
+    )
+    parser.add_argument("--no-compile-decode", action="store_true")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--naive-repeats", type=int, default=3)
+    parser.add_argument("--peak-tflops", type=float, default=796.0)
+    parser.add_argument("--name", default=None, help="results file name (default step_<shape>)")
+    parser.add_argument(
+        "--out", default=os.environ.get("OUT", str(Path("benchmarks") / "results" / "gpu"))
+    )
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from mappa_agents.models import resolve_model
+    from mappa_train.config import TrainConfig
+    from mappa_train.trainer import Trainer
+
+    work = Path(tempfile.mkdtemp(prefix="mappa-bench-step-"))
+    random_shape = args.shape in SHAPES
+    system = (
+        str(random_model_dir(args.shape, work / "model"))
+        if random_shape
+        else str(resolve_model(args.shape))
+    )
+    episodes = args.prompts * args.samples
+    config = TrainConfig(
+        env="MathChat-v0",
+        env_options={
+            "tasks": "gen:256",
+            "sandbox": None if args.sandbox == "none" else args.sandbox,
+        },
+        system=system,
+        coach="rules",
+        credit_mode="process",
+        steps=args.steps,
+        prompts_per_step=args.prompts,
+        samples_per_prompt=args.samples,
+        concurrency=episodes,
+        max_new_tokens=args.max_new_tokens,
+        # Random weights never emit EOS: train on length-cut responses there.
+        mask_truncated=not (random_shape or args.train_truncated),
+        micro_batch_size=args.micro_batch,
+        micro_batch_tokens=args.micro_batch_tokens,
+        rollout_schedule=args.schedule,
+        compile_decode=not args.no_compile_decode,
+        gradient_checkpointing=False,
+        dtype=args.dtype,
+        save_every=0,
+        tensorboard=False,
+        progress=False,
+        output_dir=str(work / "run"),
+    )
+    trainer = Trainer(config)
+    trainer.save = lambda: None  # throughput only: no checkpoints
+    started = time.perf_counter()
+    trainer.setup()
+    setup_s = time.perf_counter() - started
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    steps: list[dict[str, float]] = []
+    samples: list[Any] = []
+    for index in range(args.steps):
+        started = time.perf_counter()
+        metrics = trainer.train_step()
+        steps.append(step_breakdown(time.perf_counter() - started, metrics))
+        print(f"step {index + 1}: " + ", ".join(f"{k} {v:.1f}" for k, v in steps[-1].items()))
+    # The last step's actions, read back from the rollouts the step wrote.
+    from mappa_agents.trajectory import load_jsonl
+
+    samples = load_jsonl(trainer.out / "rollouts" / f"step-{trainer.step - 1:06d}.jsonl")
+    engine = policy_throughput(trainer, samples)
+    peak_gib = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+    body, head = parameter_counts(next(iter(trainer.learners.values())).model)
+    agents = list(trainer.agents)
+    free_trainer(trainer)
+    del trainer
+
+    steady = steady_state(steps)
+    rollout_tok_s = steady["response_tokens"] / steady["rollout_s"] if steady["rollout_s"] else None
+    update_tok_s = steady["train_tokens"] / steady["update_s"] if steady["update_s"] else None
+    naive: dict[str, Any] = {}
+    if torch.cuda.is_available():
+        rows, tokens = naive_batches(samples, agents, 16, config.mask_truncated)
+        naive = naive_result(
+            system,
+            rows,
+            max(1, config.train_batch_size // 16),
+            args.naive_repeats,
+            tokens,
+            body + head,
+            args.peak_tflops * 1e12,
+        )
+    summary = {
+        "shape": args.shape,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "episodes_per_step": episodes,
+        "setup_s": round(setup_s, 2),
+        "first_step_s": round(steps[0]["step_s"], 2),
+        "steady_step": {k: round(v, 3) for k, v in steady.items()},
+        "steps": steps,
+        "rollout_tok_s": round(rollout_tok_s) if rollout_tok_s else None,
+        "policy_same_prompts": engine,
+        "rollout_vs_policy": round(rollout_tok_s / engine["tok_s"], 3)
+        if rollout_tok_s and engine["tok_s"]
+        else None,
+        "update_tok_s": round(update_tok_s) if update_tok_s else None,
+        "naive_same_rows": naive,
+        "update_vs_naive": round(update_tok_s / naive["tok_s"], 3)
+        if update_tok_s and naive.get("tok_s")
+        else None,
+        "peak_memory_gib": None if peak_gib is None else round(peak_gib, 2),
+    }
+    name = args.name or f"step_{Path(args.shape).name.replace('-135m', '')}"
+    write_results(name, summary, Path(args.out))
+    print_table(
+        [
+            {"what": "first step s", "value": summary["first_step_s"]},
+            {"what": "steady step s", "value": round(steady["step_s"], 2)},
+            {"what": "  rollout s", "value": round(steady["rollout_s"], 2)},
+            {"what": "  log-prob s", "value": round(steady["logprob_s"], 2)},
+            {"what": "  update s", "value": round(steady["update_s"], 2)},
+            {"what": "  other s", "value": round(steady["other_s"], 2)},
+            {"what": "rollout tok/s", "value": summary["rollout_tok_s"]},
+            {"what": "policy tok/s, same prompts", "value": engine["tok_s"]},
+            {"what": "update tok/s", "value": summary["update_tok_s"]},
+            {"what": "plain step tok/s, same rows", "value": naive.get("tok_s")},
+            {"what": "peak GiB", "value": summary["peak_memory_gib"]},
+        ],
+        title=f"MAPPA step, {args.shape}, {episodes} episodes",
+    )
+    shutil.rmtree(work, ignore_errors=True)
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""``benchmarks.bench_step_gpu`` on CPU with a tiny model: the report adds up."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from benchmarks.bench_step_gpu import main, steady_state, step_breakdown
+from mappa_agents.tiny_models import tiny_model_dir
+
+
+def test_step_breakdown_keeps_the_rest_apart():
+    metrics = {
+        "rollout/seconds": 3.0,
+        "train/logprob_seconds": 1.0,
+        "train/update_seconds": 2.0,
+        "rollout/response_tokens": 300,
+        "train/tokens": 900,
+    }
+    parts = step_breakdown(7.5, metrics)
+    assert parts["other_s"] == pytest.approx(1.5)
+    assert step_breakdown(5.0, metrics)["other_s"] == 0.0  # clock noise never goes below 0
+    first, later = {"step_s": 100.0}, [{"step_s": 5.0}, {"step_s": 7.0}, {"step_s": 6.0}]
+    assert steady_state([first, *later])["step_s"] == 6.0  # the compiling first step is out
+    assert steady_state([first])["step_s"] == 100.0
+
+
+def test_bench_step_runs_whole_steps_and_writes_the_figures(tmp_path):
+    model = tiny_model_dir(tmp_path / "model")
+    out = tmp_path / "out"
+    summary = main(
+        [
+            "--shape", str(model), "--steps", "2", "--prompts", "2", "--samples", "2",
+            "--max-new-tokens", "8", "--sandbox", "none", "--out", str(out),
+            "--name", "step_tiny", "--train-truncated",
+        ]
+    )  # fmt: skip
+    written = json.loads((out / "step_tiny.json").read_text())
+    assert written["steps"] == summary["steps"]
+    assert len(summary["steps"]) == 2
+    steady = summary["steady_step"]
+    parts = steady["rollout_s"] + steady["logprob_s"] + steady["update_s"] + steady["other_s"]
+    assert parts == pytest.approx(steady["step_s"], rel=1e-2)
+    assert summary["policy_same_prompts"]["tokens"] > 0
+    assert set(summary["policy_same_prompts"]["per_agent"]) == {
+        "problem_solver",
+        "code_executor",
+        "verifier",
+    }
+    assert summary["rollout_vs_policy"] > 0
+    assert summary["update_tok_s"] > 0
+    assert summary["naive_same_rows"] == {}  # the plain step needs CUDA
