@@ -786,3 +786,31 @@ def test_printed_lone_surrogates_are_replaced_not_lost():
         assert result.stdout == "a?b\n"
         assert result.error is None
         assert "Traceback" not in result.stderr
+
+
+def test_kernels_start_and_close_from_worker_threads_of_a_running_loop(tmp_path: Path) -> None:
+    # jupyter-client remembers the running loop in a context variable (a notebook's
+    # ipykernel sets it too); a worker thread of asyncio.to_thread inherits it and cannot
+    # run jupyter's sync wrappers on it: the kernel did not start ("This event loop is
+    # already running"), and a close dropped the cleanup coroutine unawaited, leaving
+    # the control socket and zmq context of every closed kernel behind.
+    import warnings
+
+    from jupyter_core.utils import ensure_event_loop
+
+    async def run_and_close() -> object:
+        ensure_event_loop()  # what jupyter-client's own calls do inside a running loop
+        sandbox = JupyterSandbox(tmp_path, SandboxLimits(timeout_s=20), isolation="none")
+        result = await asyncio.to_thread(sandbox.run, "1 + 1")
+        manager = sandbox._res.kernel.manager
+        await asyncio.to_thread(sandbox.close)
+        return result, manager
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result, manager = asyncio.run(run_and_close())
+        gc.collect()
+    assert result.stdout == "2\n"
+    assert manager._control_socket is None  # closed by jupyter-client's cleanup
+    assert not [w for w in caught if "never awaited" in str(w.message)]
+    assert not [w for w in caught if "unclosed event loop" in str(w.message)]

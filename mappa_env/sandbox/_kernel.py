@@ -21,6 +21,7 @@ from pathlib import Path
 from queue import Empty
 from typing import TYPE_CHECKING, Any
 
+from mappa_env._async import run_sync
 from mappa_env.sandbox import _process
 from mappa_env.sandbox.limits import SandboxLimits, inherited_import_paths
 from mappa_env.text import truncate_middle
@@ -359,8 +360,12 @@ def start_kernel(
         context=context,
     )
     try:
-        manager.start_kernel(
-            cwd=str(cwd), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        # The coroutine behind jupyter-client's sync ``start_kernel``, on a loop of our own:
+        # see close_kernel_files for why the sync wrapper fails in worker threads.
+        run_sync(
+            manager._async_start_kernel(
+                cwd=str(cwd), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
         )
     except (OSError, RuntimeError) as exc:
         shutil.rmtree(runtime_dir, ignore_errors=True)
@@ -461,8 +466,15 @@ def close_kernel_files(kernel: Kernel) -> None:
 
     try:
         kernel.disconnect()
-        kernel.manager.cleanup_resources()
-    except (OSError, RuntimeError, zmq.ZMQError) as exc:
+        # jupyter-client's sync wrappers (``cleanup_resources``, ``start_kernel``) run
+        # their coroutine on the event loop a context variable remembers, making a new
+        # loop (never closed) where there is none; a worker thread that inherited the
+        # context of a thread running that loop (``asyncio.to_thread`` does) cannot run
+        # it at all. The cleanup was then dropped unawaited, leaving the control socket,
+        # zmq context and ports of every closed kernel behind. Run on a loop of our own,
+        # closed afterwards, the coroutine always completes.
+        run_sync(kernel.manager._async_cleanup_resources(), timeout=30.0)
+    except (OSError, RuntimeError, TimeoutError, zmq.ZMQError) as exc:
         # Closing sockets of a dead kernel can fail at interpreter exit; the files are
         # removed below regardless.
         logger.debug("closing kernel %d resources: %s", kernel.pid, exc)
