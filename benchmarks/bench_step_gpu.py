@@ -82,14 +82,14 @@ def policy_throughput(trainer: Any, samples: Sequence[Any]) -> dict[str, Any]:
     params = SamplingParams(
         max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p
     )
+    for learner in trainer.learners.values():
+        learner.model.eval()  # as for rollouts; the last update left them in train mode
     per_agent: dict[str, Any] = {}
     total_s, total_tokens = 0.0, 0
     for agent, policy in trainer.policies.items():
         prompts = [s.messages for s in samples if s.agent == agent]
         if not prompts:
             continue
-        for learner in trainer.learners.values():
-            learner.model.eval()
         started = time.perf_counter()
         generations = policy.generate(prompts, params)
         seconds = time.perf_counter() - started
@@ -145,6 +145,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     import torch
 
     from mappa_agents.models import resolve_model
+    from mappa_agents.trajectory import load_jsonl
     from mappa_train.config import TrainConfig
     from mappa_train.trainer import Trainer
 
@@ -191,15 +192,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     steps: list[dict[str, float]] = []
-    samples: list[Any] = []
     for index in range(args.steps):
         started = time.perf_counter()
         metrics = trainer.train_step()
         steps.append(step_breakdown(time.perf_counter() - started, metrics))
         print(f"step {index + 1}: " + ", ".join(f"{k} {v:.1f}" for k, v in steps[-1].items()))
     # The last step's actions, read back from the rollouts the step wrote.
-    from mappa_agents.trajectory import load_jsonl
-
     samples = load_jsonl(trainer.out / "rollouts" / f"step-{trainer.step - 1:06d}.jsonl")
     engine = policy_throughput(trainer, samples)
     peak_gib = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
