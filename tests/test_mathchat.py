@@ -229,6 +229,24 @@ def test_verifier_sees_only_last_output_unless_configured():
     env.close()
 
 
+def test_verifier_reply_picks_the_closing_line_and_rejects_unknown_names():
+    from mappa_env.envs.mathchat import VERIFIER_ASKS
+
+    for reply, line in VERIFIER_ASKS.items():
+        env = make_env(verifier_reply=reply)
+        env.reset(options={"task": OTHER})
+        env.step("draft")
+        env.step("```python\nprint(2+3)\n```")
+        env.step("done \\boxed{5}")
+        content = env.observe("verifier")["messages"][-1]["content"]
+        assert content.endswith(line)
+        others = [other for name, other in VERIFIER_ASKS.items() if name != reply]
+        assert not any(other in content for other in others)
+        env.close()
+    with pytest.raises(ValueError, match="one_line"):
+        make_env(verifier_reply="short")
+
+
 def test_observation_carries_role_instructions_and_budget():
     env = make_env(max_new_tokens=1234)
     env.reset()

@@ -21,8 +21,8 @@ Card:
 - **Tasks**: generated problems (offline default), AIME/AMC files, or ``MathTask`` lists.
 - **Coaches**: ``"rules"`` (offline, :func:`~mappa_env.coach.rules.mathchat_rubric`) or
   an LLM coach judging by :data:`COACH_RUBRICS`.
-- **Options**: ``tasks``, ``verifier_sees_solver``, ``strict_boxed``, and every option
-  of :class:`~mappa_env.envs.pipeline.PipelineEnv`.
+- **Options**: ``tasks``, ``verifier_sees_solver``, ``strict_boxed``, ``verifier_reply``,
+  and every option of :class:`~mappa_env.envs.pipeline.PipelineEnv`.
 - **Versions**: v0, the paper's MathChat.
 """
 
@@ -125,7 +125,14 @@ equivalent forms count) scores 8 or more; a wrong boxed answer scores at most 2.
 # The closing line of each agent's user message: what to do now.
 _SOLVER_ASK = "Solve it step by step and end with your answer in \\boxed{}."
 _EXECUTOR_ASK = "Check it with Python: reply with one ```python block that prints the answer."
-_VERIFIER_ASK = "Give the final answer as \\boxed{}."
+#: The verifier's closing line by ``verifier_reply``. "one_line" asks for the answer line
+#: alone: the untrained SmolLM2-135M boxed 9 of 96 replies with it against 1 of 96 with
+#: "free" (CPU, temperature 0.6, 48 verifier prompts whose code output shows the right
+#: number, docs/results.md), at the cost of the verifier's own checking in its reply.
+VERIFIER_ASKS = {
+    "free": "Give the final answer as \\boxed{}.",
+    "one_line": "Reply with one line in this form: The final answer is \\boxed{NUMBER}",
+}
 
 
 _GENERATOR_OPTIONS = ("n", "seed", "kinds", "difficulty", "secret")
@@ -209,6 +216,9 @@ class MathChatEnv(PipelineEnv):
         verifier_sees_solver: Also show the problem solver's draft to the verifier.
         strict_boxed: Grade only a ``\\boxed{}`` answer of the verifier (the paper);
             when False, fallbacks such as "the final answer is 5" count too.
+        verifier_reply: What the verifier is asked to reply (see :data:`VERIFIER_ASKS`):
+            ``"free"`` (check the work, then give the boxed answer) or ``"one_line"``
+            (only "The final answer is \\boxed{NUMBER}"; small models box more often).
         **options: Options of :class:`~mappa_env.envs.pipeline.PipelineEnv`
             (``coach`` defaults to ``"rules"``, ``sandbox`` to ``"jupyter"``;
             ``max_new_tokens`` is the budget the prompts state, the paper's 4,096).
@@ -232,12 +242,20 @@ class MathChatEnv(PipelineEnv):
         *,
         verifier_sees_solver: bool = False,
         strict_boxed: bool = True,
+        verifier_reply: str = "free",
         **options: Any,
     ) -> None:
+        if verifier_reply not in VERIFIER_ASKS:
+            raise ValueError(
+                f"verifier_reply={verifier_reply!r} is not one of {sorted(VERIFIER_ASKS)}: "
+                "'free' lets the verifier check the work before its boxed answer, "
+                "'one_line' asks for the answer line alone"
+            )
         options.setdefault("coach", "rules")
         options.setdefault("sandbox", "jupyter")
         self.verifier_sees_solver = bool(verifier_sees_solver)
         self.strict_boxed = bool(strict_boxed)
+        self.verifier_reply = verifier_reply
         seed = options.get("seed")
         self.tasks = _resolve_tasks(tasks, seed=0 if seed is None else seed)
         self.task: MathTask = self.tasks[0]
@@ -311,7 +329,7 @@ class MathChatEnv(PipelineEnv):
                 None,
             )
             parts.append(f"Output of its last code run:\n{last_output or '(no code ran)'}")
-            parts.append(_VERIFIER_ASK)
+            parts.append(VERIFIER_ASKS[self.verifier_reply])
             messages.append({"role": "user", "content": "\n\n".join(parts)})
         else:
             raise KeyError(f"unknown agent {agent!r}")
