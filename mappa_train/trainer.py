@@ -31,7 +31,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +47,12 @@ from mappa_agents.trajectory import ActionSample, EpisodeResult, save_jsonl
 from mappa_train import checkpoint as ckpt
 from mappa_train.algorithms.credit import episode_action_rewards
 from mappa_train.algorithms.registry import AgentBatch, get_estimator
-from mappa_train.algorithms.reinforce_pp import clip_fraction, kl_penalty, ppo_clip_loss
+from mappa_train.algorithms.reinforce_pp import kl_penalty
 from mappa_train.config import TrainConfig
-from mappa_train.logprobs import move_to, pack, response_logprobs
+from mappa_train.logprobs import response_logprobs
 from mappa_train.memory import check_fits, count_parameters, static_memory_bytes
-from mappa_train.packing import token_budget_batches
 from mappa_train.precision import MasterWeightAdamW
+from mappa_train.update import PreparedRows, shard_logprobs, update_agent
 
 logger = logging.getLogger(__name__)
 
@@ -72,21 +72,6 @@ class AgentLearner:
     source: str
     adapter: str | None = None
     """Name of the agent's LoRA adapter when agents share one base model."""
-
-
-@dataclass
-class _Prepared:
-    """One agent's usable actions as padded tensors (CPU)."""
-
-    samples: list[ActionSample]
-    rewards: torch.Tensor
-    old_logprobs: torch.Tensor
-    ref_logprobs: torch.Tensor
-    mask: torch.Tensor
-    masked_length: int = 0
-    masked_invalid: int = 0
-    advantages: torch.Tensor | None = None
-    stats: dict[str, float] = field(default_factory=dict)
 
 
 def warmup_cosine(total_steps: int, warmup_ratio: float) -> Callable[[int], float]:
@@ -736,45 +721,19 @@ class Trainer:
                 rewards[id(action)] = value
         return rewards
 
-    def _micro_batches(
-        self, samples: Sequence[ActionSample], order: Sequence[int]
-    ) -> list[list[int]]:
-        """``order`` (sample indices sorted by length) cut into micro-batches.
-
-        By ``micro_batch_tokens`` padded tokens when set (at most ``train_batch_size``
-        rows each), else by ``micro_batch_size`` rows.
-        """
-        config = self.config
-        if config.micro_batch_tokens > 0:
-            runs = token_budget_batches(
-                [_row_length(samples[i]) for i in order],
-                config.micro_batch_tokens,
-                max_rows=config.train_batch_size,
-            )
-            return [[order[p] for p in run] for run in runs]
-        size = config.micro_batch_size
-        return [list(order[start : start + size]) for start in range(0, len(order), size)]
-
-    @torch.no_grad()
     def _logprobs(self, model: Any, rows: Sequence[ActionSample], pad_id: int) -> torch.Tensor:
-        width = max(len(s.response_ids) for s in rows)
-        out = torch.zeros((len(rows), width))
-        order = _by_length(rows, range(len(rows)))
-        for indices in self._micro_batches(rows, order):
-            chunk = [rows[i] for i in indices]
-            batch = pack([s.prompt_ids for s in chunk], [s.response_ids for s in chunk], pad_id)
-            values = response_logprobs(
-                model,
-                batch.to(self.device),
-                chunk_size=self.config.logprob_chunk_size,
-                temperature=self.config.temperature,
-            ).cpu()
-            out[indices, : values.shape[1]] = values
-        return out
+        config = self.config
+
+        def score(batch: Any) -> torch.Tensor:
+            return response_logprobs(
+                model, batch, chunk_size=config.logprob_chunk_size, temperature=config.temperature
+            )
+
+        return shard_logprobs(score, rows, config, pad_id=pad_id, device=self.device)
 
     def _prepare(
         self, samples: list[ActionSample], rewards: dict[int, float | None], learner: AgentLearner
-    ) -> _Prepared:
+    ) -> PreparedRows:
         usable, cut, invalid = [], 0, 0
         for sample in samples:
             if not sample.response_ids or len(sample.logprobs) != len(sample.response_ids):
@@ -787,7 +746,7 @@ class Trainer:
                 usable.append(sample)
         if not usable:
             empty = torch.zeros((0, 1))
-            return _Prepared([], torch.zeros(0), empty, empty, empty, cut, invalid)
+            return PreparedRows([], torch.zeros(0), empty, empty, empty, cut, invalid)
         pad_id = learner.policy.pad_token_id
         learner.model.eval()
         if learner.adapter is None:
@@ -802,9 +761,9 @@ class Trainer:
         for i, sample in enumerate(usable):
             mask[i, : len(sample.response_ids)] = 1.0
         values = torch.tensor([float(rewards[id(s)]) for s in usable])
-        return _Prepared(usable, values, old, ref, mask, cut, invalid)
+        return PreparedRows(usable, values, old, ref, mask, cut, invalid)
 
-    def _advantages(self, prepared: dict[str, _Prepared]) -> None:
+    def _advantages(self, prepared: dict[str, PreparedRows]) -> None:
         """Fill ``advantages`` of every agent with actions, by the configured estimator.
 
         All agents go to the estimator at once (REINFORCE++ may whiten across agents).
@@ -845,7 +804,7 @@ class Trainer:
             prepared[agent].advantages = result.advantages.detach().to("cpu", torch.float32)
             prepared[agent].stats.update(result.stats)
 
-    def _update(self, learner: AgentLearner, prep: _Prepared) -> dict[str, float]:
+    def _update(self, learner: AgentLearner, prep: PreparedRows) -> dict[str, float]:
         config = self.config
         stats: dict[str, float] = {
             "actions": float(len(prep.samples)),
@@ -860,73 +819,30 @@ class Trainer:
         model.train()
         if learner.adapter is not None:
             model.set_adapter(learner.adapter)  # also makes only this adapter trainable
-        pad_id = learner.policy.pad_token_id
-        order = np.random.default_rng(
-            derive_seed(config.seed, "minibatch", self.step, learner.agent)
-        ).permutation(len(prep.samples))
-        losses, clips, norms, tokens, response_tokens = [], [], [], 0, 0
-        for start in range(0, len(order), config.train_batch_size):
-            members = _by_length(
-                prep.samples, [int(i) for i in order[start : start + config.train_batch_size]]
+
+        def score(batch: Any) -> torch.Tensor:
+            return response_logprobs(
+                model,
+                batch,
+                chunk_size=config.logprob_chunk_size,
+                temperature=config.temperature,
+                recompute_logits=config.recompute_logits,
             )
-            total = float(prep.mask[members].sum())
-            learner.optimizer.zero_grad(set_to_none=True)
-            for micro in self._micro_batches(prep.samples, members):
-                rows = [prep.samples[i] for i in micro]
-                width = max(len(s.response_ids) for s in rows)
-                cpu_mask = prep.mask[micro, :width]
-                # Copy everything this micro-batch needs before launching its forward pass:
-                # a blocking host-to-device copy in between would wait for the GPU queue.
-                batch = pack(
-                    [s.prompt_ids for s in rows], [s.response_ids for s in rows], pad_id
-                ).to(self.device)
-                old, adv, mask = (
-                    move_to(t, self.device)
-                    for t in (
-                        prep.old_logprobs[micro, :width],
-                        prep.advantages[micro, :width],
-                        cpu_mask,
-                    )
-                )
-                logp = response_logprobs(
-                    model,
-                    batch,
-                    chunk_size=config.logprob_chunk_size,
-                    temperature=config.temperature,
-                    recompute_logits=config.recompute_logits,
-                )
-                loss = ppo_clip_loss(logp, old, adv, mask, config.clip_eps, config.clip_eps_high)
-                if not self.estimator.kl_in_reward and config.kl_coef:
-                    ref = prep.ref_logprobs[micro, :width].to(self.device)
-                    kl = kl_penalty(logp, ref, config.kl_estimator)
-                    loss = loss + config.kl_coef * (kl * mask).sum() / mask.sum().clamp(min=1)
-                # Statistics stay on the device until the end: reading them per
-                # micro-batch would stall the GPU queue every time.
-                weight = float(cpu_mask.sum()) / max(total, 1.0)
-                (loss * weight).backward()
-                if isinstance(learner.optimizer, MasterWeightAdamW):
-                    learner.optimizer.accumulate_grads()  # bf16 gradients into the masters
-                losses.append(loss.detach() * weight)
-                clips.append(clip_fraction(logp, old, mask, config.clip_eps, config.clip_eps_high))
-                tokens += sum(len(s.prompt_ids) + len(s.response_ids) for s in rows)
-                response_tokens += sum(len(s.response_ids) for s in rows)
-            trained = [p for group in learner.optimizer.param_groups for p in group["params"]]
-            norms.append(torch.nn.utils.clip_grad_norm_(trained, config.grad_clip))
-            learner.optimizer.step()
-        # Gradients are not needed until this agent's next update: free them for the
-        # other agents' updates and the rollouts (4 bytes per weight in float32).
-        learner.optimizer.zero_grad(set_to_none=True)
-        model.eval()
+
         stats.update(
-            {
-                "loss": float(torch.stack(losses).sum()) / max(1, len(norms)),
-                "clip_fraction": float(torch.stack(clips).mean()),
-                "grad_norm": float(torch.stack(norms).float().mean()),
-                "optimizer_steps": float(len(norms)),
-                "tokens": float(tokens),
-                "response_tokens": float(response_tokens),
-            }
+            update_agent(
+                score,
+                learner.optimizer,
+                prep,
+                config,
+                step=self.step,
+                agent=learner.agent,
+                pad_id=learner.policy.pad_token_id,
+                device=self.device,
+                kl_in_loss=not self.estimator.kl_in_reward,
+            )
         )
+        model.eval()
         return stats
 
     # ------------------------------------------------------------------ evaluation
@@ -1083,15 +999,6 @@ def _enable_checkpointing(model: Any) -> None:
         )
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-
-def _row_length(sample: ActionSample) -> int:
-    return len(sample.prompt_ids) + len(sample.response_ids)
-
-
-def _by_length(samples: Sequence[ActionSample], indices: Sequence[int]) -> list[int]:
-    """``indices`` ordered by prompt + response length, so micro-batches pad little."""
-    return sorted(indices, key=lambda i: (_row_length(samples[i]), i))
 
 
 def _sync_device(device: str) -> None:

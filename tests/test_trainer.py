@@ -231,7 +231,7 @@ def test_float16_training_is_refused(tmp_path):
 def test_micro_batches_are_grouped_by_length():
     from types import SimpleNamespace
 
-    from mappa_train.trainer import _by_length
+    from mappa_train.update import by_length as _by_length
 
     lengths = [(3, 9), (1, 1), (5, 2), (2, 2)]
     samples = [SimpleNamespace(prompt_ids=[1] * p, response_ids=[2] * r) for p, r in lengths]
