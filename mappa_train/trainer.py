@@ -651,12 +651,9 @@ class Trainer:
         logprob_s = time.perf_counter() - train_started
         metrics: dict[str, Any] = {"step": self.step + 1}
         lr = self.config.lr * self.lr_factor(self.step)
-        for learner in self.learners.values():
-            for group in learner.optimizer.param_groups:
-                group["lr"] = lr
         tokens_trained = response_tokens_trained = 0
         for agent, prep in prepared.items():
-            stats = self._update(self.learners[agent], prep)
+            stats = self._update(self.learners[agent], prep, lr)
             tokens_trained += int(stats.pop("tokens", 0))
             response_tokens_trained += int(stats.pop("response_tokens", 0))
             for key, value in stats.items():
@@ -747,21 +744,32 @@ class Trainer:
         if not usable:
             empty = torch.zeros((0, 1))
             return PreparedRows([], torch.zeros(0), empty, empty, empty, cut, invalid)
-        pad_id = learner.policy.pad_token_id
-        learner.model.eval()
-        if learner.adapter is None:
-            old = self._logprobs(learner.model, usable, pad_id)
-            ref = self._logprobs(learner.ref_model, usable, pad_id)
-        else:
-            learner.model.set_adapter(learner.adapter)
-            old = self._logprobs(learner.model, usable, pad_id)
-            with learner.model.disable_adapter():
-                ref = self._logprobs(learner.model, usable, pad_id)
+        old, ref = self.score_actions(learner, usable)
         mask = torch.zeros_like(old)
         for i, sample in enumerate(usable):
             mask[i, : len(sample.response_ids)] = 1.0
         values = torch.tensor([float(rewards[id(s)]) for s in usable])
         return PreparedRows(usable, values, old, ref, mask, cut, invalid)
+
+    def score_actions(
+        self, learner: AgentLearner, samples: Sequence[ActionSample]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Old and reference log-probs ``[N, T]`` (CPU) of one agent's usable actions.
+
+        The learner-side half of a step, with :meth:`update_agent`: a subclass whose
+        learners live elsewhere (other processes, other machines) overrides both.
+        """
+        pad_id = learner.policy.pad_token_id
+        learner.model.eval()
+        if learner.adapter is None:
+            old = self._logprobs(learner.model, samples, pad_id)
+            ref = self._logprobs(learner.ref_model, samples, pad_id)
+        else:
+            learner.model.set_adapter(learner.adapter)
+            old = self._logprobs(learner.model, samples, pad_id)
+            with learner.model.disable_adapter():
+                ref = self._logprobs(learner.model, samples, pad_id)
+        return old, ref
 
     def _advantages(self, prepared: dict[str, PreparedRows]) -> None:
         """Fill ``advantages`` of every agent with actions, by the configured estimator.
@@ -804,8 +812,7 @@ class Trainer:
             prepared[agent].advantages = result.advantages.detach().to("cpu", torch.float32)
             prepared[agent].stats.update(result.stats)
 
-    def _update(self, learner: AgentLearner, prep: PreparedRows) -> dict[str, float]:
-        config = self.config
+    def _update(self, learner: AgentLearner, prep: PreparedRows, lr: float) -> dict[str, float]:
         stats: dict[str, float] = {
             "actions": float(len(prep.samples)),
             "masked_length": float(prep.masked_length),
@@ -815,6 +822,20 @@ class Trainer:
         if not prep.samples:
             return stats
         stats["mean_reward"] = float(prep.rewards.mean())
+        stats.update(self.update_agent(learner, prep, lr))
+        return stats
+
+    def update_agent(
+        self, learner: AgentLearner, prep: PreparedRows, lr: float
+    ) -> dict[str, float]:
+        """One PPO-clipped pass of one agent at learning rate ``lr``; its statistics.
+
+        See :func:`mappa_train.update.update_agent`; a subclass whose learners live
+        elsewhere overrides this and :meth:`score_actions`.
+        """
+        config = self.config
+        for group in learner.optimizer.param_groups:
+            group["lr"] = lr
         model = learner.model
         model.train()
         if learner.adapter is not None:
@@ -829,8 +850,8 @@ class Trainer:
                 recompute_logits=config.recompute_logits,
             )
 
-        stats.update(
-            update_agent(
+        try:
+            return update_agent(
                 score,
                 learner.optimizer,
                 prep,
@@ -841,9 +862,8 @@ class Trainer:
                 device=self.device,
                 kl_in_loss=not self.estimator.kl_in_reward,
             )
-        )
-        model.eval()
-        return stats
+        finally:
+            model.eval()
 
     # ------------------------------------------------------------------ evaluation
 
