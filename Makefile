@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 CONSTRAINTS := requirements/cpu-constraints.txt
 # Extras the test suite needs on this machine.
-TEST_EXTRAS ?= dev,llm,agents
+TEST_EXTRAS ?= dev,llm,agents,distributed
 STAMP := $(VENV)/.installed-$(TEST_EXTRAS)
 
 .PHONY: venv install demo test test-vllm lint format docs fast-test bench clean

@@ -1,7 +1,7 @@
 """mappa_train: policy-gradient algorithms and the per-agent trainer.
 
-``Trainer`` is imported on first use (it pulls in torch and transformers); the config
-and the advantage-estimator registry are light.
+``Trainer``, ``make_trainer`` and ``RayTrainer`` are imported on first use (they pull
+in torch and transformers); the config and the advantage-estimator registry are light.
 """
 
 from __future__ import annotations
@@ -20,24 +20,31 @@ from mappa_train.algorithms.registry import (
 from mappa_train.config import TrainConfig
 
 if TYPE_CHECKING:
-    from mappa_train.trainer import Trainer
+    from mappa_train.ray_trainer import RayTrainer
+    from mappa_train.trainer import Trainer, make_trainer
 
 __all__ = [
     "AdvantageEstimator",
     "AgentAdvantages",
     "AgentBatch",
+    "RayTrainer",
     "TrainConfig",
     "Trainer",
     "estimator_names",
     "get_estimator",
+    "make_trainer",
     "register_estimator",
     "unregister_estimator",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "Trainer":
-        from mappa_train.trainer import Trainer
+    if name in ("Trainer", "make_trainer"):
+        from mappa_train import trainer
 
-        return Trainer
+        return getattr(trainer, name)
+    if name == "RayTrainer":
+        from mappa_train.ray_trainer import RayTrainer
+
+        return RayTrainer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

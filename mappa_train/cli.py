@@ -89,10 +89,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def run_train(args: argparse.Namespace) -> int:
     """Run ``mappa train`` and print where the results are."""
-    from mappa_train.trainer import Trainer
+    from mappa_train.trainer import make_trainer
 
     config = config_from_args(args)
-    trainer = Trainer(config)
+    trainer = make_trainer(config)
     history = trainer.train()
     last = history[-1] if history else {}
     print(

@@ -204,6 +204,25 @@ class TrainConfig:
     device: str = "auto"
     """Torch device (``auto``: CUDA when available)."""
 
+    # ------------------------------------------------------------------ distributed
+    distributed: str = "none"
+    """``none``: one process trains every agent. ``ray``: each trained agent's learner is
+    a group of ``ranks_per_agent`` Ray actors that shard its model, reference and AdamW
+    with FSDP2 (:mod:`mappa_train.ray_trainer`); the loop, rollouts, coach, credit and
+    advantages stay in the driver, which gets the new weights after each update."""
+
+    ranks_per_agent: int = 1
+    """Ranks (Ray actors) in each trained agent's learner group (``distributed: ray``)."""
+
+    gpus_per_rank: float = 1.0
+    """GPUs Ray gives each learner rank when CUDA is used: 1 gives each rank its own GPU;
+    a fraction places several agents' ranks on one GPU (ranks of one agent still need
+    a GPU each: NCCL refuses two ranks of a group on one device). Ignored on CPU."""
+
+    ray_address: str | None = None
+    """Ray cluster to join (``"auto"``: the one this machine runs; an address such as
+    ``"ray://head:10001"``); ``None`` starts a local one."""
+
     # ------------------------------------------------------------------ evaluation, logging
     eval_every: int = 0
     """Evaluate on held-out tasks every this many steps (0: never; also at the end if > 0)."""
@@ -257,6 +276,7 @@ class TrainConfig:
             "kl_estimator": ("k1", "k2", "k3"),
             "isolation": ("auto", "namespaces", "none"),
             "rollout_schedule": ("ticks", "continuous"),
+            "distributed": ("none", "ray"),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -270,6 +290,7 @@ class TrainConfig:
             "train_batch_size",
             "micro_batch_size",
             "rollout_batch_size",
+            "ranks_per_agent",
         )
         for name in positive:
             if getattr(self, name) < 1:
@@ -298,6 +319,13 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be positive for training, got {self.temperature}")
+        if self.distributed == "ray" and self.lora_rank > 0:
+            raise ValueError(
+                "distributed: ray trains full weights only (sharded learners do not hold "
+                "LoRA adapters yet): set lora_rank: 0, or train LoRA in one process"
+            )
+        if self.gpus_per_rank <= 0:
+            raise ValueError(f"gpus_per_rank must be positive, got {self.gpus_per_rank}")
         if self.top_p < 1.0:
             logger.warning(
                 "top_p=%s samples from a truncated distribution that the loss does not model",

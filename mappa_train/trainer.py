@@ -91,6 +91,22 @@ def warmup_cosine(total_steps: int, warmup_ratio: float) -> Callable[[int], floa
     return factor
 
 
+def make_trainer(
+    config: TrainConfig,
+    env_factory: EnvFactory | None = None,
+    eval_env_factory: EnvFactory | None = None,
+) -> Trainer:
+    """The trainer that runs ``config.distributed``, built with these arguments.
+
+    :class:`Trainer` for ``none``, :class:`~mappa_train.ray_trainer.RayTrainer` for ``ray``.
+    """
+    if config.distributed == "ray":
+        from mappa_train.ray_trainer import RayTrainer
+
+        return RayTrainer(config, env_factory, eval_env_factory)
+    return Trainer(config, env_factory, eval_env_factory)
+
+
 class Trainer:
     """Trains a multiagent system on a pipeline environment with per-action rewards.
 
@@ -102,6 +118,9 @@ class Trainer:
             ``config.eval_env_options``.
     """
 
+    distributed = "none"
+    """The ``TrainConfig.distributed`` mode this class runs (see :func:`make_trainer`)."""
+
     def __init__(
         self,
         config: TrainConfig,
@@ -110,6 +129,12 @@ class Trainer:
     ) -> None:
         import mappa_env
 
+        if config.distributed != self.distributed:
+            raise ValueError(
+                f"{type(self).__name__} runs distributed: {self.distributed!r}, but the "
+                f"config asks for {config.distributed!r}: build the trainer with "
+                "mappa_train.trainer.make_trainer(config), which picks the class"
+            )
         self.config = config
         self.out = Path(config.output_dir)
         self.checkpoint_root = self.out / "checkpoints"

@@ -1,0 +1,447 @@
+"""Distributed training on Ray: the trainer's loop in the driver, learners as actor groups.
+
+:class:`RayTrainer` is :class:`~mappa_train.trainer.Trainer` with each trained agent's
+learner moved out of the driver into a group of ``ranks_per_agent`` Ray actors (one
+``torch.distributed`` group each: gloo on CPU, NCCL on GPU) that shard the agent's
+model, frozen reference and AdamW with FSDP2 (:class:`~mappa_train.fsdp.ShardedLearner`).
+What stays in the driver is everything that looks at more than one agent or at the
+episodes: the schedule, rollouts (environments, coach, sandboxes, the agents' rollout
+copies), credit assignment, advantages (so ``normalize_scope: all`` whitens across
+agents as before), evaluation, logging and checkpoints.
+
+A step: rollouts in the driver; per agent, its group scores the actions (old and
+reference log-probs, each rank its share of the rows); advantages in the driver; per
+agent, its group runs the PPO pass (the same functions as the single-process trainer,
+:mod:`mappa_train.update`); then the driver loads each agent's new weights into its
+rollout copy through Ray's object store (:meth:`RayTrainer.after_update`).
+
+Checkpoints have the single-process layout (``agents/<agent>/`` with the weights, the
+tokenizer and ``optimizer.pt``); the weights are the float32 masters and
+``optimizer.pt`` holds the group's AdamW state as one full state dict, so a killed run
+resumes exactly with the same number of ranks or any other.
+
+Needs the ``distributed`` extra (``pip install 'mappa[distributed]'``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mappa_agents.trajectory import ActionSample
+from mappa_train import checkpoint as ckpt
+from mappa_train.trainer import Trainer
+from mappa_train.update import PreparedRows
+
+logger = logging.getLogger(__name__)
+
+#: How long a collective may wait for the other ranks before the group fails (a rank
+#: that died would otherwise hang the others forever).
+COLLECTIVE_TIMEOUT_S = 600.0
+
+
+def _import_ray() -> Any:
+    from mappa_env._optional import require
+
+    return require("ray", "distributed", purpose="distributed: ray")
+
+
+@dataclass
+class TokenRow:
+    """The ids of one action: all a learner needs of it (what travels to the actors)."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+
+
+def token_rows(samples: Sequence[ActionSample]) -> list[TokenRow]:
+    """The actions' exact ids, without their messages, texts and verdicts."""
+    return [TokenRow(list(s.prompt_ids), list(s.response_ids)) for s in samples]
+
+
+class LearnerRank:
+    """One rank of an agent's learner group (run as a Ray actor).
+
+    Every method but :meth:`address` is collective: the driver calls it on every rank
+    of the group at once, with the same arguments.
+    """
+
+    def __init__(self) -> None:
+        self.learner: Any = None
+
+    def address(self) -> str:
+        """A ``tcp://host:port`` where this rank (rank 0) can host the group's rendezvous."""
+        ray = _import_ray()
+        host = ray.util.get_node_ip_address()
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return f"tcp://{host}:{port}"
+
+    def setup(
+        self,
+        init_method: str,
+        rank: int,
+        world: int,
+        agent: str,
+        weights: str,
+        reference: str,
+        config: dict[str, Any],
+        optimizer_state: str | None,
+    ) -> None:
+        """Join the group, load and shard the models, restore the optimizer if resuming."""
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from mappa_agents.hf import resolve_dtype
+        from mappa_train.config import TrainConfig
+        from mappa_train.fsdp import ShardedLearner
+
+        settings = TrainConfig.from_dict(config)
+        device = "cuda" if settings.device != "cpu" and torch.cuda.is_available() else "cpu"
+        if device == "cuda":
+            torch.cuda.set_device(0)  # Ray shows each actor only its own GPUs
+        dist.init_process_group(
+            "nccl" if device == "cuda" else "gloo",
+            init_method=init_method,
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+        )
+        mesh = init_device_mesh(device, (world,))
+        dtype = resolve_dtype(settings.dtype, device)
+        torch.manual_seed(settings.seed)
+        model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32).to(device)
+        ref = AutoModelForCausalLM.from_pretrained(reference, dtype=dtype).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(reference)
+        pad_id = tokenizer.pad_token_id
+        if pad_id is None:
+            pad_id = tokenizer.eos_token_id
+        self.learner = ShardedLearner(
+            agent,
+            model,
+            ref,
+            settings,
+            mesh=mesh,
+            pad_id=int(pad_id),
+            compute_dtype=None if dtype == torch.float32 else dtype,
+        )
+        if optimizer_state is not None:
+            self._load_optimizer(optimizer_state)
+
+    def logprobs(self, rows: list[TokenRow], reference: bool) -> torch.Tensor:
+        """Log-probs ``[N, T]`` of every row (every rank returns the whole table)."""
+        return self.learner.logprobs(rows, reference=reference)
+
+    def update(
+        self, prep: PreparedRows, step: int, lr: float, kl_in_loss: bool
+    ) -> dict[str, float]:
+        """One PPO-clipped pass; the group's statistics."""
+        return self.learner.update(prep, step=step, lr=lr, kl_in_loss=kl_in_loss)
+
+    def weights(self) -> dict[str, torch.Tensor] | None:
+        """The model's whole float32 weights (rank 0; the other ranks return ``None``)."""
+        import torch.distributed as dist
+
+        state = self.learner.full_state_dict()
+        return state if dist.get_rank() == 0 else None
+
+    def optimizer_state(self) -> dict[str, Any] | None:
+        """AdamW's whole state, keyed by parameter name (rank 0; others ``None``)."""
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_optimizer_state_dict(
+            self.learner.scorer, self.learner.optimizer, options=options
+        )
+        return state if dist.get_rank() == 0 else None
+
+    def _load_optimizer(self, path: str) -> None:
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
+
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        if "state" not in state or not any(str(key).startswith("model.") for key in state["state"]):
+            raise ValueError(
+                f"{path} is a single-process optimizer state (keyed by position), not a "
+                "distributed one: resume this checkpoint with distributed: none"
+            )
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        if dist.get_rank() != 0:
+            state = {}
+        set_optimizer_state_dict(
+            self.learner.scorer, self.learner.optimizer, optim_state_dict=state, options=options
+        )
+
+    def close(self) -> None:
+        """Leave the group."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class LearnerGroup:
+    """The driver's handle of one agent's ranks: calls every rank, returns rank 0's answer.
+
+    Args:
+        agent: The agent's id.
+        weights: Where the trained model's weights are (a checkpoint or the source).
+        reference: The agent's source model (its frozen reference and tokenizer).
+        config: The run's settings.
+        optimizer_state: An ``optimizer.pt`` to resume from, or ``None``.
+    """
+
+    def __init__(
+        self,
+        agent: str,
+        weights: str,
+        reference: str,
+        config: Any,
+        optimizer_state: str | None = None,
+    ) -> None:
+        ray = _import_ray()
+        self.agent = agent
+        self.world = config.ranks_per_agent
+        uses_gpu = config.device != "cpu" and torch.cuda.is_available()
+        actor = ray.remote(LearnerRank).options(
+            num_cpus=0, num_gpus=config.gpus_per_rank if uses_gpu else 0
+        )
+        self.ranks = [actor.remote() for _ in range(self.world)]
+        init_method = ray.get(self.ranks[0].address.remote())
+        settings = ray.put(config.to_dict())
+        joins = [
+            handle.setup.remote(
+                init_method, rank, self.world, agent, weights, reference, settings, optimizer_state
+            )
+            for rank, handle in enumerate(self.ranks)
+        ]
+        ray.get(joins, timeout=COLLECTIVE_TIMEOUT_S + 60)
+
+    def _call(self, method: str, *args: Any) -> Any:
+        """Call ``method`` on every rank at once; rank 0's result.
+
+        A rank's failure is raised here (with its traceback); the timeout turns a rank
+        that hangs into an error instead of a hung driver.
+        """
+        ray = _import_ray()
+        # Put once, read by every rank (instead of one copy per call).
+        shared = [ray.put(a) if isinstance(a, (list, dict, PreparedRows)) else a for a in args]
+        calls = [getattr(handle, method).remote(*shared) for handle in self.ranks]
+        return ray.get(calls, timeout=COLLECTIVE_TIMEOUT_S + 60)[0]
+
+    def logprobs(self, rows: list[TokenRow], *, reference: bool) -> torch.Tensor:
+        """``[N, T]`` log-probs of ``rows`` under the model (or its reference)."""
+        return self._call("logprobs", rows, reference)
+
+    def update(self, prep: PreparedRows, *, step: int, lr: float, kl_in_loss: bool) -> Any:
+        """One PPO-clipped pass on the group; its statistics."""
+        return self._call("update", prep, step, lr, kl_in_loss)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The whole float32 weights (gathered by the ranks, sent by rank 0)."""
+        return self._call("weights")
+
+    def optimizer_state(self) -> dict[str, Any]:
+        """AdamW's whole state (gathered by the ranks, sent by rank 0)."""
+        return self._call("optimizer_state")
+
+    def close(self) -> None:
+        """Leave the group and end the actors."""
+        ray = _import_ray()
+        try:
+            self._call("close")
+        finally:
+            for handle in self.ranks:
+                ray.kill(handle)
+            self.ranks = []
+
+
+@dataclass
+class RemoteAgentLearner:
+    """A trained agent in the driver: its rollout copy and the handle of its group."""
+
+    agent: str
+    model: Any
+    """The rollout copy (the driver's policy acts with it; gets the weights after updates)."""
+    tokenizer: Any
+    policy: Any
+    source: str
+    group: LearnerGroup
+    adapter: str | None = None
+
+
+@dataclass
+class _CheckpointView:
+    """A remote learner as :func:`mappa_train.checkpoint.save_checkpoint` reads one."""
+
+    model: Any
+    tokenizer: Any
+    optimizer: Any
+    adapter: str | None = None
+
+
+@dataclass
+class _SavedModel:
+    """What :func:`mappa_train.checkpoint.save_checkpoint` writes for a remote learner."""
+
+    model: Any
+    weights: dict[str, torch.Tensor]
+
+    def save_pretrained(self, directory: Path, **options: Any) -> None:
+        self.model.save_pretrained(directory, state_dict=self.weights, **options)
+
+
+@dataclass
+class _SavedOptimizer:
+    state: dict[str, Any]
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state
+
+
+class RayTrainer(Trainer):
+    """:class:`~mappa_train.trainer.Trainer` with every trained agent's learner on Ray.
+
+    Takes the same arguments; ``config.ranks_per_agent``, ``gpus_per_rank`` and
+    ``ray_address`` place the learners. Ray is started (or joined) by :meth:`setup`.
+    """
+
+    distributed = "ray"
+
+    def setup(self) -> None:
+        """Start or join Ray, start each trained agent's group, load the rollout copies."""
+        from transformers import AutoTokenizer
+
+        from mappa_agents.hf import HFPolicy
+        from mappa_agents.models import resolve_model
+
+        config = self.config
+        if config.lora_rank > 0:
+            raise ValueError("RayTrainer trains full weights: set lora_rank: 0")
+        ray = _import_ray()
+        if not ray.is_initialized():
+            ray.init(address=config.ray_address, include_dashboard=False, log_to_driver=True)
+        self.check_sandboxes()
+        torch.manual_seed(config.seed)
+        np.random.seed(config.seed % (2**32))
+        resume_from = ckpt.latest_checkpoint(self.checkpoint_root)
+        for agent in self.trained_agents:
+            source = str(resolve_model(self.specs[agent]))
+            saved = resume_from / "agents" / agent if resume_from else None
+            weights = str(saved) if saved else source
+            started = time.perf_counter()
+            group = LearnerGroup(
+                agent,
+                weights,
+                source,
+                config,
+                optimizer_state=str(saved / "optimizer.pt") if saved else None,
+            )
+            logger.info(
+                "agent %s: %d learner ranks ready in %.1f s",
+                agent,
+                group.world,
+                time.perf_counter() - started,
+            )
+            model = self._load_model(weights, self.dtype)
+            model.eval()
+            model.requires_grad_(False)  # trained by the group; the driver only acts
+            model.config.use_cache = True
+            tokenizer = AutoTokenizer.from_pretrained(source)
+            policy = HFPolicy(
+                model,
+                tokenizer,
+                name=f"{agent}:{Path(source).name}",
+                max_batch_size=config.rollout_batch_size,
+                compile_decode=self.compiles_decoding,
+            )
+            self.learners[agent] = RemoteAgentLearner(  # type: ignore[assignment]
+                agent, model, tokenizer, policy, source, group
+            )
+        self._setup_frozen(self.specs)
+        if resume_from is not None:
+            ckpt.set_rng_state(torch.load(resume_from / "rng.pt", weights_only=False))
+            self.step = int(ckpt.load_trainer_state(resume_from)["step"])
+            logger.info("resumed from %s at step %d", resume_from, self.step)
+        self._truncate_metrics(self.step)
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.json").write_text(
+            json.dumps(config.to_dict(), indent=2, default=str) + "\n"
+        )
+
+    def score_actions(
+        self, learner: Any, samples: Sequence[ActionSample]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Old and reference log-probs, from the agent's group."""
+        rows = token_rows(samples)
+        old = learner.group.logprobs(rows, reference=False)
+        ref = learner.group.logprobs(rows, reference=True)
+        return old, ref
+
+    def update_agent(self, learner: Any, prep: PreparedRows, lr: float) -> dict[str, float]:
+        """The agent's PPO pass, on its group."""
+        light = dataclasses.replace(prep, samples=token_rows(prep.samples))
+        return learner.group.update(
+            light, step=self.step, lr=lr, kl_in_loss=not self.estimator.kl_in_reward
+        )
+
+    def after_update(self) -> None:
+        """Load each agent's new weights into its rollout copy (through the object store)."""
+        started = time.perf_counter()
+        for learner in self.learners.values():
+            self._sync(learner)
+        logger.debug("weights synced in %.2f s", time.perf_counter() - started)
+
+    def _sync(self, learner: Any) -> None:
+        weights = learner.group.weights()
+        with torch.no_grad():
+            for name, tensor in learner.model.state_dict().items():
+                tensor.copy_(weights[name])
+
+    def save(self) -> Path:
+        """A checkpoint in the single-process layout, with the groups' float32 weights."""
+        views = {
+            agent: _CheckpointView(
+                _SavedModel(learner.model, learner.group.weights()),
+                learner.tokenizer,
+                _SavedOptimizer(learner.group.optimizer_state()),
+            )
+            for agent, learner in self.learners.items()
+        }
+        return ckpt.save_checkpoint(
+            self.checkpoint_root,
+            self.step,
+            views,
+            {"step": self.step, "config": self.config.to_dict()},
+            keep=self.config.keep_checkpoints,
+        )
+
+    def close(self) -> None:
+        """Close what the trainer holds and end the learner groups."""
+        try:
+            super().close()
+        finally:
+            for learner in self.learners.values():
+                group = getattr(learner, "group", None)
+                if group is not None and group.ranks:
+                    group.close()

@@ -1,0 +1,137 @@
+"""The Ray trainer (2 FSDP2 ranks per agent over gloo) trains as the single-process one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+ray = pytest.importorskip("ray")
+
+from mappa_agents.tiny_models import tiny_model_dir  # noqa: E402
+from mappa_train.config import TrainConfig  # noqa: E402
+from mappa_train.ray_trainer import RayTrainer  # noqa: E402
+from mappa_train.trainer import Trainer  # noqa: E402
+from tests.toy_env import LetterEnv  # noqa: E402
+
+COMPARED = ("loss", "grad_norm", "clip_fraction", "kl", "mean_reward", "actions")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _config(out, model_dir, **changes) -> TrainConfig:
+    settings = {
+        "env": "Letter-v0",
+        "system": str(model_dir),
+        "steps": 3,
+        "prompts_per_step": 2,
+        "samples_per_prompt": 4,
+        "concurrency": 8,
+        "max_new_tokens": 8,
+        "lr": 1e-2,
+        "kl_coef": 0.05,
+        "mask_truncated": False,
+        "train_batch_size": 4,
+        "micro_batch_size": 1,
+        "warmup_ratio": 0.0,
+        "gradient_checkpointing": False,
+        "save_every": 1,
+        "keep_checkpoints": 1,
+        "tensorboard": False,
+        "progress": False,
+        "device": "cpu",
+        "dtype": "float32",
+        "output_dir": str(out),
+        "seed": 4,
+    }
+    settings.update(changes)
+    return TrainConfig(**settings)
+
+
+def _trainer(cls, config):
+    return cls(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
+
+
+def _metrics(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _assert_same_metrics(got, expected):
+    assert [m["step"] for m in got] == [m["step"] for m in expected]
+    for mine, theirs in zip(got, expected):
+        for key in COMPARED:
+            name = f"writer/{key}"
+            assert mine[name] == pytest.approx(theirs[name], rel=1e-5, abs=1e-5), (
+                mine["step"],
+                name,
+            )
+        assert mine["rollout/response_tokens"] == theirs["rollout/response_tokens"]
+
+
+def test_learn_on_fixed_episodes_and_sync_match_one_process(tmp_path, local_ray):
+    model_dir = tiny_model_dir(tmp_path / "model")
+    single = _trainer(Trainer, _config(tmp_path / "single", model_dir))
+    sharded_config = _config(tmp_path / "ray", model_dir, distributed="ray", ranks_per_agent=2)
+    sharded = _trainer(RayTrainer, sharded_config)
+    single.setup()
+    sharded.setup()
+    try:
+        episodes = single.rollout(0)
+        for step in range(2):
+            single.step = sharded.step = step
+            expected = single.learn(episodes)
+            got = sharded.learn(episodes)
+            sharded.after_update()
+            _assert_same_metrics([got], [expected])
+        trained = sharded.learners["writer"].group.weights()
+        rollout_copy = sharded.learners["writer"].model.state_dict()
+        reference = single.learners["writer"].model.state_dict()
+        from transformers import AutoModelForCausalLM
+
+        start = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
+        moved = 0.0
+        for name, value in reference.items():
+            # After the sync the driver acts with exactly the group's weights...
+            torch.testing.assert_close(rollout_copy[name], trained[name], rtol=0, atol=0)
+            # ... which are the single process's.
+            torch.testing.assert_close(trained[name], value, rtol=0, atol=1e-5)
+            moved = max(moved, float((trained[name] - start[name]).abs().max()))
+        assert moved > 1e-3  # weights that trained, not the initial ones
+    finally:
+        single.close()
+        sharded.close()
+
+
+def test_the_config_picks_the_trainer_and_a_mismatch_is_refused(tmp_path):
+    from mappa_train.trainer import make_trainer
+
+    model_dir = tiny_model_dir(tmp_path / "model")
+    config = _config(tmp_path / "ray", model_dir, distributed="ray")
+    assert type(make_trainer(config, LetterEnv, LetterEnv)) is RayTrainer
+    with pytest.raises(ValueError, match="make_trainer"):
+        Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
+    with pytest.raises(ValueError, match="make_trainer"):
+        RayTrainer(_config(tmp_path / "one", model_dir), LetterEnv, LetterEnv)
+
+
+def test_a_killed_run_resumes_and_matches_one_process(tmp_path, local_ray):
+    model_dir = tiny_model_dir(tmp_path / "model")
+    single = _trainer(Trainer, _config(tmp_path / "single", model_dir))
+    single.train()
+    out = tmp_path / "ray"
+    first = _trainer(RayTrainer, _config(out, model_dir, distributed="ray", ranks_per_agent=2))
+    first.train(until=2)  # stops as a killed run would have: its last checkpoint is step 2
+    first.close()
+    resumed = _trainer(RayTrainer, _config(out, model_dir, distributed="ray", ranks_per_agent=2))
+    try:
+        resumed.train()
+    finally:
+        resumed.close()
+    _assert_same_metrics(_metrics(out / "metrics.jsonl"), _metrics(single.metrics_path))
