@@ -4,7 +4,8 @@ Layout of ``<output_dir>/checkpoints/step-000010/``::
 
     agents/<agent>/            model (safetensors) + tokenizer, loadable by transformers
                                (with LoRA: the agent's adapter, loadable by peft)
-    agents/<agent>/optimizer.pt
+    agents/<agent>/optimizer.pt  parameters by position (one process) or by name
+                               (a Ray learner group); either run resumes from either
     rng.pt                     Python, NumPy and torch generator states
     trainer_state.json         step and config
     COMPLETE                   written last
@@ -42,6 +43,8 @@ __all__ = [
     "latest_checkpoint",
     "load_optimizer_states",
     "load_trainer_state",
+    "named_optimizer_state",
+    "positional_optimizer_state",
     "rng_state",
     "save_checkpoint",
     "set_rng_state",
@@ -132,10 +135,20 @@ def load_trainer_state(path: Path) -> dict[str, Any]:
 
 
 def load_optimizer_states(path: Path, learners: Mapping[str, Any]) -> None:
-    """Restore the optimizer state of every learner and the RNG from checkpoint ``path``."""
+    """Restore the optimizer state of every learner and the RNG from checkpoint ``path``.
+
+    A state keyed by parameter name (saved by a Ray learner group, whose weights are
+    the float32 masters) is mapped onto this process's parameters by position; under
+    mixed precision its masters are read from the checkpoint's float32 weights.
+    """
     for agent, learner in learners.items():
         agent_dir = path / "agents" / agent
         state = torch.load(agent_dir / "optimizer.pt", map_location="cpu", weights_only=False)
+        if is_named_optimizer_state(state):
+            names = [name for name, _ in learner.model.named_parameters()]
+            state = positional_optimizer_state(state, names, prefix=NAMED_PREFIX)
+            if isinstance(learner.optimizer, MasterWeightAdamW):
+                state = {"optimizer": state, "master": _float32_weights(agent_dir, names)}
         if "master" in state and not isinstance(learner.optimizer, MasterWeightAdamW):
             raise ValueError(
                 f"{path} holds float32 master weights (saved in bf16 with "
@@ -150,6 +163,72 @@ def load_optimizer_states(path: Path, learners: Mapping[str, Any]) -> None:
                     saved[key] = live[key]
         learner.optimizer.load_state_dict(state)
     set_rng_state(torch.load(path / "rng.pt", weights_only=False))
+
+
+NAMED_PREFIX = "model."
+"""How a learner group names a parameter: its path in the model the group shards through
+(:class:`~mappa_train.fsdp.ResponseScorer`, which holds the model as ``model``)."""
+
+
+def is_named_optimizer_state(state: Mapping[str, Any]) -> bool:
+    """Whether an optimizer state keys its parameters by name (not by position)."""
+    groups = state.get("param_groups") or []
+    params = [p for group in groups for p in group.get("params", [])]
+    return bool(params) and all(isinstance(p, str) for p in params)
+
+
+def named_optimizer_state(
+    state: Mapping[str, Any], names: list[str], *, prefix: str = ""
+) -> dict[str, Any]:
+    """A torch optimizer state with parameters by position, keyed by name instead.
+
+    Args:
+        state: ``optimizer.state_dict()``: ``state`` and ``param_groups["params"]`` hold
+            positions in the optimizer's parameter list.
+        names: The parameter name of each position (the model's ``named_parameters``).
+        prefix: Put before every name.
+    """
+    by_position = {i: prefix + name for i, name in enumerate(names)}
+    return {
+        "state": {by_position[int(i)]: value for i, value in state["state"].items()},
+        "param_groups": [
+            {**group, "params": [by_position[int(i)] for i in group["params"]]}
+            for group in state["param_groups"]
+        ],
+    }
+
+
+def positional_optimizer_state(
+    state: Mapping[str, Any], names: list[str], *, prefix: str = ""
+) -> dict[str, Any]:
+    """The inverse of :func:`named_optimizer_state`.
+
+    Raises:
+        ValueError: When the state names a parameter that ``names`` lacks.
+    """
+    position = {prefix + name: i for i, name in enumerate(names)}
+    missing = sorted({p for g in state["param_groups"] for p in g["params"]} - set(position))
+    if missing:
+        raise ValueError(
+            f"the optimizer state names parameters this model does not have, e.g. "
+            f"{missing[:3]}: it was saved for another model"
+        )
+    return {
+        "state": {position[name]: value for name, value in state["state"].items()},
+        "param_groups": [
+            {**group, "params": [position[name] for name in group["params"]]}
+            for group in state["param_groups"]
+        ],
+    }
+
+
+def _float32_weights(agent_dir: Path, names: list[str]) -> list[torch.Tensor]:
+    """The checkpoint's weights in float32, in the order of ``names``."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(agent_dir, dtype=torch.float32)
+    params = dict(model.named_parameters())
+    return [params[name].detach().clone() for name in names]
 
 
 def _pid_alive(text: str) -> bool:

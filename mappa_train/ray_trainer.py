@@ -129,6 +129,7 @@ class LearnerRank:
         pad_id = tokenizer.pad_token_id
         if pad_id is None:
             pad_id = tokenizer.eos_token_id
+        saved = self._read_optimizer(optimizer_state, model) if optimizer_state else None
         self.learner = ShardedLearner(
             agent,
             model,
@@ -138,8 +139,37 @@ class LearnerRank:
             pad_id=int(pad_id),
             compute_dtype=None if dtype == torch.float32 else dtype,
         )
-        if optimizer_state is not None:
-            self._load_optimizer(optimizer_state)
+        if saved is not None:
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                set_optimizer_state_dict,
+            )
+
+            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+            set_optimizer_state_dict(
+                self.learner.scorer,
+                self.learner.optimizer,
+                optim_state_dict=saved if rank == 0 else {},
+                options=options,
+            )
+
+    @staticmethod
+    @torch.no_grad()
+    def _read_optimizer(path: str, model: torch.nn.Module) -> dict[str, Any]:
+        """A checkpoint's optimizer state keyed by name; a one-process state converted.
+
+        A one-process bf16 run keeps its float32 masters in the optimizer state (its
+        saved weights are bf16): they become this model's weights here.
+        """
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        if ckpt.is_named_optimizer_state(state):
+            return state
+        names = [name for name, _ in model.named_parameters()]
+        if "master" in state:
+            for param, master in zip(model.parameters(), state["master"]):
+                param.copy_(master)
+            state = state["optimizer"]
+        return ckpt.named_optimizer_state(state, names, prefix=ckpt.NAMED_PREFIX)
 
     def logprobs(self, rows: list[TokenRow], reference: bool) -> torch.Tensor:
         """Log-probs ``[N, T]`` of every row (every rank returns the whole table)."""
@@ -171,26 +201,6 @@ class LearnerRank:
             self.learner.scorer, self.learner.optimizer, options=options
         )
         return state if dist.get_rank() == 0 else None
-
-    def _load_optimizer(self, path: str) -> None:
-        import torch.distributed as dist
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_optimizer_state_dict,
-        )
-
-        state = torch.load(path, map_location="cpu", weights_only=False)
-        if "state" not in state or not any(str(key).startswith("model.") for key in state["state"]):
-            raise ValueError(
-                f"{path} is a single-process optimizer state (keyed by position), not a "
-                "distributed one: resume this checkpoint with distributed: none"
-            )
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        if dist.get_rank() != 0:
-            state = {}
-        set_optimizer_state_dict(
-            self.learner.scorer, self.learner.optimizer, optim_state_dict=state, options=options
-        )
 
     def close(self) -> None:
         """Leave the group."""

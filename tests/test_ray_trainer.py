@@ -135,3 +135,21 @@ def test_a_killed_run_resumes_and_matches_one_process(tmp_path, local_ray):
     finally:
         resumed.close()
     _assert_same_metrics(_metrics(out / "metrics.jsonl"), _metrics(single.metrics_path))
+
+
+def test_checkpoints_resume_across_modes_in_both_directions(tmp_path, local_ray):
+    model_dir = tiny_model_dir(tmp_path / "model")
+    straight = _trainer(Trainer, _config(tmp_path / "straight", model_dir))
+    straight.train()
+    out = tmp_path / "mixed"
+    one = _trainer(Trainer, _config(out, model_dir))
+    one.train(until=1)  # a one-process checkpoint (optimizer state by position)...
+    one.close()
+    group = _trainer(RayTrainer, _config(out, model_dir, distributed="ray", ranks_per_agent=2))
+    try:
+        group.train(until=2)  # ... resumed by a group, which saves by name ...
+    finally:
+        group.close()
+    again = _trainer(Trainer, _config(out, model_dir))
+    again.train()  # ... resumed by one process again
+    _assert_same_metrics(_metrics(out / "metrics.jsonl"), _metrics(straight.metrics_path))
