@@ -219,6 +219,15 @@ class TrainConfig:
     a fraction places several agents' ranks on one GPU (ranks of one agent still need
     a GPU each: NCCL refuses two ranks of a group on one device). Ignored on CPU."""
 
+    engines_per_agent: int = 0
+    """Rollout engines (Ray actors, each an HF copy of the agent) per trained agent
+    (``distributed: ray``); 0: the driver acts with its own copy. Calls go to an agent's
+    engines in turn; new weights reach them through Ray's object store after each
+    update."""
+
+    gpus_per_engine: float = 1.0
+    """GPUs Ray gives each rollout engine when CUDA is used (fractions share a GPU)."""
+
     ray_address: str | None = None
     """Ray cluster to join (``"auto"``: the one this machine runs; an address such as
     ``"ray://head:10001"``); ``None`` starts a local one."""
@@ -324,8 +333,11 @@ class TrainConfig:
                 "distributed: ray trains full weights only (sharded learners do not hold "
                 "LoRA adapters yet): set lora_rank: 0, or train LoRA in one process"
             )
-        if self.gpus_per_rank <= 0:
-            raise ValueError(f"gpus_per_rank must be positive, got {self.gpus_per_rank}")
+        for name in ("gpus_per_rank", "gpus_per_engine"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.engines_per_agent < 0:
+            raise ValueError(f"engines_per_agent must be >= 0, got {self.engines_per_agent}")
         if self.top_p < 1.0:
             logger.warning(
                 "top_p=%s samples from a truncated distribution that the loss does not model",

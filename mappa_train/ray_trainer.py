@@ -271,6 +271,13 @@ class LearnerGroup:
         """The whole float32 weights (gathered by the ranks, sent by rank 0)."""
         return self._call("weights")
 
+    def weights_ref(self) -> Any:
+        """The whole weights as an object-store reference (they stay out of the driver)."""
+        ray = _import_ray()
+        refs = [handle.weights.remote() for handle in self.ranks]
+        ray.wait(refs, num_returns=len(refs), timeout=COLLECTIVE_TIMEOUT_S + 60)
+        return refs[0]
+
     def optimizer_state(self) -> dict[str, Any]:
         """AdamW's whole state (gathered by the ranks, sent by rank 0)."""
         return self._call("optimizer_state")
@@ -286,13 +293,108 @@ class LearnerGroup:
             self.ranks = []
 
 
+class RolloutEngine:
+    """An agent's rollout copy in a Ray actor: an :class:`~mappa_agents.hf.HFPolicy`.
+
+    Args:
+        weights: Where the weights to act with are (a checkpoint or the source).
+        source: The agent's source model (its tokenizer).
+        name: The policy's name.
+        config: The run's settings (device, dtype, batch size, compiled decoding).
+    """
+
+    def __init__(self, weights: str, source: str, name: str, config: dict[str, Any]) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from mappa_agents.hf import HFPolicy, resolve_dtype
+        from mappa_train.config import TrainConfig
+
+        settings = TrainConfig.from_dict(config)
+        device = "cuda" if settings.device != "cpu" and torch.cuda.is_available() else "cpu"
+        dtype = resolve_dtype(settings.dtype, device)
+        model = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype).to(device)
+        model.eval()
+        model.requires_grad_(False)
+        self.policy = HFPolicy(
+            model,
+            AutoTokenizer.from_pretrained(source),
+            name=name,
+            max_batch_size=settings.rollout_batch_size,
+            compile_decode=settings.compile_decode and device == "cuda",
+        )
+
+    def generate(self, batch: list[Any], params: Any) -> list[Any]:
+        """The policy's generations for ``batch``."""
+        return self.policy.generate(batch, params)
+
+    @torch.no_grad()
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Act with ``weights`` from now on (copied into the model in place)."""
+        for name, tensor in self.policy.model.state_dict().items():
+            tensor.copy_(weights[name])
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The weights it acts with (CPU)."""
+        return {k: v.detach().cpu() for k, v in self.policy.model.state_dict().items()}
+
+    def close(self) -> None:
+        """Release the policy."""
+        self.policy.close()
+
+
+class EnginePolicy:
+    """A :class:`~mappa_agents.policy.Policy` in the driver that generates on engine actors.
+
+    Calls go to the engines in turn (each call is one batch, kept whole on one engine).
+
+    Args:
+        engines: Handles of :class:`RolloutEngine` actors of one agent.
+        name: The policy's name.
+        pad_token_id: The tokenizer's padding id.
+    """
+
+    def __init__(self, engines: list[Any], name: str, pad_token_id: int) -> None:
+        if not engines:
+            raise ValueError("an EnginePolicy needs at least one engine")
+        self.engines = engines
+        self.name = name
+        self.pad_token_id = pad_token_id
+        self._next = 0
+
+    def _engine(self) -> Any:
+        engine = self.engines[self._next % len(self.engines)]
+        self._next += 1
+        return engine
+
+    def generate(self, batch: Sequence[Any], params: Any) -> list[Any]:
+        """Generate on the next engine (blocking)."""
+        ray = _import_ray()
+        return ray.get(self._engine().generate.remote(list(batch), params))
+
+    async def agenerate(self, batch: Sequence[Any], params: Any) -> list[Any]:
+        """Generate on the next engine (awaiting Ray's reference)."""
+        return await self._engine().generate.remote(list(batch), params)
+
+    def load_weights(self, weights_ref: Any) -> None:
+        """Send every engine the weights behind an object-store reference."""
+        ray = _import_ray()
+        ray.get([engine.load_weights.remote(weights_ref) for engine in self.engines])
+
+    def close(self) -> None:
+        """End the engine actors."""
+        ray = _import_ray()
+        for engine in self.engines:
+            ray.kill(engine)
+        self.engines = []
+
+
 @dataclass
 class RemoteAgentLearner:
     """A trained agent in the driver: its rollout copy and the handle of its group."""
 
     agent: str
     model: Any
-    """The rollout copy (the driver's policy acts with it; gets the weights after updates)."""
+    """The driver's rollout copy its policy acts with (``None`` when engines act)."""
     tokenizer: Any
     policy: Any
     source: str
@@ -314,11 +416,17 @@ class _CheckpointView:
 class _SavedModel:
     """What :func:`mappa_train.checkpoint.save_checkpoint` writes for a remote learner."""
 
-    model: Any
+    source: str
     weights: dict[str, torch.Tensor]
 
     def save_pretrained(self, directory: Path, **options: Any) -> None:
-        self.model.save_pretrained(directory, state_dict=self.weights, **options)
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        # An empty model of the agent's architecture writes the weights in the layout
+        # transformers loads (tied weights, shards); it holds none of its own.
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(self.source))
+        model.save_pretrained(directory, state_dict=self.weights, **options)
 
 
 @dataclass
@@ -373,18 +481,23 @@ class RayTrainer(Trainer):
                 group.world,
                 time.perf_counter() - started,
             )
-            model = self._load_model(weights, self.dtype)
-            model.eval()
-            model.requires_grad_(False)  # trained by the group; the driver only acts
-            model.config.use_cache = True
             tokenizer = AutoTokenizer.from_pretrained(source)
-            policy = HFPolicy(
-                model,
-                tokenizer,
-                name=f"{agent}:{Path(source).name}",
-                max_batch_size=config.rollout_batch_size,
-                compile_decode=self.compiles_decoding,
-            )
+            name = f"{agent}:{Path(source).name}"
+            model: Any = None
+            if config.engines_per_agent > 0:
+                policy: Any = self._start_engines(weights, source, name, tokenizer)
+            else:
+                model = self._load_model(weights, self.dtype)
+                model.eval()
+                model.requires_grad_(False)  # trained by the group; the driver only acts
+                model.config.use_cache = True
+                policy = HFPolicy(
+                    model,
+                    tokenizer,
+                    name=name,
+                    max_batch_size=config.rollout_batch_size,
+                    compile_decode=self.compiles_decoding,
+                )
             self.learners[agent] = RemoteAgentLearner(  # type: ignore[assignment]
                 agent, model, tokenizer, policy, source, group
             )
@@ -398,6 +511,20 @@ class RayTrainer(Trainer):
         (self.out / "config.json").write_text(
             json.dumps(config.to_dict(), indent=2, default=str) + "\n"
         )
+
+    def _start_engines(self, weights: str, source: str, name: str, tokenizer: Any) -> Any:
+        ray = _import_ray()
+        config = self.config
+        uses_gpu = config.device != "cpu" and torch.cuda.is_available()
+        actor = ray.remote(RolloutEngine).options(
+            num_cpus=0, num_gpus=config.gpus_per_engine if uses_gpu else 0
+        )
+        settings = ray.put(config.to_dict())
+        engines = [
+            actor.remote(weights, source, name, settings) for _ in range(config.engines_per_agent)
+        ]
+        pad = tokenizer.pad_token_id
+        return EnginePolicy(engines, name, pad if pad is not None else tokenizer.eos_token_id)
 
     def score_actions(
         self, learner: Any, samples: Sequence[ActionSample]
@@ -423,6 +550,10 @@ class RayTrainer(Trainer):
         logger.debug("weights synced in %.2f s", time.perf_counter() - started)
 
     def _sync(self, learner: Any) -> None:
+        if isinstance(learner.policy, EnginePolicy):
+            # Rank 0's object goes to the engines without passing through the driver.
+            learner.policy.load_weights(learner.group.weights_ref())
+            return
         weights = learner.group.weights()
         with torch.no_grad():
             for name, tensor in learner.model.state_dict().items():
@@ -432,7 +563,7 @@ class RayTrainer(Trainer):
         """A checkpoint in the single-process layout, with the groups' float32 weights."""
         views = {
             agent: _CheckpointView(
-                _SavedModel(learner.model, learner.group.weights()),
+                _SavedModel(learner.source, learner.group.weights()),
                 learner.tokenizer,
                 _SavedOptimizer(learner.group.optimizer_state()),
             )
@@ -452,6 +583,8 @@ class RayTrainer(Trainer):
             super().close()
         finally:
             for learner in self.learners.values():
+                if isinstance(learner.policy, EnginePolicy):
+                    learner.policy.close()
                 group = getattr(learner, "group", None)
                 if group is not None and group.ranks:
                     group.close()

@@ -569,7 +569,8 @@ class Trainer:
         """Episodes with the current weights; ``kind`` is ``"train"`` or ``"eval"``."""
         config = self.config
         for learner in self.learners.values():
-            learner.model.eval()
+            if learner.model is not None:  # None: the agent acts on engines elsewhere
+                learner.model.eval()
         runner = self._runners.get(kind)
         if runner is None:
             system = AgentSystem(self.policies)

@@ -153,3 +153,28 @@ def test_checkpoints_resume_across_modes_in_both_directions(tmp_path, local_ray)
     again = _trainer(Trainer, _config(out, model_dir))
     again.train()  # ... resumed by one process again
     _assert_same_metrics(_metrics(out / "metrics.jsonl"), _metrics(straight.metrics_path))
+
+
+def test_rollout_engines_as_actors_get_the_weights_and_train_alike(tmp_path, local_ray):
+    from mappa_train.ray_trainer import EnginePolicy
+
+    model_dir = tiny_model_dir(tmp_path / "model")
+    straight = _trainer(Trainer, _config(tmp_path / "straight", model_dir))
+    straight.train()
+    config = _config(
+        tmp_path / "engines", model_dir, distributed="ray", ranks_per_agent=2, engines_per_agent=1
+    )
+    trainer = _trainer(RayTrainer, config)
+    try:
+        trainer.train(until=2)  # a staged run keeps its engines for the next call
+        learner = trainer.learners["writer"]
+        assert isinstance(learner.policy, EnginePolicy)
+        assert learner.model is None  # no copy in the driver: the engine acts
+        acting = ray.get(learner.policy.engines[0].weights.remote())
+        trained = learner.group.weights()
+        for name, value in trained.items():
+            torch.testing.assert_close(acting[name], value, rtol=0, atol=0)
+        trainer.train()
+    finally:
+        trainer.close()
+    _assert_same_metrics(_metrics(trainer.metrics_path), _metrics(straight.metrics_path))
