@@ -73,3 +73,10 @@ class LetterEnv(PipelineEnv):
 
     def task_facts(self) -> tuple[str, str, str | None]:
         return self.task.id, self.task.prompt, None
+
+
+class LetterPairEnv(LetterEnv):
+    """Two agents, one turn each, rewarded alike: for what spans agents (whitening)."""
+
+    env_id = "LetterPair-v0"
+    roles = (AgentSpec("writer", "writer", 1), AgentSpec("editor", "editor", 1))
