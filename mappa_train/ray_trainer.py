@@ -202,6 +202,10 @@ class LearnerRank:
         )
         return state if dist.get_rank() == 0 else None
 
+    def peak_memory(self) -> int:
+        """Peak bytes of GPU memory this rank allocated (0 on CPU)."""
+        return int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else 0
+
     def close(self) -> None:
         """Leave the group."""
         import torch.distributed as dist
@@ -282,6 +286,11 @@ class LearnerGroup:
         """AdamW's whole state (gathered by the ranks, sent by rank 0)."""
         return self._call("optimizer_state")
 
+    def peak_memory(self) -> list[int]:
+        """Peak GPU bytes of each rank."""
+        ray = _import_ray()
+        return ray.get([handle.peak_memory.remote() for handle in self.ranks])
+
     def close(self) -> None:
         """Leave the group and end the actors."""
         ray = _import_ray()
@@ -336,6 +345,10 @@ class RolloutEngine:
     def weights(self) -> dict[str, torch.Tensor]:
         """The weights it acts with (CPU)."""
         return {k: v.detach().cpu() for k, v in self.policy.model.state_dict().items()}
+
+    def peak_memory(self) -> int:
+        """Peak bytes of GPU memory this engine allocated (0 on CPU)."""
+        return int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else 0
 
     def close(self) -> None:
         """Release the policy."""
@@ -446,6 +459,11 @@ class RayTrainer(Trainer):
 
     distributed = "ray"
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sync_seconds: list[float] = []
+        """Seconds of each step's weight sync (:meth:`after_update`)."""
+
     def setup(self) -> None:
         """Start or join Ray, start each trained agent's group, load the rollout copies."""
         from transformers import AutoTokenizer
@@ -547,7 +565,8 @@ class RayTrainer(Trainer):
         started = time.perf_counter()
         for learner in self.learners.values():
             self._sync(learner)
-        logger.debug("weights synced in %.2f s", time.perf_counter() - started)
+        self.sync_seconds.append(time.perf_counter() - started)
+        logger.debug("weights synced in %.2f s", self.sync_seconds[-1])
 
     def _sync(self, learner: Any) -> None:
         if isinstance(learner.policy, EnginePolicy):
