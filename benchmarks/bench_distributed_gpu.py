@@ -20,13 +20,12 @@ import argparse
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from benchmarks._common import print_table, write_results
-from benchmarks.bench_step_gpu import steady_state, step_breakdown
+from benchmarks.bench_step_gpu import steady_state, timed_steps
 
 
 def checksum(weights: dict[str, Any], dtype: Any = None) -> float:
@@ -74,18 +73,7 @@ def _config(args: argparse.Namespace, system: str, out: Path, **changes: Any) ->
 def _run(trainer: Any, steps: int) -> dict[str, Any]:
     import torch
 
-    trainer.save = lambda: None  # speed only: no checkpoints
-    started = time.perf_counter()
-    trainer.setup()
-    setup_s = time.perf_counter() - started
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-    records = []
-    for index in range(steps):
-        started = time.perf_counter()
-        metrics = trainer.train_step()
-        records.append(step_breakdown(time.perf_counter() - started, metrics))
-        print(f"  step {index + 1}: " + ", ".join(f"{k} {v:.1f}" for k, v in records[-1].items()))
+    setup_s, records = timed_steps(trainer, steps)
     driver_gib = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
     return {
         "setup_s": round(setup_s, 2),

@@ -70,6 +70,26 @@ def steady_state(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:
     return {key: statistics.median(s[key] for s in later) for key in keys}
 
 
+def timed_steps(trainer: Any, count: int) -> tuple[float, list[dict[str, float]]]:
+    """Set ``trainer`` up and run ``count`` steps without checkpoints; the setup seconds
+    and each step's :func:`step_breakdown` (peak GPU memory counts from the first step)."""
+    import torch
+
+    trainer.save = lambda: None  # speed only: no checkpoints
+    started = time.perf_counter()
+    trainer.setup()
+    setup_s = time.perf_counter() - started
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    steps: list[dict[str, float]] = []
+    for index in range(count):
+        started = time.perf_counter()
+        metrics = trainer.train_step()
+        steps.append(step_breakdown(time.perf_counter() - started, metrics))
+        print(f"step {index + 1}: " + ", ".join(f"{k} {v:.1f}" for k, v in steps[-1].items()))
+    return setup_s, steps
+
+
 def policy_throughput(trainer: Any, samples: Sequence[Any]) -> dict[str, Any]:
     """Generate each agent's prompts of ``samples`` again with its policy, in one call.
 
@@ -185,18 +205,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         output_dir=str(work / "run"),
     )
     trainer = Trainer(config)
-    trainer.save = lambda: None  # throughput only: no checkpoints
-    started = time.perf_counter()
-    trainer.setup()
-    setup_s = time.perf_counter() - started
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-    steps: list[dict[str, float]] = []
-    for index in range(args.steps):
-        started = time.perf_counter()
-        metrics = trainer.train_step()
-        steps.append(step_breakdown(time.perf_counter() - started, metrics))
-        print(f"step {index + 1}: " + ", ".join(f"{k} {v:.1f}" for k, v in steps[-1].items()))
+    setup_s, steps = timed_steps(trainer, args.steps)
     # The last step's actions, read back from the rollouts the step wrote.
     samples = load_jsonl(trainer.out / "rollouts" / f"step-{trainer.step - 1:06d}.jsonl")
     engine = policy_throughput(trainer, samples)
