@@ -250,8 +250,14 @@ class ShardedLearner:
             self.scorer.eval()
 
     def full_state_dict(self) -> dict[str, Tensor]:
-        """The trained model's whole weights on the CPU, on every rank (a collective)."""
-        return {
-            name: (value.full_tensor() if hasattr(value, "full_tensor") else value).cpu()
-            for name, value in self.model.state_dict().items()
-        }
+        """The trained model's whole weights on the CPU of rank 0 (a collective).
+
+        The other ranks get an empty dict: only one whole copy is made per group.
+        """
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.model, options=options)

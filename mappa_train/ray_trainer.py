@@ -29,6 +29,7 @@ import dataclasses
 import datetime
 import json
 import logging
+import math
 import socket
 import time
 from collections.abc import Sequence
@@ -41,7 +42,7 @@ import torch
 
 from mappa_agents.trajectory import ActionSample
 from mappa_train import checkpoint as ckpt
-from mappa_train.trainer import Trainer
+from mappa_train.trainer import Trainer, _check_checkpoint_agents, _enable_checkpointing
 from mappa_train.update import PreparedRows
 
 logger = logging.getLogger(__name__)
@@ -114,7 +115,9 @@ class LearnerRank:
         if device == "cuda":
             torch.cuda.set_device(0)  # Ray shows each actor only its own GPUs
         dist.init_process_group(
-            "nccl" if device == "cuda" else "gloo",
+            # NCCL reduces CUDA tensors only; the update's statistics and log-prob tables
+            # are reduced on the CPU, through gloo.
+            "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo",
             init_method=init_method,
             rank=rank,
             world_size=world,
@@ -123,8 +126,15 @@ class LearnerRank:
         mesh = init_device_mesh(device, (world,))
         dtype = resolve_dtype(settings.dtype, device)
         torch.manual_seed(settings.seed)
-        model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32).to(device)
-        ref = AutoModelForCausalLM.from_pretrained(reference, dtype=dtype).to(device)
+        # Loaded on the CPU: fully_shard moves each rank's shards to its device, so no
+        # rank holds a whole model on its GPU. A fresh run's masters are the weights
+        # rounded to the run's dtype, as one process's are (a checkpoint's are float32).
+        model = AutoModelForCausalLM.from_pretrained(
+            weights, dtype=torch.float32 if optimizer_state else dtype
+        ).float()
+        ref = AutoModelForCausalLM.from_pretrained(reference, dtype=dtype)
+        if settings.gradient_checkpointing:
+            _enable_checkpointing(model)
         tokenizer = AutoTokenizer.from_pretrained(reference)
         pad_id = tokenizer.pad_token_id
         if pad_id is None:
@@ -139,7 +149,9 @@ class LearnerRank:
             pad_id=int(pad_id),
             compute_dtype=None if dtype == torch.float32 else dtype,
         )
-        if saved is not None:
+        if saved is not None and saved["state"]:
+            # An empty state (an optimizer that never stepped) is left alone: torch
+            # would take a zero step to build one, and Adam would count it.
             from torch.distributed.checkpoint.state_dict import (
                 StateDictOptions,
                 set_optimizer_state_dict,
@@ -186,7 +198,7 @@ class LearnerRank:
         import torch.distributed as dist
 
         state = self.learner.full_state_dict()
-        return state if dist.get_rank() == 0 else None
+        return state if dist.get_rank() == 0 else None  # the others' are empty
 
     def optimizer_state(self) -> dict[str, Any] | None:
         """AdamW's whole state, keyed by parameter name (rank 0; others ``None``)."""
@@ -196,11 +208,21 @@ class LearnerRank:
             get_optimizer_state_dict,
         )
 
+        optimizer = self.learner.optimizer
+        if not optimizer.state:
+            # Never stepped (the agent had no usable rows yet): torch would build the
+            # state with a zero step, which Adam would count. Its groups are all there is.
+            names = [name for name, _ in self.learner.model.named_parameters()]
+            positional = {"state": {}, "param_groups": optimizer.state_dict()["param_groups"]}
+            named = ckpt.named_optimizer_state(positional, names, prefix=ckpt.NAMED_PREFIX)
+            return named if dist.get_rank() == 0 else None
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state = get_optimizer_state_dict(
-            self.learner.scorer, self.learner.optimizer, options=options
-        )
+        state = get_optimizer_state_dict(self.learner.scorer, optimizer, options=options)
         return state if dist.get_rank() == 0 else None
+
+    def gpu_ids(self) -> list[Any]:
+        """The GPUs Ray gave this rank."""
+        return list(_import_ray().get_gpu_ids())
 
     def peak_memory(self) -> int:
         """Peak bytes of GPU memory this rank allocated (0 on CPU)."""
@@ -212,6 +234,39 @@ class LearnerRank:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _actor_options(placement: Any, bundle: int, gpus: float) -> dict[str, Any]:
+    """Ray options of an actor placed in bundle ``bundle`` of ``placement``.
+
+    On GPUs: its share ``gpus`` inside the bundle; without a placement (CPU), no
+    resources at all (the ranks share the machine's CPUs).
+    """
+    if placement is None:
+        return {"num_cpus": 0, "num_gpus": 0}
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    strategy = PlacementGroupSchedulingStrategy(
+        placement_group=placement, placement_group_bundle_index=bundle
+    )
+    return {"num_cpus": 0, "num_gpus": gpus, "scheduling_strategy": strategy}
+
+
+def placement_bundles(config: Any, agents: int) -> list[dict[str, float]]:
+    """GPUs of each bundle of the run's placement group (one bundle per rank index).
+
+    Bundle ``r`` holds rank ``r`` of every agent's group (so the ranks of one group are
+    in different bundles, on different GPUs, as NCCL needs) and engine ``e`` of every
+    agent for ``e % ranks == r``: ``ceil(agents * gpus_per_rank + engines_r *
+    gpus_per_engine)`` whole GPUs, which Ray then shares out among them.
+    """
+    world = config.ranks_per_agent
+    bundles = []
+    for rank in range(world):
+        engines = sum(1 for e in range(config.engines_per_agent) if e % world == rank)
+        need = agents * config.gpus_per_rank + agents * engines * config.gpus_per_engine
+        bundles.append({"GPU": float(math.ceil(need - 1e-9))})
+    return bundles
 
 
 class LearnerGroup:
@@ -232,36 +287,56 @@ class LearnerGroup:
         reference: str,
         config: Any,
         optimizer_state: str | None = None,
+        placement: Any = None,
     ) -> None:
         ray = _import_ray()
         self.agent = agent
         self.world = config.ranks_per_agent
-        uses_gpu = config.device != "cpu" and torch.cuda.is_available()
-        actor = ray.remote(LearnerRank).options(
-            num_cpus=0, num_gpus=config.gpus_per_rank if uses_gpu else 0
-        )
-        self.ranks = [actor.remote() for _ in range(self.world)]
-        init_method = ray.get(self.ranks[0].address.remote())
-        settings = ray.put(config.to_dict())
-        joins = [
-            handle.setup.remote(
-                init_method, rank, self.world, agent, weights, reference, settings, optimizer_state
-            )
-            for rank, handle in enumerate(self.ranks)
+        self.ranks = [
+            ray.remote(LearnerRank)
+            .options(**_actor_options(placement, rank, config.gpus_per_rank))
+            .remote()
+            for rank in range(self.world)
         ]
-        ray.get(joins, timeout=COLLECTIVE_TIMEOUT_S + 60)
+        try:
+            init_method = ray.get(self.ranks[0].address.remote())
+            settings = ray.put(config.to_dict())
+            ray.get(
+                [
+                    handle.setup.remote(
+                        init_method,
+                        rank,
+                        self.world,
+                        agent,
+                        weights,
+                        reference,
+                        settings,
+                        optimizer_state,
+                    )
+                    for rank, handle in enumerate(self.ranks)
+                ]
+            )
+        except Exception:
+            self._kill()  # a group that cannot start holds no GPUs
+            raise
 
     def _call(self, method: str, *args: Any) -> Any:
         """Call ``method`` on every rank at once; rank 0's result.
 
-        A rank's failure is raised here (with its traceback); the timeout turns a rank
-        that hangs into an error instead of a hung driver.
+        A rank's failure is raised here (with its traceback). No timeout of its own: a
+        rank that dies fails the call at once, and the others' collectives fail after
+        ``COLLECTIVE_TIMEOUT_S`` instead of hanging.
         """
         ray = _import_ray()
         # Put once, read by every rank (instead of one copy per call).
         shared = [ray.put(a) if isinstance(a, (list, dict, PreparedRows)) else a for a in args]
         calls = [getattr(handle, method).remote(*shared) for handle in self.ranks]
-        return ray.get(calls, timeout=COLLECTIVE_TIMEOUT_S + 60)[0]
+        return ray.get(calls)[0]
+
+    def gpu_ids(self) -> list[list[Any]]:
+        """The GPUs Ray gave each rank."""
+        ray = _import_ray()
+        return ray.get([handle.gpu_ids.remote() for handle in self.ranks])
 
     def logprobs(self, rows: list[TokenRow], *, reference: bool) -> torch.Tensor:
         """``[N, T]`` log-probs of ``rows`` under the model (or its reference)."""
@@ -279,7 +354,7 @@ class LearnerGroup:
         """The whole weights as an object-store reference (they stay out of the driver)."""
         ray = _import_ray()
         refs = [handle.weights.remote() for handle in self.ranks]
-        ray.wait(refs, num_returns=len(refs), timeout=COLLECTIVE_TIMEOUT_S + 60)
+        ray.get(refs[1:])  # the other ranks' part of the gather (None each), or their error
         return refs[0]
 
     def optimizer_state(self) -> dict[str, Any]:
@@ -293,13 +368,16 @@ class LearnerGroup:
 
     def close(self) -> None:
         """Leave the group and end the actors."""
-        ray = _import_ray()
         try:
             self._call("close")
         finally:
-            for handle in self.ranks:
-                ray.kill(handle)
-            self.ranks = []
+            self._kill()
+
+    def _kill(self) -> None:
+        ray = _import_ray()
+        for handle in self.ranks:
+            ray.kill(handle)
+        self.ranks = []
 
 
 class RolloutEngine:
@@ -430,24 +508,26 @@ class _SavedModel:
     """What :func:`mappa_train.checkpoint.save_checkpoint` writes for a remote learner."""
 
     source: str
-    weights: dict[str, torch.Tensor]
+    group: LearnerGroup
 
     def save_pretrained(self, directory: Path, **options: Any) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
+        # Fetched here, not before: the driver holds one agent's weights at a time.
+        weights = self.group.weights()
         # An empty model of the agent's architecture writes the weights in the layout
         # transformers loads (tied weights, shards); it holds none of its own.
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(self.source))
-        model.save_pretrained(directory, state_dict=self.weights, **options)
+        model.save_pretrained(directory, state_dict=weights, **options)
 
 
 @dataclass
 class _SavedOptimizer:
-    state: dict[str, Any]
+    group: LearnerGroup
 
     def state_dict(self) -> dict[str, Any]:
-        return self.state
+        return self.group.optimizer_state()
 
 
 class RayTrainer(Trainer):
@@ -463,14 +543,11 @@ class RayTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.sync_seconds: list[float] = []
         """Seconds of each step's weight sync (:meth:`after_update`)."""
+        self._started: list[Any] = []  # groups and engine policies, to stop on close
+        self._placement: Any = None
 
     def setup(self) -> None:
         """Start or join Ray, start each trained agent's group, load the rollout copies."""
-        from transformers import AutoTokenizer
-
-        from mappa_agents.hf import HFPolicy
-        from mappa_agents.models import resolve_model
-
         config = self.config
         if config.lora_rank > 0:
             raise ValueError("RayTrainer trains full weights: set lora_rank: 0")
@@ -481,6 +558,72 @@ class RayTrainer(Trainer):
         torch.manual_seed(config.seed)
         np.random.seed(config.seed % (2**32))
         resume_from = ckpt.latest_checkpoint(self.checkpoint_root)
+        if resume_from is not None:
+            _check_checkpoint_agents(resume_from, self.trained_agents, self.agents)
+        try:
+            self._placement = self._reserve_gpus(ray)
+            self._start_agents(resume_from)
+        except BaseException:
+            self._stop_actors()  # nothing started is left holding GPUs
+            raise
+        self._setup_frozen(self.specs)
+        if resume_from is not None:
+            ckpt.set_rng_state(torch.load(resume_from / "rng.pt", weights_only=False))
+            state = ckpt.load_trainer_state(resume_from)
+            self.step = int(state["step"])
+            logger.info("resumed from %s at step %d", resume_from, self.step)
+            saved = state.get("config", {})
+            changed = sorted(k for k, v in config.to_dict().items() if k in saved and saved[k] != v)
+            if changed:
+                logger.warning(
+                    "resuming with settings that differ from the checkpoint: %s", changed
+                )
+        self._truncate_metrics(self.step)
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.json").write_text(
+            json.dumps(config.to_dict(), indent=2, default=str) + "\n"
+        )
+
+    def _reserve_gpus(self, ray: Any) -> Any:
+        """The run's placement group on GPUs (see :func:`placement_bundles`), or ``None``.
+
+        Raises:
+            ValueError: When the config asks for CUDA and the cluster has no GPU, or the
+                cluster has fewer GPUs than the placement needs.
+        """
+        config = self.config
+        available = float(ray.cluster_resources().get("GPU", 0))
+        if config.device.startswith("cuda") and available == 0:
+            raise ValueError(
+                f"device {config.device!r}, but the Ray cluster has no GPU: start Ray "
+                "where the GPUs are (or join that cluster with ray_address), or use "
+                "device: cpu"
+            )
+        if config.device == "cpu" or available == 0:
+            return None
+        from ray.util.placement_group import placement_group
+
+        bundles = placement_bundles(config, len(self.trained_agents))
+        needed = sum(b["GPU"] for b in bundles)
+        if needed > available:
+            raise ValueError(
+                f"{len(self.trained_agents)} agents x {config.ranks_per_agent} ranks at "
+                f"gpus_per_rank={config.gpus_per_rank} (and {config.engines_per_agent} "
+                f"engines per agent at gpus_per_engine={config.gpus_per_engine}) need "
+                f"{needed:g} GPUs, the cluster has {available:g}: lower ranks_per_agent or "
+                "the GPU shares (ranks of one agent need a GPU each)"
+            )
+        group = placement_group(bundles, strategy="PACK")
+        ray.get(group.ready())
+        return group
+
+    def _start_agents(self, resume_from: Path | None) -> None:
+        from transformers import AutoTokenizer
+
+        from mappa_agents.hf import HFPolicy
+        from mappa_agents.models import resolve_model
+
+        config = self.config
         for agent in self.trained_agents:
             source = str(resolve_model(self.specs[agent]))
             saved = resume_from / "agents" / agent if resume_from else None
@@ -492,7 +635,9 @@ class RayTrainer(Trainer):
                 source,
                 config,
                 optimizer_state=str(saved / "optimizer.pt") if saved else None,
+                placement=self._placement,
             )
+            self._started.append(group)
             logger.info(
                 "agent %s: %d learner ranks ready in %.1f s",
                 agent,
@@ -504,6 +649,7 @@ class RayTrainer(Trainer):
             model: Any = None
             if config.engines_per_agent > 0:
                 policy: Any = self._start_engines(weights, source, name, tokenizer)
+                self._started.append(policy)
             else:
                 model = self._load_model(weights, self.dtype)
                 model.eval()
@@ -519,27 +665,20 @@ class RayTrainer(Trainer):
             self.learners[agent] = RemoteAgentLearner(  # type: ignore[assignment]
                 agent, model, tokenizer, policy, source, group
             )
-        self._setup_frozen(self.specs)
-        if resume_from is not None:
-            ckpt.set_rng_state(torch.load(resume_from / "rng.pt", weights_only=False))
-            self.step = int(ckpt.load_trainer_state(resume_from)["step"])
-            logger.info("resumed from %s at step %d", resume_from, self.step)
-        self._truncate_metrics(self.step)
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.json").write_text(
-            json.dumps(config.to_dict(), indent=2, default=str) + "\n"
-        )
 
     def _start_engines(self, weights: str, source: str, name: str, tokenizer: Any) -> Any:
         ray = _import_ray()
         config = self.config
-        uses_gpu = config.device != "cpu" and torch.cuda.is_available()
-        actor = ray.remote(RolloutEngine).options(
-            num_cpus=0, num_gpus=config.gpus_per_engine if uses_gpu else 0
-        )
         settings = ray.put(config.to_dict())
         engines = [
-            actor.remote(weights, source, name, settings) for _ in range(config.engines_per_agent)
+            ray.remote(RolloutEngine)
+            .options(
+                **_actor_options(
+                    self._placement, index % config.ranks_per_agent, config.gpus_per_engine
+                )
+            )
+            .remote(weights, source, name, settings)
+            for index in range(config.engines_per_agent)
         ]
         pad = tokenizer.pad_token_id
         return EnginePolicy(engines, name, pad if pad is not None else tokenizer.eos_token_id)
@@ -582,9 +721,9 @@ class RayTrainer(Trainer):
         """A checkpoint in the single-process layout, with the groups' float32 weights."""
         views = {
             agent: _CheckpointView(
-                _SavedModel(learner.source, learner.group.weights()),
+                _SavedModel(learner.source, learner.group),
                 learner.tokenizer,
-                _SavedOptimizer(learner.group.optimizer_state()),
+                _SavedOptimizer(learner.group),
             )
             for agent, learner in self.learners.items()
         }
@@ -597,13 +736,25 @@ class RayTrainer(Trainer):
         )
 
     def close(self) -> None:
-        """Close what the trainer holds and end the learner groups."""
+        """Close what the trainer holds and end the learner groups and engines."""
         try:
             super().close()
         finally:
-            for learner in self.learners.values():
-                if isinstance(learner.policy, EnginePolicy):
-                    learner.policy.close()
-                group = getattr(learner, "group", None)
-                if group is not None and group.ranks:
-                    group.close()
+            self._stop_actors()
+
+    def _stop_actors(self) -> None:
+        """End every group and engine started, then release the GPUs reserved for them.
+
+        Each is stopped on its own: one that fails to stop leaves none of the others.
+        """
+        started, self._started = self._started, []
+        for actors in started:
+            try:
+                actors.close()
+            except Exception:  # the others must be stopped all the same
+                logger.exception("stopping %s failed; its actors were killed", actors)
+                if isinstance(actors, LearnerGroup):
+                    actors._kill()
+        if self._placement is not None:
+            _import_ray().util.remove_placement_group(self._placement)
+            self._placement = None

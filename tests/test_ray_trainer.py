@@ -92,6 +92,9 @@ def test_learn_on_fixed_episodes_and_sync_match_one_process(tmp_path, local_ray)
     single.setup()
     sharded.setup()
     try:
+        # A checkpoint before any step leaves the optimizers as they are (torch would
+        # build their state with a zero step, which Adam would count).
+        sharded.save()
         episodes = single.rollout(0)
         for step in range(2):
             single.step = sharded.step = step

@@ -1,0 +1,73 @@
+"""Where the Ray trainer's actors go: one placement group, a GPU per rank of a group."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+ray = pytest.importorskip("ray")
+
+from mappa_agents.tiny_models import tiny_model_dir  # noqa: E402
+from mappa_train.config import TrainConfig  # noqa: E402
+from mappa_train.ray_trainer import RayTrainer, placement_bundles  # noqa: E402
+from tests.toy_env import LetterPairEnv  # noqa: E402
+
+
+def _config(tmp_path, **changes) -> TrainConfig:
+    settings = {
+        "env": "LetterPair-v0",
+        "system": str(tiny_model_dir(tmp_path / "model")),
+        "steps": 1,
+        "distributed": "ray",
+        "device": "auto",  # the cluster's (fake) GPUs decide the placement
+        "dtype": "float32",
+        "tensorboard": False,
+        "progress": False,
+        "output_dir": str(tmp_path / "run"),
+    }
+    settings.update(changes)
+    return TrainConfig(**settings)
+
+
+def test_bundles_hold_rank_r_of_every_agent_and_their_engines(tmp_path):
+    config = TrainConfig(ranks_per_agent=2, gpus_per_rank=0.25, engines_per_agent=3,
+                         gpus_per_engine=0.1, output_dir=str(tmp_path))  # fmt: skip
+    # 3 agents: bundle 0 has 3 ranks (0.75) + engines 0 and 2 of each (0.6) -> 2 GPUs;
+    # bundle 1 has 3 ranks (0.75) + engine 1 of each (0.3) -> 2 GPUs.
+    assert placement_bundles(config, 3) == [{"GPU": 2.0}, {"GPU": 2.0}]
+    whole = TrainConfig(ranks_per_agent=1, output_dir=str(tmp_path))
+    assert placement_bundles(whole, 3) == [{"GPU": 3.0}]  # a GPU per rank by default
+
+
+@pytest.fixture(scope="module")
+def ray_with_two_gpus():
+    # Ray's GPU accounting without GPUs: the actors get GPU ids, and run on the CPU.
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_ranks_of_one_group_get_different_gpus(tmp_path, ray_with_two_gpus):
+    trainer = RayTrainer(
+        _config(tmp_path, ranks_per_agent=2, gpus_per_rank=0.5), LetterPairEnv, LetterPairEnv
+    )
+    try:
+        trainer.setup()
+        for learner in trainer.learners.values():
+            ids = [tuple(gpus) for gpus in learner.group.gpu_ids()]
+            assert len(set(ids)) == 2, ids  # NCCL refuses two ranks of a group on one GPU
+    finally:
+        trainer.close()
+    assert not ray.util.placement_group_table() or all(
+        pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values()
+    )
+
+
+def test_a_placement_the_cluster_cannot_hold_is_refused_with_the_numbers(
+    tmp_path, ray_with_two_gpus
+):
+    trainer = RayTrainer(_config(tmp_path, ranks_per_agent=3), LetterPairEnv, LetterPairEnv)
+    with pytest.raises(ValueError, match="need 6 GPUs, the cluster has 2"):
+        trainer.setup()
+    trainer.close()
