@@ -153,15 +153,46 @@ def steps_done(run_dir: Path) -> int:
     return done
 
 
+def lockstep_moves(
+    steps: Mapping[str, int], paused: set[str], finished: set[str], lead: int = 1
+) -> tuple[set[str], set[str]]:
+    """Which runs to pause and which to resume so that none gets ``lead`` steps ahead.
+
+    Runs sharing a GPU progress unevenly (one ran twice as far as others in the same
+    time, docs/results.md run 3); when time runs out, runs held together have all
+    reached the same evaluations. A run ``lead`` or more steps ahead of the slowest
+    unfinished run waits; it goes on once the slowest has caught up.
+
+    Returns:
+        ``(to_pause, to_resume)``: run names not yet paused, and paused ones to go on.
+    """
+    active = {name: done for name, done in steps.items() if name not in finished}
+    if not active:
+        return set(), set(paused)
+    slowest = min(active.values())
+    ahead = {name for name, done in active.items() if done >= slowest + lead}
+    return ahead - paused, (paused - ahead)
+
+
 def launch_runs(
-    runs: Sequence[tuple[str, int, Path, dict[str, Any]]], parallel: int, total_steps: int
+    runs: Sequence[tuple[str, int, Path, dict[str, Any]]],
+    parallel: int,
+    total_steps: int,
+    lockstep: bool = False,
 ) -> dict[str, int]:
-    """Run ``mappa train`` for each run, ``parallel`` at a time; returns exit codes by run."""
+    """Run ``mappa train`` for each run, ``parallel`` at a time; returns exit codes by run.
+
+    With ``lockstep``, a run a step ahead of the slowest is paused (``SIGSTOP``, right
+    after it logs its step) until the others catch up (:func:`lockstep_moves`).
+    """
+    import signal
+
     from tqdm.auto import tqdm
 
     pending = list(runs)
     active: dict[str, tuple[subprocess.Popen, Path, Any]] = {}
     codes: dict[str, int] = {}
+    paused: set[str] = set()
     bar = tqdm(total=total_steps * len(runs), desc="repro steps", unit="step")
     try:
         while pending or active:
@@ -199,11 +230,23 @@ def launch_runs(
                             f"run {name} failed (exit {process.returncode}):\n{tail}",
                             file=sys.stderr,
                         )
-            done = sum(steps_done(r[2]) for r in runs)
-            bar.n = min(done, bar.total)
+            progress = {r[2].name: steps_done(r[2]) for r in runs}
+            if lockstep and not pending:
+                to_pause, to_resume = lockstep_moves(progress, paused, set(codes))
+                for name in to_pause & set(active):
+                    active[name][0].send_signal(signal.SIGSTOP)
+                    paused.add(name)
+                for name in to_resume:
+                    if name in active:
+                        active[name][0].send_signal(signal.SIGCONT)
+                    paused.discard(name)
+            bar.n = min(sum(progress.values()), bar.total)
+            bar.set_postfix(paused=len(paused), refresh=False)
             bar.refresh()
     finally:
-        for process, _, log in active.values():
+        for name, (process, _, log) in active.items():
+            if name in paused:
+                process.send_signal(signal.SIGCONT)  # a stopped process cannot exit
             process.terminate()
             log.close()
         bar.close()
@@ -654,6 +697,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--parallel", type=int, default=None, help="runs side by side (default: all of them)"
     )
+    parser.add_argument(
+        "--lockstep",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="pause a run a step ahead of the slowest until it catches up, so runs cut "
+        "short by time have reached the same evaluations (POSIX signals)",
+    )
     parser.add_argument("--runs-dir", default="runs/repro", help="where the runs are written")
     parser.add_argument("--out", default=str(REPRO_DIR), help="where results and plots go")
     parser.add_argument("--name", default="mathchat_smollm2", help="results file name")
@@ -697,7 +747,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # One base evaluation per seed: every mode starts from the same weights.
                 config = run_config(recipe, mode, seed, run_dir, base_eval=index == 0)
                 runs.append((mode, seed, run_dir, config))
-        codes = launch_runs(runs, args.parallel or len(runs), int(recipe.get("steps", 128)))
+        codes = launch_runs(
+            runs,
+            args.parallel or len(runs),
+            int(recipe.get("steps", 128)),
+            lockstep=args.lockstep,
+        )
         failed = {name: code for name, code in codes.items() if code != 0}
         if failed:
             print(f"failed runs: {failed}; their logs are in {args.runs_dir}", file=sys.stderr)

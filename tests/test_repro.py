@@ -81,6 +81,21 @@ def test_summary_pairs_runs_by_seed_and_judges_the_goals():
     assert not goals["tool_call_rate_at_least_3x"]
 
 
+def test_lockstep_holds_runs_ahead_and_never_the_slowest():
+    moves = repro.lockstep_moves
+    assert moves({"a": 3, "b": 1, "c": 2}, set(), set()) == ({"a", "c"}, set())
+    # b caught up with c: c goes on, a (still ahead) stays paused.
+    assert moves({"a": 3, "b": 2, "c": 2}, {"a", "c"}, set()) == (set(), {"c"})
+    # A finished (or failed) run holds nobody back.
+    assert moves({"a": 3, "b": 1, "c": 2}, {"a", "c"}, {"b"}) == (set(), {"c"})
+    assert moves({"a": 3, "b": 1}, {"a"}, {"a", "b"}) == (set(), {"a"})
+    assert moves({"a": 5, "b": 4}, set(), set(), lead=2) == (set(), set())
+    # Whatever the progress, the slowest unfinished run is never paused: no deadlock.
+    for steps in ({"a": 0, "b": 0}, {"a": 7, "b": 2, "c": 2}, {"a": 1, "b": 9}):
+        to_pause, _ = moves(steps, set(), set())
+        assert min(steps, key=steps.get) not in to_pause
+
+
 def test_overlapping_task_sets_are_refused():
     recipe = {
         "env": "MathChat-v0",
