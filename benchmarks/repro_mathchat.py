@@ -193,6 +193,8 @@ def launch_runs(
     active: dict[str, tuple[subprocess.Popen, Path, Any]] = {}
     codes: dict[str, int] = {}
     paused: set[str] = set()
+    paused_at: dict[str, tuple[float, int]] = {}  # when, and in which step
+    active_dirs = {r[2].name: r[2] for r in runs}
     bar = tqdm(total=total_steps * len(runs), desc="repro steps", unit="step")
     try:
         while pending or active:
@@ -232,14 +234,21 @@ def launch_runs(
                         )
             progress = {r[2].name: steps_done(r[2]) for r in runs}
             if lockstep and not pending:
-                to_pause, to_resume = lockstep_moves(progress, paused, set(codes))
+                # A run past its last step is only closing: it is not held.
+                done = set(codes) | {n for n, d in progress.items() if d >= total_steps}
+                to_pause, to_resume = lockstep_moves(progress, paused, done)
                 for name in to_pause & set(active):
                     active[name][0].send_signal(signal.SIGSTOP)
                     paused.add(name)
+                    paused_at[name] = (time.monotonic(), progress[name] + 1)
                 for name in to_resume:
                     if name in active:
                         active[name][0].send_signal(signal.SIGCONT)
                     paused.discard(name)
+                    since, step = paused_at.pop(name, (time.monotonic(), 0))
+                    record = {"step": step, "seconds": round(time.monotonic() - since, 3)}
+                    with (active_dirs[name] / PAUSES_FILE).open("a") as handle:
+                        handle.write(json.dumps(record) + "\n")
             bar.n = min(sum(progress.values()), bar.total)
             bar.set_postfix(paused=len(paused), refresh=False)
             bar.refresh()
@@ -256,6 +265,26 @@ def launch_runs(
 # --------------------------------------------------------------------------------------
 # Collecting results
 # --------------------------------------------------------------------------------------
+
+
+PAUSES_FILE = "lockstep_pauses.jsonl"
+"""Where the launcher logs each ``--lockstep`` pause of a run: the step it fell in and
+its seconds."""
+
+
+def read_pauses(run_dir: Path) -> dict[int, float]:
+    """Seconds a run was paused during each step (steps without a pause are absent)."""
+    path = run_dir / PAUSES_FILE
+    held: dict[int, float] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+                step, seconds = int(record["step"]), float(record["seconds"])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue  # a torn last line
+            held[step] = held.get(step, 0.0) + seconds
+    return held
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -289,19 +318,29 @@ def eval_points(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return points
 
 
-def train_points(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per-step rollout behaviour of a run (the paper's behaviour figure)."""
+def train_points(
+    records: Sequence[Mapping[str, Any]], paused: Mapping[int, float] | None = None
+) -> list[dict[str, Any]]:
+    """Per-step rollout behaviour of a run (the paper's behaviour figure).
+
+    ``paused``: seconds the run was held by ``--lockstep`` during each step (the pause
+    falls in the step's rollout), taken out of its rollout seconds.
+    """
     keys = ("tool_call_rate", "mean_response_tokens", "mean_reward", "masked_length")
     points = []
     for record in records:
         if "rollout/episodes" not in record:
             continue
+        held = (paused or {}).get(int(record["step"]), 0.0)
+        rollout = record.get("rollout/seconds")
+        rollout = None if rollout is None else max(0.0, rollout - held)
         point: dict[str, Any] = {
             "step": record["step"],
             "success_rate": record.get("rollout/success_rate"),
             "mean_reward": record.get("rollout/mean_reward"),
-            "seconds": (record.get("rollout/seconds") or 0) + (record.get("train/seconds") or 0),
-            "rollout_seconds": record.get("rollout/seconds"),
+            "seconds": (rollout or 0) + (record.get("train/seconds") or 0),
+            "paused_seconds": held,
+            "rollout_seconds": rollout,
             "update_seconds": record.get("train/seconds"),
         }
         for agent in AGENTS:
@@ -453,7 +492,7 @@ def collect(runs_dir: Path, modes: Sequence[str], seeds: Sequence[int]) -> list[
                     "commit": commit,
                     "steps_done": max((r.get("step", 0) for r in records), default=0),
                     "evals": eval_points(records),
-                    "train": train_points(records),
+                    "train": train_points(records, read_pauses(run_dir)),
                 }
             )
     # Runs that did not evaluate at the start share the base of their seed (same weights

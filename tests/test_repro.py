@@ -96,6 +96,21 @@ def test_lockstep_holds_runs_ahead_and_never_the_slowest():
         assert min(steps, key=steps.get) not in to_pause
 
 
+def test_lockstep_pauses_come_out_of_the_rollout_seconds(tmp_path):
+    (tmp_path / repro.PAUSES_FILE).write_text(
+        '{"step": 2, "seconds": 3.0}\n{"step": 2, "seconds": 1.5}\n{"step": 3, "sec'
+    )  # two pauses in step 2, and a line torn by a kill
+    assert repro.read_pauses(tmp_path) == {2: 4.5}
+    records = [
+        {"step": s, "rollout/episodes": 4, "rollout/seconds": 10.0, "train/seconds": 2.0}
+        for s in (1, 2)
+    ]
+    points = repro.train_points(records, repro.read_pauses(tmp_path))
+    assert [p["rollout_seconds"] for p in points] == [10.0, 5.5]
+    assert [p["paused_seconds"] for p in points] == [0.0, 4.5]
+    assert points[1]["seconds"] == 7.5
+
+
 def test_overlapping_task_sets_are_refused():
     recipe = {
         "env": "MathChat-v0",
