@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import logging
 import math
 import socket
@@ -568,21 +567,9 @@ class RayTrainer(Trainer):
             raise
         self._setup_frozen(self.specs)
         if resume_from is not None:
+            # The groups restored their optimizers; the driver's generators are here.
             ckpt.set_rng_state(torch.load(resume_from / "rng.pt", weights_only=False))
-            state = ckpt.load_trainer_state(resume_from)
-            self.step = int(state["step"])
-            logger.info("resumed from %s at step %d", resume_from, self.step)
-            saved = state.get("config", {})
-            changed = sorted(k for k, v in config.to_dict().items() if k in saved and saved[k] != v)
-            if changed:
-                logger.warning(
-                    "resuming with settings that differ from the checkpoint: %s", changed
-                )
-        self._truncate_metrics(self.step)
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.json").write_text(
-            json.dumps(config.to_dict(), indent=2, default=str) + "\n"
-        )
+        self._start_run(resume_from)
 
     def _reserve_gpus(self, ray: Any) -> Any:
         """The run's placement group on GPUs (see :func:`placement_bundles`), or ``None``.

@@ -297,6 +297,16 @@ class Trainer:
         self._setup_frozen(specs)
         if resume_from is not None:
             ckpt.load_optimizer_states(resume_from, self.learners)
+        self._start_run(resume_from)
+
+    def _start_run(self, resume_from: Path | None) -> None:
+        """The end of :meth:`setup`: the step to resume at, the metrics, ``config.json``.
+
+        Optimizers and generators are restored before this (each trainer holds its
+        optimizers its own way).
+        """
+        config = self.config
+        if resume_from is not None:
             state = ckpt.load_trainer_state(resume_from)
             self.step = int(state["step"])
             logger.info("resumed from %s at step %d", resume_from, self.step)
