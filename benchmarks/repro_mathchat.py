@@ -134,9 +134,43 @@ def run_config(
     return config
 
 
+def plan_runs(
+    recipe: Mapping[str, Any], modes: Sequence[str], seeds: Sequence[int], runs_dir: Path
+) -> list[tuple[str, int, Path, dict[str, Any]]]:
+    """``(mode, seed, run_dir, config)`` of every run, in launch order.
+
+    One base evaluation per seed: the first mode of a seed evaluates before training
+    unless a run of that seed in ``runs_dir`` already did (:func:`has_base_eval`).
+    """
+    runs = []
+    for seed in seeds:
+        base_done = has_base_eval(runs_dir, seed)
+        for index, mode in enumerate(modes):
+            run_dir = runs_dir / f"{mode}-s{seed}"
+            base_eval = index == 0 and not base_done
+            runs.append(
+                (mode, seed, run_dir, run_config(recipe, mode, seed, run_dir, base_eval=base_eval))
+            )
+    return runs
+
+
 # --------------------------------------------------------------------------------------
 # Running
 # --------------------------------------------------------------------------------------
+
+
+def has_base_eval(runs_dir: Path, seed: int) -> bool:
+    """Whether a run of ``seed`` in ``runs_dir`` already evaluated the untrained system.
+
+    Every credit mode of a seed starts from the same weights and evaluates with the same
+    seeds, so one base evaluation per seed serves them all, also when the modes run at
+    different times (``--modes process`` now, ``--modes outcome`` later, one runs dir).
+    """
+    return any(
+        point["step"] == 0
+        for run_dir in sorted(runs_dir.glob(f"*-s{seed}"))
+        for point in eval_points(read_metrics(run_dir))
+    )
 
 
 def steps_done(run_dir: Path) -> int:
@@ -779,13 +813,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = check_disjoint(recipe)
     print(f"tasks: {sizes['train_tasks']} training, {sizes['heldout_tasks']} held-out, disjoint")
     if not args.report_only:
-        runs = []
-        for seed in seeds:
-            for index, mode in enumerate(modes):
-                run_dir = Path(args.runs_dir) / f"{mode}-s{seed}"
-                # One base evaluation per seed: every mode starts from the same weights.
-                config = run_config(recipe, mode, seed, run_dir, base_eval=index == 0)
-                runs.append((mode, seed, run_dir, config))
+        runs = plan_runs(recipe, modes, seeds, Path(args.runs_dir))
         codes = launch_runs(
             runs,
             args.parallel or len(runs),

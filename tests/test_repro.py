@@ -111,6 +111,29 @@ def test_lockstep_pauses_come_out_of_the_rollout_seconds(tmp_path):
     assert points[1]["seconds"] == 7.5
 
 
+def test_one_base_evaluation_per_seed_also_across_sessions(tmp_path):
+    recipe = {"env": "MathChat-v0", "steps": 2}
+    first = repro.plan_runs(recipe, ["process", "outcome"], [0, 1], tmp_path)
+    assert [(m, s, c["eval_at_start"]) for m, s, _, c in first] == [
+        ("process", 0, True),
+        ("outcome", 0, False),
+        ("process", 1, True),
+        ("outcome", 1, False),
+    ]
+    # Seed 0's process run evaluated the base (and a later step); seed 1's did not get
+    # that far. A later session's outcome runs reuse seed 0's base only.
+    (tmp_path / "process-s0").mkdir()
+    (tmp_path / "process-s0" / "metrics.jsonl").write_text(
+        '{"step": 0, "eval/success_rate": 0.01}\n{"step": 1}\n'
+        '{"step": 10, "eval/success_rate": 0.1}\n'
+    )
+    (tmp_path / "process-s1").mkdir()
+    (tmp_path / "process-s1" / "metrics.jsonl").write_text('{"step": 1}\n')
+    later = repro.plan_runs(recipe, ["outcome"], [0, 1], tmp_path)
+    assert [(s, c["eval_at_start"]) for _, s, _, c in later] == [(0, False), (1, True)]
+    assert later[0][2] == tmp_path / "outcome-s0"
+
+
 def test_overlapping_task_sets_are_refused():
     recipe = {
         "env": "MathChat-v0",
