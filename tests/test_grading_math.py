@@ -118,8 +118,8 @@ MATCH_CASES = [
     ("2\\sqrt{2}", "\\sqrt{8}", True),
     ("\\pi", "\\pi", True),
     ("2\\pi", "\\pi \\cdot 2", True),
-    ("2^{10}", "1024", True),
-    ("3 \\times 4", "12", True),
+    ("2^{10}", "2^{10}", True),
+    ("3 \\times \\sqrt{2}", "3\\sqrt{2}", True),
     ("\\left( 1, 2 \\right)", "(1,2)", True),
     ("(1, 2)", "(2, 1)", False),
     ("[1, 2)", "[1, 2]", False),
@@ -140,6 +140,7 @@ MATCH_CASES = [
     ("\\(42\\)", "42", True),
     ("x = 5", "5", True),
     ("m+n=23", "23", True),
+    ("91 * 64 - 317 = 5507", "5507", True),
     ("\\boxed{23}", "23", True),
     ("\\text{yes}", "yes", True),
     ("42.", "42", True),
@@ -159,6 +160,20 @@ MATCH_CASES = [
     ("", "5", False),
     ("5", "", False),
     ("   ", "   ", False),
+    # A number's answer is a written number, not the computation that gives it: an
+    # agent can write the computation by copying the problem ("Compute 91 * 64 - 317.").
+    ("91 * 64 - 317", "5507", False),
+    ("\\boxed{91 * 64 - 317}", "5507", False),
+    ("91 \\times 64 - 317", "5507", False),
+    ("(91)(64) - 317", "5507", False),
+    ("5507 = 91 * 64 - 317", "5507", False),
+    ("2^{10}", "1024", False),
+    ("3 \\times 4", "12", False),
+    ("\\sqrt{4}", "2", False),
+    ("144/12", "12", False),
+    ("\\frac{6}{8}", "\\frac{3}{4}", False),
+    ("\\frac{6}{8}", "0.75", False),
+    ("x = 2 + 3", "5", False),
 ]
 
 
@@ -204,7 +219,11 @@ def test_timeout_zero_skips_the_symbolic_check():
 def test_answers_match_from_worker_threads():
     results: dict[int, bool] = {}
     errors: list[BaseException] = []
-    cases = [("\\sqrt{2}", "\\sqrt 2", True), ("2^{10}", "1024", True), ("\\pi", "3", False)]
+    cases = [
+        ("\\sqrt{2}", "\\sqrt 2", True),
+        ("\\sqrt{8}", "2\\sqrt{2}", True),
+        ("\\pi", "\\sqrt{3}", False),
+    ]
 
     def grade(slot: int, pred: str, truth: str) -> None:
         try:
@@ -239,11 +258,11 @@ def test_runaway_expression_is_bounded_and_its_worker_replaced():
     checker = SymbolicChecker(max_workers=1)
     try:
         checker.warm_up()
-        assert answers_match("\\sqrt{4}", "2", checker=checker)  # worker ready
+        assert answers_match("\\sqrt{8}", "2\\sqrt{2}", checker=checker)  # worker ready
         before = {child.pid for child in psutil.Process().children()}
 
         start = time.perf_counter()
-        result = answers_match("10^{10^{10}}", "5", timeout_s=1.0, checker=checker)
+        result = answers_match("10^{10^{10}}", "5\\sqrt{2}", timeout_s=1.0, checker=checker)
         elapsed = time.perf_counter() - start
 
         assert result is False
@@ -255,7 +274,7 @@ def test_runaway_expression_is_bounded_and_its_worker_replaced():
         assert len(killed) == 1
         assert not any(psutil.pid_exists(pid) for pid in killed)
         # The replacement works.
-        assert answers_match("\\sqrt{9}", "3", checker=checker)
+        assert answers_match("\\sqrt{18}", "3\\sqrt{2}", checker=checker)
     finally:
         checker.close()
 

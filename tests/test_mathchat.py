@@ -170,6 +170,23 @@ def test_scripted_wrong_code_blames_the_code_executor():
     env.close()
 
 
+def test_copying_the_problem_as_the_answer_earns_nothing():
+    # Found in a GPU run: a trained verifier boxed the problem's own expression
+    # ("\\boxed{91 * 64 - 317}"), which evaluates to the answer; it was graded correct
+    # and the run learnt it instead of the arithmetic.
+    task = MathTask(id="t-copy", prompt="Compute 91 * 64 - 317.", answer="5507")
+    env = make_env(tasks=[task])
+    script = {
+        "problem_solver": ["We compute it: \\boxed{91 * 64 - 317}"],
+        "code_executor": ["It is \\boxed{91 \\times 64 - 317}"],
+        "verifier": ["The final answer is \\boxed{91 * 64 - 317}"],
+    }
+    play(env, script, task)
+    assert env.state()["outcome"]["correct"] is False
+    assert all(r.reward <= 0.3 for r in env.transcript), [r.reward for r in env.transcript]
+    env.close()
+
+
 def test_code_error_is_reported_to_agent_and_coach():
     env = make_env()
     env.reset(options={"task": TASK})

@@ -52,6 +52,13 @@ RAISED = {"ok": False, "stdout": "", "error": {"name": "NameError"}, "timed_out"
         ("verifier", "Final: \\boxed{121}", None, {}, 2),
         ("verifier", "The final answer is 121.", None, {}, 1),
         ("verifier", "I cannot tell.", None, {}, 0),
+        # The problem's expression copied as the answer is a wrong answer, not a right one.
+        ("problem_solver", "So \\boxed{12 * 11 - 10}.", None, {}, 3),
+        ("problem_solver", "The answer is 12 * 11 - 10.", None, {}, 3),
+        ("code_executor", "So \\boxed{12 * 11 - 10}.", None, {"earlier_stdout": "122\n"}, 2),
+        ("verifier", "Final: \\boxed{12 * 11 - 10}", None, {}, 2),
+        ("verifier", "Final: \\boxed{12 \\times 11 - 10}", None, {}, 2),
+        ("verifier", "Final: \\boxed{1342/11}", None, {}, 2),
     ],
 )
 def test_each_row_of_the_rubric(agent, action, tool, metadata, score):

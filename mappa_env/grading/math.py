@@ -36,6 +36,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
+from math import gcd
 from pathlib import Path
 
 from mappa_env.text import strip_think
@@ -299,6 +300,7 @@ class _Number:
     value: Fraction
     decimals: int  # digits after the decimal point; 0 for integers and fractions
     percent: bool  # written with a percent sign
+    reduced: bool = True  # False for a fraction written with a common factor (144/12)
 
 
 def _parse_number(text: str) -> _Number | None:
@@ -319,8 +321,33 @@ def _parse_number(text: str) -> _Number | None:
             if denominator == 0:
                 return None
             value = Fraction(numerator, denominator)
-            return _Number(-value if match.group("sign") == "-" else value, 0, percent)
+            reduced = gcd(numerator, denominator) == 1
+            signed = -value if match.group("sign") == "-" else value
+            return _Number(signed, 0, percent, reduced)
     return None
+
+
+def _final_value(text: str) -> str:
+    """The value a normalised answer ends on: the right side of its last ``=``.
+
+    ``91*64-317=5507`` ends on ``5507``; text without ``=`` (or with ``<``/``>``) is
+    its own value.
+    """
+    if "=" in text and not any(sign in text for sign in "<>"):
+        return text.rsplit("=", 1)[1].strip()
+    return text
+
+
+def _written_number_equal(pred: str, truth: _Number) -> bool:
+    """Whether ``pred`` (normalised) writes out the number ``truth`` as a final value.
+
+    A true answer that is a number needs a number: an integer, a decimal, a percentage
+    or a fraction in lowest terms. An expression that evaluates to it (``91*64-317``,
+    ``2^{10}``, ``\\sqrt{4}``, ``144/12``) is the computation still to be done, and
+    an agent can write it by copying the problem.
+    """
+    number = _parse_number(_final_value(pred))
+    return number is not None and number.reduced and _numbers_equal(number, truth)
 
 
 def _number_candidates(number: _Number) -> list[Fraction]:
@@ -752,9 +779,15 @@ def answers_match(
        (``5\\text{ cm}``, ``5 cm``), a leading ``x =`` dropped, thousands
        separators removed (``1,000``), a trailing period removed.
     2. Equal normalised strings match.
-    3. When both sides are plain numbers (integers, decimals, ``a/b``,
-       ``\\frac{a}{b}``) they are compared exactly as rationals, so ``023`` equals
-       ``23``, ``18.0`` equals ``18`` and ``0.75`` equals ``3/4``, while ``23`` vs
+    3. When the truth is a plain number (an integer, decimal, ``a/b``,
+       ``\\frac{a}{b}``), the prediction must be one too, written out as the final
+       value: an expression that evaluates to the number (``91 * 64 - 317``,
+       ``2^{10}``, ``\\sqrt{4}``, ``144/12``) does not match, because it is the
+       computation the problem asks for and an agent can write it by copying the
+       problem; a fraction must be in lowest terms; ``m+n=23`` and
+       ``91 * 64 - 317 = 5507`` end on their value. Numbers are compared exactly
+       as rationals, so ``023`` equals ``23``, ``18.0`` equals ``18`` and ``0.75``
+       equals ``3/4``, while ``23`` vs
        ``230`` and ``-5`` vs ``5`` do not match. A decimal written with six or more
        places also matches a value that rounds to it (``0.333333`` vs ``1/3``).
        Percentages: a side written with ``%`` may stand for the number shown or
@@ -794,13 +827,18 @@ def answers_match(
             _parse_number(truth_text.strip()),
         )
         if pred_number is not None and truth_number is not None:
-            return _numbers_equal(pred_number, truth_number)
+            return pred_number.reduced and _numbers_equal(pred_number, truth_number)
         pred_text, truth_text = _final_form(pred_text), _final_form(truth_text)
         if not pred_text or not truth_text:
             return False
         pred_norm, truth_norm = _normalize(pred_text), _normalize(truth_text)
         if not pred_norm or not truth_norm:
             return False
+        if pred_norm == truth_norm:
+            return True
+        truth_number = _parse_number(truth_norm)
+        if truth_number is not None:
+            return _written_number_equal(pred_norm, truth_number)
         verdict = _fast_compare(pred_norm, truth_norm)
     except (ValueError, ArithmeticError, RecursionError, MemoryError) as exc:
         logger.debug("fast answer comparison failed: %s", exc)
