@@ -917,6 +917,12 @@ class Trainer:
             "eval", options, config.eval_temperature, derive_seed(config.seed, "eval", self.step)
         )
         elapsed = time.perf_counter() - started
+        # Kept beside the training rollouts (not among them: a directory of rollouts is
+        # training data), so a held-out success can be read, not only counted.
+        save_jsonl(
+            self.out / "eval" / f"step-{self.step:06d}.jsonl",
+            [a for e in episodes for a in e.actions],
+        )
         report = summarize(episodes, wall_time_s=elapsed)
         metrics: dict[str, Any] = {
             "eval/seconds": elapsed,

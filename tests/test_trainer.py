@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from mappa_agents.tiny_models import tiny_model_and_tokenizer, tiny_model_dir  # noqa: E402
+from mappa_agents.trajectory import load_jsonl  # noqa: E402
 from mappa_train import checkpoint as ckpt  # noqa: E402
 from mappa_train.config import TrainConfig  # noqa: E402
 from mappa_train.logprobs import pack, response_logprobs  # noqa: E402
@@ -472,6 +473,15 @@ def test_eval_at_start_logs_the_untrained_system_once(tmp_path):
     assert [r["step"] for r in records] == [0, 1]
     assert "eval/success_rate" in records[0]
     assert "rollout/episodes" not in records[0]  # an evaluation, not a training step
+    # Every evaluation's episodes are kept, apart from the training rollouts.
+    run = tmp_path / "run"
+    assert sorted(p.name for p in (run / "eval").iterdir()) == [
+        "step-000000.jsonl",
+        "step-000001.jsonl",
+    ]
+    evaluated = load_jsonl(run / "eval" / "step-000000.jsonl")
+    assert len({a.episode_id for a in evaluated}) == 4
+    assert sorted(p.name for p in (run / "rollouts").iterdir()) == ["step-000000.jsonl"]
     # Continuing the run resumes from its checkpoint and does not evaluate step 0 again.
     longer = dataclasses.replace(config, steps=2)
     Trainer(longer, env_factory=LetterEnv, eval_env_factory=LetterEnv).train()
