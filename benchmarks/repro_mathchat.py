@@ -384,6 +384,44 @@ def train_points(
     return points
 
 
+def regrade(run_dir: Path) -> list[dict[str, Any]]:
+    """Every saved episode of a run graded again by the current grader.
+
+    One row per file of ``rollouts/`` (training, ``step-00000k`` is step k + 1) and of
+    ``eval/`` (held-out, named by its step): the episodes, how many the run counted as
+    solved, and how many :func:`~mappa_env.grading.math.answers_match` counts now. The
+    two differ when the grader changed after the run, e.g. when a way to the reward
+    without the task was closed.
+    """
+    from mappa_env.grading.math import answers_match
+
+    rows = []
+    for kind, offset in (("rollouts", 1), ("eval", 0)):
+        for path in sorted((run_dir / kind).glob("step-*.jsonl")):
+            outcomes: dict[str, Mapping[str, Any]] = {}
+            for line in path.read_text(errors="replace").splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line torn by a kill
+                if isinstance(record.get("outcome"), Mapping):
+                    outcomes[str(record.get("episode_id"))] = record["outcome"]
+            predicted = [(o.get("predicted"), o.get("answer")) for o in outcomes.values()]
+            rows.append(
+                {
+                    "kind": kind,
+                    "step": int(path.stem.split("-")[1]) + offset,
+                    "episodes": len(outcomes),
+                    "solved_logged": sum(bool(o.get("correct")) for o in outcomes.values()),
+                    "solved_now": sum(
+                        isinstance(p, str) and t is not None and answers_match(p, str(t))
+                        for p, t in predicted
+                    ),
+                }
+            )
+    return rows
+
+
 def common_eval_step(runs: Sequence[Mapping[str, Any]]) -> int | None:
     """The last evaluation step after training that every run reached.
 
@@ -527,6 +565,7 @@ def collect(runs_dir: Path, modes: Sequence[str], seeds: Sequence[int]) -> list[
                     "steps_done": max((r.get("step", 0) for r in records), default=0),
                     "evals": eval_points(records),
                     "train": train_points(records, read_pauses(run_dir)),
+                    "regraded": regrade(run_dir),
                 }
             )
     # Runs that did not evaluate at the start share the base of their seed (same weights
@@ -745,6 +784,15 @@ def build_report(
     print_table(table_rows(summary), title="held-out accuracy, mean ± 95% interval over seeds")
     for name, passed in payload["goals"].items():
         print(f"  {name}: {'yes' if passed else 'no'}")
+    for run in runs:
+        logged = sum(row["solved_logged"] for row in run["regraded"])
+        now = sum(row["solved_now"] for row in run["regraded"])
+        if logged != now:
+            print(
+                f"  {run['dir']}: {logged} saved episodes were graded solved during the run, "
+                f"{now} by the current grader (its figures predate a grading change)",
+                file=sys.stderr,
+            )
     return payload
 
 

@@ -134,6 +134,32 @@ def test_one_base_evaluation_per_seed_also_across_sessions(tmp_path):
     assert later[0][2] == tmp_path / "outcome-s0"
 
 
+def test_saved_episodes_are_graded_again_with_the_current_grader(tmp_path):
+    def action(episode: str, predicted: str | None, correct: bool) -> str:
+        outcome = {"correct": correct, "predicted": predicted, "answer": "5507"}
+        return json.dumps({"episode_id": episode, "agent": "verifier", "outcome": outcome})
+
+    (tmp_path / "rollouts").mkdir()
+    (tmp_path / "eval").mkdir()
+    # Graded solved by an older grader: the problem's expression, copied; and a real answer.
+    (tmp_path / "rollouts" / "step-000002.jsonl").write_text(
+        "\n".join(
+            [
+                action("a", "91 * 64 - 317", True),
+                action("a", "91 * 64 - 317", True),  # every action carries the outcome
+                action("b", "5507", True),
+                action("c", None, False),
+            ]
+        )
+        + "\n{torn"
+    )
+    (tmp_path / "eval" / "step-000010.jsonl").write_text(action("d", "5508", False) + "\n")
+    assert repro.regrade(tmp_path) == [
+        {"kind": "rollouts", "step": 3, "episodes": 3, "solved_logged": 2, "solved_now": 1},
+        {"kind": "eval", "step": 10, "episodes": 1, "solved_logged": 0, "solved_now": 0},
+    ]
+
+
 def test_overlapping_task_sets_are_refused():
     recipe = {
         "env": "MathChat-v0",
