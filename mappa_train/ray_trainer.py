@@ -138,7 +138,22 @@ class LearnerRank:
         pad_id = tokenizer.pad_token_id
         if pad_id is None:
             pad_id = tokenizer.eos_token_id
-        saved = self._read_optimizer(optimizer_state, model) if optimizer_state else None
+        saved, has_state = None, False
+        if optimizer_state:
+            # Only rank 0 reads optimizer.pt (a whole AdamW state is 8 bytes per
+            # parameter, too much to load once per rank); the others get its shards
+            # through set_optimizer_state_dict and, for a one-process checkpoint, the
+            # masters it held as their weights.
+            flags: list[Any] = [None, None]
+            if rank == 0:
+                saved, masters_loaded = self._read_optimizer(optimizer_state, model)
+                flags = [bool(saved["state"]), masters_loaded]
+            dist.broadcast_object_list(flags, src=0)
+            has_state, masters_loaded = flags
+            if masters_loaded:
+                with torch.no_grad():
+                    for param in model.parameters():
+                        dist.broadcast(param.data, src=0)
         self.learner = ShardedLearner(
             agent,
             model,
@@ -148,7 +163,7 @@ class LearnerRank:
             pad_id=int(pad_id),
             compute_dtype=None if dtype == torch.float32 else dtype,
         )
-        if saved is not None and saved["state"]:
+        if has_state:
             # An empty state (an optimizer that never stepped) is left alone: torch
             # would take a zero step to build one, and Adam would count it.
             from torch.distributed.checkpoint.state_dict import (
@@ -166,21 +181,23 @@ class LearnerRank:
 
     @staticmethod
     @torch.no_grad()
-    def _read_optimizer(path: str, model: torch.nn.Module) -> dict[str, Any]:
-        """A checkpoint's optimizer state keyed by name; a one-process state converted.
+    def _read_optimizer(path: str, model: torch.nn.Module) -> tuple[dict[str, Any], bool]:
+        """A checkpoint's optimizer state keyed by name, and whether it held masters.
 
-        A one-process bf16 run keeps its float32 masters in the optimizer state (its
-        saved weights are bf16): they become this model's weights here.
+        A one-process state (by position) is converted. A one-process bf16 run keeps
+        its float32 masters in the optimizer state (its saved weights are bf16): they
+        become this model's weights here.
         """
         state = torch.load(path, map_location="cpu", weights_only=False)
         if ckpt.is_named_optimizer_state(state):
-            return state
+            return state, False
         names = [name for name, _ in model.named_parameters()]
-        if "master" in state:
+        masters = "master" in state
+        if masters:
             for param, master in zip(model.parameters(), state["master"]):
                 param.copy_(master)
             state = state["optimizer"]
-        return ckpt.named_optimizer_state(state, names, prefix=ckpt.NAMED_PREFIX)
+        return ckpt.named_optimizer_state(state, names, prefix=ckpt.NAMED_PREFIX), masters
 
     def logprobs(self, rows: list[TokenRow], reference: bool) -> torch.Tensor:
         """Log-probs ``[N, T]`` of every row (every rank returns the whole table)."""

@@ -168,6 +168,32 @@ def test_checkpoints_resume_across_modes_in_both_directions(tmp_path, local_ray)
     _assert_same_metrics(_metrics(out / "metrics.jsonl"), _metrics(straight.metrics_path))
 
 
+def test_a_group_resumes_a_bf16_run_on_its_float32_masters(tmp_path, local_ray):
+    # A one-process bf16 checkpoint keeps its float32 masters in optimizer.pt, which only
+    # rank 0 reads: every rank must start from those masters, not the saved bf16 weights.
+    model_dir = tiny_model_dir(tmp_path / "model")
+    out = tmp_path / "bf16"
+    one = _trainer(Trainer, _config(out, model_dir, dtype="bfloat16"))
+    one.train(until=1)
+    learner = one.learners["writer"]
+    names = [name for name, _ in learner.model.named_parameters()]
+    masters = dict(zip(names, (m.detach().clone() for m in learner.optimizer.master)))
+    one.close()
+    assert any(not torch.equal(m, m.bfloat16().float()) for m in masters.values())
+    config = _config(out, model_dir, dtype="bfloat16", distributed="ray", ranks_per_agent=2)
+    group = _trainer(RayTrainer, config)
+    try:
+        group.setup()
+        weights = group.learners["writer"].group.weights()
+        assert set(weights) == set(masters)
+        for name, master in masters.items():
+            torch.testing.assert_close(weights[name], master, rtol=0, atol=0)
+        group.train()  # and it goes on training from there
+    finally:
+        group.close()
+    assert [m["step"] for m in _metrics(out / "metrics.jsonl")] == [1, 2, 3]
+
+
 def test_rollout_engines_as_actors_get_the_weights_and_train_alike(tmp_path, local_ray):
     from mappa_train.ray_trainer import EnginePolicy
 
