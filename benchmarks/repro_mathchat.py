@@ -389,24 +389,28 @@ def regrade(run_dir: Path) -> list[dict[str, Any]]:
 
     One row per file of ``rollouts/`` (training, ``step-00000k`` is step k + 1) and of
     ``eval/`` (held-out, named by its step): the episodes, how many the run counted as
-    solved, and how many :func:`~mappa_env.grading.math.answers_match` counts now. The
+    solved, and how many :func:`~mappa_env.grading.math.answers_match_any` counts now
+    (against the outcome's ``accepted_answers`` where it lists several). The
     two differ when the grader changed after the run, e.g. when a way to the reward
     without the task was closed.
     """
-    from mappa_env.grading.math import answers_match
+    from mappa_env.grading.math import answers_match_any
 
     rows = []
     for kind, offset in (("rollouts", 1), ("eval", 0)):
         for path in sorted((run_dir / kind).glob("step-*.jsonl")):
             outcomes: dict[str, Mapping[str, Any]] = {}
-            for line in path.read_text(errors="replace").splitlines():
+            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError:
                     continue  # a line torn by a kill
                 if isinstance(record.get("outcome"), Mapping):
                     outcomes[str(record.get("episode_id"))] = record["outcome"]
-            predicted = [(o.get("predicted"), o.get("answer")) for o in outcomes.values()]
+            graded = [
+                (o.get("predicted"), o.get("accepted_answers") or [o.get("answer")])
+                for o in outcomes.values()
+            ]
             rows.append(
                 {
                     "kind": kind,
@@ -414,8 +418,9 @@ def regrade(run_dir: Path) -> list[dict[str, Any]]:
                     "episodes": len(outcomes),
                     "solved_logged": sum(bool(o.get("correct")) for o in outcomes.values()),
                     "solved_now": sum(
-                        isinstance(p, str) and t is not None and answers_match(p, str(t))
-                        for p, t in predicted
+                        isinstance(p, str)
+                        and answers_match_any(p, [str(t) for t in truths if t is not None])
+                        for p, truths in graded
                     ),
                 }
             )

@@ -166,7 +166,22 @@ MATCH_CASES = [
     ("\\boxed{91 * 64 - 317}", "5507", False),
     ("91 \\times 64 - 317", "5507", False),
     ("(91)(64) - 317", "5507", False),
-    ("5507 = 91 * 64 - 317", "5507", False),
+    ("144/12 = 12", "12", True),  # the value stated, then how: written out either way
+    ("5507 = 91 * 64 - 317", "5507", True),
+    # Several values, a negation or a contradiction state no one final value.
+    ("x=3, y=-3", "-3", False),
+    ("x = 1, y = 2, z = 4", "4", False),
+    ("x = 5 \\text{ or } x = 6", "6", False),
+    ("5 or 6", "6", False),
+    ("x != 5507", "5507", False),
+    ("x \\not= 5507", "5507", False),
+    ("x \\ne 5507", "5507", False),
+    ("5506 = 5507", "5507", False),
+    ("\\approx 5507", "5507", False),
+    ("5507 \\pm 1", "5507", False),
+    ("5507 plus 0", "5507", False),
+    ("(1) + (5506)", "5507", False),
+    ("2^{1500}", str(2**1500), False),  # too long to parse, still not written out
     ("2^{10}", "1024", False),
     ("3 \\times 4", "12", False),
     ("\\sqrt{4}", "2", False),
@@ -174,6 +189,25 @@ MATCH_CASES = [
     ("\\frac{6}{8}", "\\frac{3}{4}", False),
     ("\\frac{6}{8}", "0.75", False),
     ("x = 2 + 3", "5", False),
+    # What may surround a written number without making it a computation.
+    ("(5507)", "5507", True),
+    ("\\left(-5\\right)", "-5", True),
+    ("{{5507}}", "5507", True),
+    ("{\\frac{1}{2}}", "0.5", True),
+    ("5507,", "5507", True),
+    ("S=5507;", "5507", True),
+    ("5507 \\\\", "5507", True),
+    ("5507\\hspace{1mm}", "5507", True),
+    ("5507 apples", "5507", True),
+    ("\\mathrm{Answer}: 5507", "5507", True),
+    ("91*64-317 = 5,507", "5507", True),
+    ("\\frac 12", "0.5", True),
+    ("\\frac{1}2", "0.5", True),
+    ("\\frac1{2}", "0.5", True),
+    ("\\frac{2}{4}", "\\frac{2}{4}", True),  # the truth itself unreduced
+    ("2/4", "2/4", True),
+    (str(2**1500), str(2**1500), True),
+    ("+0" + str(2**1500), str(2**1500), True),
 ]
 
 

@@ -525,6 +525,7 @@ def test_every_accepted_answer_counts():
         task,
     )
     assert env.state()["outcome"]["correct"] is True
+    assert env.state()["outcome"]["accepted_answers"] == ["080", "081"]
     assert env.transcript[-1].reward == 1.0
     env.close()
 

@@ -135,8 +135,8 @@ def test_one_base_evaluation_per_seed_also_across_sessions(tmp_path):
 
 
 def test_saved_episodes_are_graded_again_with_the_current_grader(tmp_path):
-    def action(episode: str, predicted: str | None, correct: bool) -> str:
-        outcome = {"correct": correct, "predicted": predicted, "answer": "5507"}
+    def action(episode: str, predicted: str | None, correct: bool, **more) -> str:
+        outcome = {"correct": correct, "predicted": predicted, "answer": "5507", **more}
         return json.dumps({"episode_id": episode, "agent": "verifier", "outcome": outcome})
 
     (tmp_path / "rollouts").mkdir()
@@ -153,10 +153,15 @@ def test_saved_episodes_are_graded_again_with_the_current_grader(tmp_path):
         )
         + "\n{torn"
     )
-    (tmp_path / "eval" / "step-000010.jsonl").write_text(action("d", "5508", False) + "\n")
+    (tmp_path / "eval" / "step-000010.jsonl").write_text(
+        action("d", "5508", False)
+        + "\n"
+        + action("e", "81", True, answer="080", accepted_answers=["080", "081"])
+        + "\n"
+    )
     assert repro.regrade(tmp_path) == [
         {"kind": "rollouts", "step": 3, "episodes": 3, "solved_logged": 2, "solved_now": 1},
-        {"kind": "eval", "step": 10, "episodes": 1, "solved_logged": 0, "solved_now": 0},
+        {"kind": "eval", "step": 10, "episodes": 2, "solved_logged": 1, "solved_now": 1},
     ]
 
 

@@ -361,7 +361,7 @@ class MathChatEnv(PipelineEnv):
         correct = predicted is not None and await asyncio.to_thread(
             answers_match_any, predicted, self.accepted_answers
         )
-        return {
+        outcome = {
             "correct": bool(correct),
             "predicted": predicted,
             "answer": self.task.answer,
@@ -370,6 +370,10 @@ class MathChatEnv(PipelineEnv):
             # The problem's kind (generated tasks) or source file: groups for bias reports.
             "task_type": self.task.metadata.get("kind") or self.task.metadata.get("source"),
         }
+        if len(self.accepted_answers) > 1:
+            # Kept with the outcome, so a saved episode can be graded again as it was.
+            outcome["accepted_answers"] = list(self.accepted_answers)
+        return outcome
 
     @classmethod
     def cli_options(cls, flags: Mapping[str, Any]) -> dict[str, Any]:

@@ -207,6 +207,7 @@ cubic ways people students
 _UNIT_WORDS = frozenset(_UNIT_WORD_LIST.split())
 _NUMBER_THEN_UNITS = re.compile(r"^(?P<number>[-+]?[\d.,/]+)\s*(?P<units>[A-Za-z][A-Za-z ]*)$")
 _ASSIGNMENT = re.compile(r"^\s*[A-Za-z\\][A-Za-z0-9\\_{}\s+\-*/()',]*=(?P<value>[^=<>]+)$")
+_NEGATION = re.compile(r"\\(?:not|ne|neq)(?![A-Za-z])")
 _THOUSANDS = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$", re.ASCII)
 _SPACE_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(?: \d{3})+(?:\.\d+)?$", re.ASCII)
 _SPACES = re.compile(r"\s+")
@@ -218,7 +219,7 @@ _SLASH_FRACTION = re.compile(
     r"(?P<sign>[+-]?)\(?(?P<num>[+-]?\d+)\)?/\(?(?P<den>[+-]?\d+)\)?", re.ASCII
 )
 _LATEX_FRACTION = re.compile(
-    r"(?P<sign>[+-]?)\\frac(?:\{(?P<num>[+-]?\d+)\}\{(?P<den>[+-]?\d+)\}|(?P<n1>\d)(?P<d1>\d))",
+    r"(?P<sign>[+-]?)\\frac\s*(?:\{(?P<num>[+-]?\d+)\}|(?P<n1>\d))\s*(?:\{(?P<den>[+-]?\d+)\}|(?P<d1>\d))",
     re.ASCII,
 )
 
@@ -282,7 +283,8 @@ def _normalize(text: str) -> str:
     value = _unwrap_text_commands(value)
     value = _SPACES.sub(" ", value).strip()
     assignment = _ASSIGNMENT.match(value)
-    if assignment and value.count("=") == 1:
+    # "x \not= 5" states what x is not: no assignment to unpack.
+    if assignment and value.count("=") == 1 and not _NEGATION.search(value):
         value = assignment.group("value").strip()
     value = _strip_delimiters(_drop_plain_units(value))
     if _THOUSANDS.match(value):
@@ -327,27 +329,99 @@ def _parse_number(text: str) -> _Number | None:
     return None
 
 
-def _final_value(text: str) -> str:
-    """The value a normalised answer ends on: the right side of its last ``=``.
+# What may surround a stated number without being part of it: trailing punctuation and
+# LaTeX spacing, a leading label ("Answer: 5507"), grouping, unit words after it.
+_TRAILING_NOISE = re.compile(r"(?:\s|[,;]|\\\\|\\ |\\hspace\*?\{[^{}]*\})+$")
+_LABEL = re.compile(r"^[A-Za-z][A-Za-z ]*:\s*")
+_NUMBER_THEN_WORDS = re.compile(r"^(?P<number>.*?[\d}])\s*(?P<words>[A-Za-z][A-Za-z ]*)$")
+# Words that make a number part of a larger statement, not a label after it.
+_STATEMENT_WORDS = frozenset(
+    ["plus", "minus", "times", "divided", "over", "mod", "modulo", "squared", "cubed"]
+)
+# A text that states several values, a negation or a bound: not one final value.
+_NOT_ONE_VALUE = re.compile(
+    r"[,;!<>≠≈∼~]|\\(?:not|ne|neq|approx|sim|pm|mp)(?![A-Za-z])|\b(?:or|and|not|nor)\b",
+    re.IGNORECASE,
+)
+_THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))", re.ASCII)
+_GROUPS = (("(", ")"), ("{", "}"))
 
-    ``91*64-317=5507`` ends on ``5507``; text without ``=`` (or with ``<``/``>``) is
-    its own value.
+
+def _stated_numbers(text: str) -> list[str] | None:
+    """The written numbers a normalised answer states, as texts.
+
+    None when it states several different things (``x=3, y=-3``, ``5 or 6``,
+    ``x != 5``). The sides of ``a = b = c`` are the candidates; a side that is an expression
+    (``91*64-317``) states no number and is left out. Each side loses grouping
+    (``(5507)``, ``{5507}``), unit words after it (``5507 apples``) and a label
+    before it (``Answer: 5507``).
     """
-    if "=" in text and not any(sign in text for sign in "<>"):
-        return text.rsplit("=", 1)[1].strip()
-    return text
+    value = _LABEL.sub("", _TRAILING_NOISE.sub("", text))
+    value = _THOUSANDS_COMMA.sub("", value)
+    if _NOT_ONE_VALUE.search(value):
+        return None
+    numbers = []
+    for side in value.split("="):
+        side = side.strip()
+        words = _NUMBER_THEN_WORDS.match(side)
+        if words and not _STATEMENT_WORDS & set(words.group("words").lower().split()):
+            side = words.group("number").strip()
+        changed = True
+        while changed:
+            changed = False
+            for opening, closing in _GROUPS:
+                inner = side[1:-1]
+                if side.startswith(opening) and side.endswith(closing) and _balanced(inner):
+                    side, changed = inner.strip(), True
+        if _INTEGER.fullmatch(side) or _parse_number(side) is not None:
+            numbers.append(side)
+    return numbers
 
 
-def _written_number_equal(pred: str, truth: _Number) -> bool:
-    """Whether ``pred`` (normalised) writes out the number ``truth`` as a final value.
+def _balanced(text: str) -> bool:
+    """Whether every bracket of ``text`` closes in order (so ``(1)+(2)`` is not one group)."""
+    depth = 0
+    for char in text:
+        if char in "({[":
+            depth += 1
+        elif char in ")}]":
+            depth -= 1
+            if depth < 0:
+                return False
+    return depth == 0
+
+
+def _canonical_integer(text: str) -> str:
+    """An integer's text without ``+`` and leading zeros (``-007`` is ``-7``)."""
+    digits = text.lstrip("+-").lstrip("0") or "0"
+    return "-" + digits if text.startswith("-") and digits != "0" else digits
+
+
+def _written_number_equal(pred: str, truth: str) -> bool:
+    """Whether ``pred`` (normalised) writes out the number ``truth`` as its final value.
 
     A true answer that is a number needs a number: an integer, a decimal, a percentage
-    or a fraction in lowest terms. An expression that evaluates to it (``91*64-317``,
-    ``2^{10}``, ``\\sqrt{4}``, ``144/12``) is the computation still to be done, and
-    an agent can write it by copying the problem.
+    or a fraction in lowest terms (unless the truth itself is not). An expression that
+    evaluates to it (``91*64-317``, ``2^{10}``, ``\\sqrt{4}``, ``144/12``) is the
+    computation still to be done, and an agent can write it by copying the problem.
+    Every number the answer states (``91*64-317 = 5507``) must be the same one, and
+    one of them written out (``144/12 = 12``).
     """
-    number = _parse_number(_final_value(pred))
-    return number is not None and number.reduced and _numbers_equal(number, truth)
+    stated = _stated_numbers(pred)
+    if not stated:
+        return False
+    truth_number = _parse_number(truth)
+    if truth_number is None:  # an integer too long to parse: compared as digits
+        wanted = _canonical_integer(truth)
+        return all(
+            _INTEGER.fullmatch(s) is not None and _canonical_integer(s) == wanted for s in stated
+        )
+    numbers = [_parse_number(s) for s in stated]
+    if any(n is None or not _numbers_equal(n, truth_number) for n in numbers):
+        return False
+    # An unreduced fraction (144/12) is still a computation: it may lead to the value,
+    # not be it.
+    return any(n.reduced or not truth_number.reduced for n in numbers if n is not None)
 
 
 def _number_candidates(number: _Number) -> list[Fraction]:
@@ -780,16 +854,20 @@ def answers_match(
        separators removed (``1,000``), a trailing period removed.
     2. Equal normalised strings match.
     3. When the truth is a plain number (an integer, decimal, ``a/b``,
-       ``\\frac{a}{b}``), the prediction must be one too, written out as the final
-       value: an expression that evaluates to the number (``91 * 64 - 317``,
-       ``2^{10}``, ``\\sqrt{4}``, ``144/12``) does not match, because it is the
-       computation the problem asks for and an agent can write it by copying the
-       problem; a fraction must be in lowest terms; ``m+n=23`` and
-       ``91 * 64 - 317 = 5507`` end on their value. Numbers are compared exactly
-       as rationals, so ``023`` equals ``23``, ``18.0`` equals ``18`` and ``0.75``
-       equals ``3/4``, while ``23`` vs
-       ``230`` and ``-5`` vs ``5`` do not match. A decimal written with six or more
-       places also matches a value that rounds to it (``0.333333`` vs ``1/3``).
+       ``\\frac{a}{b}``), the prediction must write a number out: an expression
+       that evaluates to it (``91 * 64 - 317``, ``2^{10}``, ``\\sqrt{4}``,
+       ``144/12``) does not match, because it is the computation the problem asks
+       for and an agent can write it by copying the problem. A fraction must be in
+       lowest terms (unless the truth is not). The sides of ``=`` that are numbers
+       must all be the truth (``91 * 64 - 317 = 5507`` and ``m+n=23`` match,
+       ``5506 = 5507`` does not); grouping, trailing punctuation, a label and unit
+       words around the number are ignored (``(5507)``, ``Answer: 5507``,
+       ``5507 apples``); several values, a negation or a bound (``x=3, y=-3``,
+       ``5 or 6``, ``x \\ne 5``, ``\\approx 5``) never match. Numbers are compared
+       exactly as rationals, so ``023`` equals ``23``, ``18.0`` equals ``18`` and
+       ``0.75`` equals ``3/4``, while ``23`` vs ``230`` and ``-5`` vs ``5`` do not
+       match. A decimal written with six or more places also matches a value that
+       rounds to it (``0.333333`` vs ``1/3``).
        Percentages: a side written with ``%`` may stand for the number shown or
        for that number divided by 100, so ``50\\%`` matches both ``50`` and
        ``0.5`` (the same convention as math-verify), while ``50`` vs ``0.5``
@@ -827,7 +905,8 @@ def answers_match(
             _parse_number(truth_text.strip()),
         )
         if pred_number is not None and truth_number is not None:
-            return pred_number.reduced and _numbers_equal(pred_number, truth_number)
+            reduced = pred_number.reduced or not truth_number.reduced
+            return reduced and _numbers_equal(pred_number, truth_number)
         pred_text, truth_text = _final_form(pred_text), _final_form(truth_text)
         if not pred_text or not truth_text:
             return False
@@ -836,9 +915,8 @@ def answers_match(
             return False
         if pred_norm == truth_norm:
             return True
-        truth_number = _parse_number(truth_norm)
-        if truth_number is not None:
-            return _written_number_equal(pred_norm, truth_number)
+        if _parse_number(truth_norm) is not None or _INTEGER.fullmatch(truth_norm):
+            return _written_number_equal(pred_norm, truth_norm)
         verdict = _fast_compare(pred_norm, truth_norm)
     except (ValueError, ArithmeticError, RecursionError, MemoryError) as exc:
         logger.debug("fast answer comparison failed: %s", exc)
