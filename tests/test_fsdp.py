@@ -130,6 +130,10 @@ def _rank_main(rank: int, port: int, model_dir: str, count: int, out: str, overr
         weights = learner.full_state_dict()
         if rank == 0:
             torch.save({"old": old, "ref": ref_lp, "stats": stats, "weights": weights}, out)
+        # Leave together: a rank that tears gloo down while its peer is still busy can
+        # abort in gloo's threads (seen once under load: SIGABRT, "terminate called
+        # without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
