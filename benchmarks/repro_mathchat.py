@@ -173,16 +173,31 @@ def has_base_eval(runs_dir: Path, seed: int) -> bool:
     )
 
 
+def json_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file a run writes; [] when it does not exist.
+
+    A line torn by a kill (or anything not an object) is skipped.
+    """
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
 def steps_done(run_dir: Path) -> int:
     """Training steps logged so far in ``run_dir``'s metrics."""
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return 0
     done = 0
-    for line in path.read_text().splitlines():
+    for record in json_lines(run_dir / "metrics.jsonl"):
         try:
-            done = max(done, int(json.loads(line).get("step", 0)))
-        except (json.JSONDecodeError, AttributeError, TypeError, ValueError):
+            done = max(done, int(record.get("step", 0)))
+        except (TypeError, ValueError):
             continue
     return done
 
@@ -308,30 +323,19 @@ its seconds."""
 
 def read_pauses(run_dir: Path) -> dict[int, float]:
     """Seconds a run was paused during each step (steps without a pause are absent)."""
-    path = run_dir / PAUSES_FILE
     held: dict[int, float] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-                step, seconds = int(record["step"]), float(record["seconds"])
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                continue  # a torn last line
-            held[step] = held.get(step, 0.0) + seconds
+    for record in json_lines(run_dir / PAUSES_FILE):
+        try:
+            step, seconds = int(record["step"]), float(record["seconds"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        held[step] = held.get(step, 0.0) + seconds
     return held
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """The run's metric records (a torn last line is skipped)."""
-    path = run_dir / "metrics.jsonl"
-    records = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return records
+    return json_lines(run_dir / "metrics.jsonl")
 
 
 def eval_points(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -399,29 +403,25 @@ def regrade(run_dir: Path) -> list[dict[str, Any]]:
     rows = []
     for kind, offset in (("rollouts", 1), ("eval", 0)):
         for path in sorted((run_dir / kind).glob("step-*.jsonl")):
-            outcomes: dict[str, Mapping[str, Any]] = {}
-            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line torn by a kill
-                if isinstance(record.get("outcome"), Mapping):
-                    outcomes[str(record.get("episode_id"))] = record["outcome"]
-            graded = [
-                (o.get("predicted"), o.get("accepted_answers") or [o.get("answer")])
-                for o in outcomes.values()
-            ]
+            # Every action of an episode carries its outcome: one per episode.
+            outcomes = {
+                str(r.get("episode_id")): r["outcome"]
+                for r in json_lines(path)
+                if isinstance(r.get("outcome"), Mapping)
+            }
+            solved_now = 0
+            for outcome in outcomes.values():
+                predicted = outcome.get("predicted")
+                truths = outcome.get("accepted_answers") or [outcome.get("answer")]
+                truths = [str(t) for t in truths if t is not None]
+                solved_now += isinstance(predicted, str) and answers_match_any(predicted, truths)
             rows.append(
                 {
                     "kind": kind,
                     "step": int(path.stem.split("-")[1]) + offset,
                     "episodes": len(outcomes),
                     "solved_logged": sum(bool(o.get("correct")) for o in outcomes.values()),
-                    "solved_now": sum(
-                        isinstance(p, str)
-                        and answers_match_any(p, [str(t) for t in truths if t is not None])
-                        for p, truths in graded
-                    ),
+                    "solved_now": solved_now,
                 }
             )
     return rows

@@ -397,20 +397,23 @@ def _canonical_integer(text: str) -> str:
     return "-" + digits if text.startswith("-") and digits != "0" else digits
 
 
-def _written_number_equal(pred: str, truth: str) -> bool:
+def _written_number_verdict(pred: str, truth: str) -> bool | None:
     """Whether ``pred`` (normalised) writes out the number ``truth`` as its final value.
 
-    A true answer that is a number needs a number: an integer, a decimal, a percentage
+    None when ``truth`` is not a plain number: the symbolic check decides then. A
+    true answer that is a number needs a number: an integer, a decimal, a percentage
     or a fraction in lowest terms (unless the truth itself is not). An expression that
     evaluates to it (``91*64-317``, ``2^{10}``, ``\\sqrt{4}``, ``144/12``) is the
     computation still to be done, and an agent can write it by copying the problem.
     Every number the answer states (``91*64-317 = 5507``) must be the same one, and
     one of them written out (``144/12 = 12``).
     """
+    truth_number = _parse_number(truth)
+    if truth_number is None and not _INTEGER.fullmatch(truth):
+        return None
     stated = _stated_numbers(pred)
     if not stated:
         return False
-    truth_number = _parse_number(truth)
     if truth_number is None:  # an integer too long to parse: compared as digits
         wanted = _canonical_integer(truth)
         return all(
@@ -441,16 +444,6 @@ def _numbers_equal(first: _Number, second: _Number) -> bool:
             if places >= 6 and round(a, places) == round(b, places):
                 return True
     return False
-
-
-def _fast_compare(pred: str, truth: str) -> bool | None:
-    """Decide equality of two normalised answers cheaply, or return None when unsure."""
-    if pred == truth:
-        return True
-    pred_number, truth_number = _parse_number(pred), _parse_number(truth)
-    if pred_number is not None and truth_number is not None:
-        return _numbers_equal(pred_number, truth_number)
-    return None
 
 
 def _too_complex(text: str) -> bool:
@@ -915,9 +908,7 @@ def answers_match(
             return False
         if pred_norm == truth_norm:
             return True
-        if _parse_number(truth_norm) is not None or _INTEGER.fullmatch(truth_norm):
-            return _written_number_equal(pred_norm, truth_norm)
-        verdict = _fast_compare(pred_norm, truth_norm)
+        verdict = _written_number_verdict(pred_norm, truth_norm)
     except (ValueError, ArithmeticError, RecursionError, MemoryError) as exc:
         logger.debug("fast answer comparison failed: %s", exc)
         return False
