@@ -10,6 +10,7 @@ tool-call rate, response lengths and coach scores per agent.
     python -m benchmarks.repro_mathchat                  # the recipe, 3 seeds x 2 modes (GPU)
     python -m benchmarks.repro_mathchat --smoke          # CPU check with a tiny model, < 3 min
     python -m benchmarks.repro_mathchat --report-only    # rebuild results from the run dirs
+    python -m benchmarks.repro_mathchat --modes outcome --include <process results>.json
 
 Each run is a ``mappa train --config`` subprocess (so runs share one GPU side by side and a
 killed run resumes from its checkpoints when the command is repeated). The results file
@@ -31,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import RESULTS_DIR, print_table, write_results
+from benchmarks._common import RESULTS_DIR, machine_info, print_table, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = ROOT / "configs" / "mathchat-smollm2.yaml"
@@ -135,17 +136,28 @@ def run_config(
 
 
 def plan_runs(
-    recipe: Mapping[str, Any], modes: Sequence[str], seeds: Sequence[int], runs_dir: Path
+    recipe: Mapping[str, Any],
+    modes: Sequence[str],
+    seeds: Sequence[int],
+    runs_dir: Path,
+    included: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
 ) -> list[tuple[str, int, Path, dict[str, Any]]]:
     """``(mode, seed, run_dir, config)`` of every run, in launch order.
 
     One base evaluation per seed: the first mode of a seed evaluates before training
-    unless a run of that seed in ``runs_dir`` already did (:func:`has_base_eval`).
+    unless a run of that seed in ``runs_dir`` or in ``included`` (runs of an earlier
+    results file, :func:`load_included`) already did (:func:`has_base_eval`). The runs
+    of ``included`` are results already: they are not planned again.
     """
+    included = included or {}
     runs = []
     for seed in seeds:
-        base_done = has_base_eval(runs_dir, seed)
-        for index, mode in enumerate(modes):
+        base_done = has_base_eval(runs_dir, seed) or any(
+            s == seed and run["evals"] and run["evals"][0]["step"] == 0
+            for (_, s), run in included.items()
+        )
+        planned = [mode for mode in modes if (mode, seed) not in included]
+        for index, mode in enumerate(planned):
             run_dir = runs_dir / f"{mode}-s{seed}"
             base_eval = index == 0 and not base_done
             runs.append(
@@ -253,7 +265,11 @@ def launch_runs(
                 config_path = run_dir / "run_config.json"
                 config_path.write_text(json.dumps(config, indent=2) + "\n")
                 started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-                provenance = {"commit": git_commit(), "started": started}
+                provenance = {
+                    "commit": git_commit(),
+                    "started": started,
+                    "machine": {**machine_info(), "gpus": gpu_names()},
+                }
                 (run_dir / "provenance.json").write_text(json.dumps(provenance) + "\n")
                 log = (run_dir / "train.log").open("a")
                 command = [
@@ -550,23 +566,80 @@ def goal_checks(summary: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def collect(runs_dir: Path, modes: Sequence[str], seeds: Sequence[int]) -> list[dict[str, Any]]:
-    """Every run's evaluations and per-step behaviour, read from its directory."""
+def load_included(paths: Sequence[Path], recipe: Mapping[str, Any]) -> dict[tuple[str, int], Any]:
+    """The runs of earlier results files, by ``(mode, seed)``, to report beside new ones.
+
+    A session's device time fits one credit mode (``--modes process`` in one session,
+    ``--modes outcome`` in the next), and a GPU machine's run directories do not
+    outlast it; the results file does. Runs compare at equal rollouts only under the
+    same recipe, so a file trained with another one is refused, naming the fields that
+    differ. A run keeps the episodes' grading it was reported with (its episodes are
+    not in the file); one without a recorded commit gets its file's ``runs_commit``.
+
+    Raises:
+        SystemExit: A file is missing, is not a results file, or used another recipe.
+    """
+    included: dict[tuple[str, int], Any] = {}
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            raise SystemExit(f"--include {path}: cannot read a results file ({error})") from None
+        if not isinstance(data, Mapping) or "runs" not in data or "recipe" not in data:
+            raise SystemExit(f"--include {path}: not a results file of this script")
+        theirs = data["recipe"]
+        differ = sorted(k for k in set(theirs) | set(recipe) if theirs.get(k) != recipe.get(k))
+        if differ:
+            raise SystemExit(
+                f"--include {path}: its runs used another recipe (fields {', '.join(differ)} "
+                "differ), so they are not at equal rollouts with these; report them apart"
+            )
+        commits = data.get("runs_commit")
+        commit = commits if isinstance(commits, str) else None
+        if isinstance(commits, list) and len(commits) == 1:
+            commit = commits[0]
+        for run in data["runs"]:
+            included[(run["mode"], int(run["seed"]))] = {
+                **run,
+                "commit": run.get("commit") or commit,
+                "included_from": Path(path).name,
+            }
+    return included
+
+
+def collect(
+    runs_dir: Path,
+    modes: Sequence[str],
+    seeds: Sequence[int],
+    included: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
+    runs_commit: str | None = None,
+) -> list[dict[str, Any]]:
+    """Every run's evaluations and per-step behaviour, read from its directory.
+
+    A run whose directory holds no metrics is taken from ``included``
+    (:func:`load_included`) when it is there. ``runs_commit`` is the commit of runs whose
+    directory recorded none (made from a copy without git).
+    """
+    included = included or {}
     runs = []
     for mode in modes:
         for seed in seeds:
             run_dir = runs_dir / f"{mode}-s{seed}"
             records = read_metrics(run_dir)
-            provenance = run_dir / "provenance.json"
-            commit = (
-                json.loads(provenance.read_text()).get("commit") if provenance.exists() else None
-            )
+            if not records and (mode, seed) in included:
+                runs.append(dict(included[(mode, seed)]))
+                continue
+            provenance_file = run_dir / "provenance.json"
+            provenance = json.loads(provenance_file.read_text()) if provenance_file.exists() else {}
+            commit = provenance.get("commit") or runs_commit
             runs.append(
                 {
                     "mode": mode,
                     "seed": seed,
                     "dir": run_dir.name,
                     "commit": commit,
+                    # Where it trained (recorded at launch; the report may be built elsewhere).
+                    "machine": provenance.get("machine"),
                     "steps_done": max((r.get("step", 0) for r in records), default=0),
                     "evals": eval_points(records),
                     "train": train_points(records, read_pauses(run_dir)),
@@ -575,7 +648,11 @@ def collect(runs_dir: Path, modes: Sequence[str], seeds: Sequence[int]) -> list[
             )
     # Runs that did not evaluate at the start share the base of their seed (same weights
     # and the same evaluation seeds, so the same episodes).
-    base = {r["seed"]: r["evals"][0] for r in runs if r["evals"] and r["evals"][0]["step"] == 0}
+    base = {
+        r["seed"]: r["evals"][0]
+        for r in runs
+        if r["evals"] and r["evals"][0]["step"] == 0 and not r["evals"][0].get("shared_base")
+    }
     for run in runs:
         if run["seed"] in base and not (run["evals"] and run["evals"][0]["step"] == 0):
             run["evals"].insert(0, {**base[run["seed"]], "shared_base": True})
@@ -732,6 +809,25 @@ def table_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def gpu_names() -> list[str]:
+    """The GPUs of this machine by ``nvidia-smi`` (none where it is missing).
+
+    Asked of the driver's tool rather than torch: the launcher must not take a CUDA
+    context on the GPU its runs share.
+    """
+    try:
+        listed = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in listed.splitlines() if line.strip()]
+
+
 def git_commit() -> str | None:
     """The commit the runs were made with (with ``+dirty`` for uncommitted changes)."""
     try:
@@ -755,10 +851,11 @@ def build_report(
     recipe: Mapping[str, Any],
     modes: Sequence[str],
     seeds: Sequence[int],
+    included: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Collect the runs, write the results file and plots, print the table."""
-    runs = collect(Path(args.runs_dir), modes, seeds)
+    runs = collect(Path(args.runs_dir), modes, seeds, included, args.runs_commit)
     summary = summarise(runs, modes)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -769,8 +866,10 @@ def build_report(
     payload = {
         "command": " ".join(["python -m benchmarks.repro_mathchat", *sys.argv[1:]]),
         "commit": git_commit(),
-        # The code the runs were trained with (recorded at launch, or given by --runs-commit).
-        "runs_commit": args.runs_commit or sorted({r["commit"] for r in runs if r["commit"]}),
+        # The code the runs were trained with (recorded at launch, given by --runs-commit,
+        # or from the results files of --include).
+        "runs_commit": sorted({r["commit"] for r in runs if r["commit"]}),
+        "included": list(args.include),
         "recipe": dict(recipe),
         "modes": list(modes),
         "seeds": list(seeds),
@@ -840,6 +939,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "directories did not record one (runs made from a copy without git)",
     )
     parser.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="RESULTS_JSON",
+        help="an earlier results file of the same recipe whose runs are reported with "
+        "these (one credit mode per session); repeatable; its runs are not trained again",
+    )
+    parser.add_argument(
         "--report-only",
         action="store_true",
         help="do not train: rebuild results and plots from the run dirs",
@@ -865,8 +972,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     recipe.update({k: v for k, v in overrides.items() if v is not None})
     sizes = check_disjoint(recipe)
     print(f"tasks: {sizes['train_tasks']} training, {sizes['heldout_tasks']} held-out, disjoint")
+    included = load_included([Path(p) for p in args.include], recipe)
     if not args.report_only:
-        runs = plan_runs(recipe, modes, seeds, Path(args.runs_dir))
+        runs = plan_runs(recipe, modes, seeds, Path(args.runs_dir), included)
         codes = launch_runs(
             runs,
             args.parallel or len(runs),
@@ -876,7 +984,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         failed = {name: code for name, code in codes.items() if code != 0}
         if failed:
             print(f"failed runs: {failed}; their logs are in {args.runs_dir}", file=sys.stderr)
-    payload = build_report(args, recipe, modes, seeds, extra=sizes)
+    # The modes of included runs are reported too (``--modes outcome --include`` of a
+    # process-credit results file compares both).
+    report_modes = modes + [m for m in COLOURS if m in {m for m, _ in included} - set(modes)]
+    payload = build_report(args, recipe, report_modes, seeds, included, extra=sizes)
     missing = [r["dir"] for r in payload["runs"] if r["steps_done"] < int(recipe.get("steps", 0))]
     if missing:
         print(f"incomplete runs (a missing run is not a result): {missing}", file=sys.stderr)

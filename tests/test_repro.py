@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -134,6 +135,58 @@ def test_one_base_evaluation_per_seed_also_across_sessions(tmp_path):
     assert later[0][2] == tmp_path / "outcome-s0"
 
 
+def _metrics(run_dir: Path, records: list[dict]) -> None:
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_an_earlier_sessions_results_file_joins_the_report(tmp_path):
+    recipe = {"env": "MathChat-v0", "steps": 2, "eval_every": 2}
+    tool = "code_executor/tool_call_rate"
+    # Session 1: process credit, seed 0, on a machine whose run dirs are gone afterwards.
+    first_dir = tmp_path / "session1"
+    _metrics(
+        first_dir / "process-s0",
+        [
+            {"step": 0, "eval/success_rate": 0.0, f"eval/{tool}": 0.5},
+            {"step": 1, "rollout/episodes": 4, tool: 0.5},
+            {"step": 2, "rollout/episodes": 4, tool: 0.9},
+            {"step": 2, "eval/success_rate": 0.25, f"eval/{tool}": 1.0},
+        ],
+    )
+    (first_dir / "process-s0" / "provenance.json").write_text('{"commit": null}\n')
+    earlier = repro.collect(first_dir, ["process"], [0], runs_commit="abc123")
+    assert earlier[0]["commit"] == "abc123"
+    results = tmp_path / "process.json"
+    results.write_text(json.dumps({"recipe": recipe, "runs": earlier, "runs_commit": ["abc123"]}))
+    included = repro.load_included([results], recipe)
+    assert set(included) == {("process", 0)}
+    # Session 2 trains outcome credit only, and reuses the included run's base evaluation.
+    planned = repro.plan_runs(recipe, ["process", "outcome"], [0], tmp_path / "s2", included)
+    assert [(m, c["eval_at_start"]) for m, _, _, c in planned] == [("outcome", False)]
+    _metrics(
+        tmp_path / "s2" / "outcome-s0",
+        [
+            {"step": 1, "rollout/episodes": 4, tool: 0.5},
+            {"step": 2, "rollout/episodes": 4, tool: 0.5},
+            {"step": 2, "eval/success_rate": 0.0, f"eval/{tool}": 0.5},
+        ],
+    )
+    runs = repro.collect(tmp_path / "s2", ["process", "outcome"], [0], included)
+    by_mode = {r["mode"]: r for r in runs}
+    assert by_mode["process"]["included_from"] == "process.json"
+    assert by_mode["process"]["commit"] == "abc123"
+    assert by_mode["outcome"]["evals"][0]["shared_base"] is True
+    summary = repro.summarise(runs, ["process", "outcome"])
+    assert summary["compared_at_step"] == 2
+    assert summary["process_minus_outcome"]["values"] == pytest.approx([0.25])
+    # Another recipe is not at equal rollouts: refused, naming the field.
+    with pytest.raises(SystemExit, match="fields steps differ"):
+        repro.load_included([results], {**recipe, "steps": 20})
+    with pytest.raises(SystemExit, match="cannot read a results file"):
+        repro.load_included([tmp_path / "missing.json"], recipe)
+
+
 def test_saved_episodes_are_graded_again_with_the_current_grader(tmp_path):
     def action(episode: str, predicted: str | None, correct: bool, **more) -> str:
         outcome = {"correct": correct, "predicted": predicted, "answer": "5507", **more}
@@ -230,6 +283,7 @@ def test_end_to_end_runs_write_results_and_plots(tmp_path):
     data = json.loads((out / "tiny.json").read_text())
     assert data["recipe"]["steps"] == 2
     assert {r["commit"] for r in data["runs"]} == {repro.git_commit()}
+    assert {r["machine"]["cpus"] for r in data["runs"]} == {os.cpu_count()}
     assert data["train_tasks"] == 4
     by_mode = {r["mode"]: r for r in data["runs"]}
     assert [p["step"] for p in by_mode["process"]["evals"]] == [0, 1, 2]
