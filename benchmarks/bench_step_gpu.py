@@ -63,16 +63,37 @@ def step_breakdown(wall_s: float, metrics: Mapping[str, Any]) -> dict[str, float
     }
 
 
-def steady_state(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Medians over the steps after the first (the first compiles); all steps if one."""
+def steady_state(steps: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Medians over the steps after the first (the first compiles); all steps if one.
+
+    Only the number-valued figures of a step (not its ``compile`` totals).
+    """
     later = list(steps[1:]) or list(steps)
-    keys = later[0].keys()
+    keys = [k for k, v in later[0].items() if isinstance(v, (int, float))]
     return {key: statistics.median(s[key] for s in later) for key in keys}
+
+
+def compile_totals() -> dict[str, float]:
+    """What ``torch.compile`` did in this process so far: graphs traced, seconds spent.
+
+    ``graphs`` counts dynamo's distinct graphs (each is compiled once); ``compile_s`` is
+    dynamo's whole frame-compile time (tracing, inductor's codegen and autotuning),
+    ``inductor_s`` its inductor part. CUDA graph recordings are not in either.
+    """
+    from torch._dynamo.utils import calculate_time_spent, counters
+
+    spent = calculate_time_spent()
+    return {
+        "graphs": int(counters["stats"]["unique_graphs"]),
+        "compile_s": round(spent.get("entire_frame_compile", 0.0), 2),
+        "inductor_s": round(spent.get("inductor_compile", 0.0), 2),
+    }
 
 
 def timed_steps(trainer: Any, count: int) -> tuple[float, list[dict[str, float]]]:
     """Set ``trainer`` up and run ``count`` steps without checkpoints; the setup seconds
-    and each step's :func:`step_breakdown` (peak GPU memory counts from the first step)."""
+    and each step's :func:`step_breakdown` (peak GPU memory counts from the first step)
+    with the compile totals after it (:func:`compile_totals`, under ``compile``)."""
     import torch
 
     trainer.save = lambda: None  # speed only: no checkpoints
@@ -87,6 +108,7 @@ def timed_steps(trainer: Any, count: int) -> tuple[float, list[dict[str, float]]
         metrics = trainer.train_step()
         steps.append(step_breakdown(time.perf_counter() - started, metrics))
         print(f"step {index + 1}: " + ", ".join(f"{k} {v:.1f}" for k, v in steps[-1].items()))
+        steps[-1]["compile"] = compile_totals()
     return setup_s, steps
 
 
@@ -237,6 +259,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "episodes_per_step": episodes,
         "setup_s": round(setup_s, 2),
         "first_step_s": round(steps[0]["step_s"], 2),
+        # torch.compile's share of the first step, and whether later steps compiled more.
+        "first_step_compile": steps[0].get("compile"),
+        "last_step_compile": steps[-1].get("compile"),
         "steady_step": {k: round(v, 3) for k, v in steady.items()},
         "steps": steps,
         "rollout_tok_s": round(rollout_tok_s) if rollout_tok_s else None,
@@ -252,10 +277,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "peak_memory_gib": None if peak_gib is None else round(peak_gib, 2),
     }
     name = args.name or f"step_{Path(args.shape).name.replace('-135m', '')}"
+    first_compile = steps[0].get("compile") or {}
     write_results(name, summary, Path(args.out))
     print_table(
         [
             {"what": "first step s", "value": summary["first_step_s"]},
+            {"what": "  torch.compile s", "value": first_compile.get("compile_s")},
+            {"what": "  graphs compiled", "value": first_compile.get("graphs")},
             {"what": "steady step s", "value": round(steady["step_s"], 2)},
             {"what": "  rollout s", "value": round(steady["rollout_s"], 2)},
             {"what": "  log-prob s", "value": round(steady["logprob_s"], 2)},

@@ -51,27 +51,29 @@ MIN_CACHE_LENGTH = 512
 """Smallest static KV cache (``compile_decode``); larger ones are powers of two."""
 
 DECODE_ROW_GROWTH = 4
-"""Compiled decode batches are padded to a power of this many rows (1, 4, 16, 64, ...)."""
+"""Compiled decode batches are padded to a power of this many rows (4, 16, 64, ...)."""
 
 
 def decode_batch_rows(count: int, max_batch_size: int) -> int:
-    """Rows a compiled decode batch is padded to: the next power of four, at most the cap.
+    """Rows a compiled decode batch is padded to: the next power of four from 4, at most the cap.
 
-    CUDA graphs are recorded (and the decode step compiled) per batch shape, and a
-    recording takes seconds and holds memory. Rounding the batch up to 1, 4, 16, 64, ...
-    rows keeps the shapes of a policy to a handful, 4 up to a 64-row cap. A decode step
-    is bound by launch overhead, not by rows, so filler rows cost little there; they do
-    take their share of the (eager) prefill and of the KV cache: 17 prompts run as 64
-    rows.
+    CUDA graphs are recorded per batch shape, and a recording holds memory. Rounding the
+    batch up to 4, 16, 64, ... rows keeps the shapes of a policy to a handful, 3 up to a
+    64-row cap. A single prompt runs as 4 rows too: ``torch.compile`` specializes a
+    dimension of size 1, so one-row batches would compile a second decode graph (tens
+    of seconds on a GPU) beside the one graph, dynamic in rows and cache length, that
+    serves every other shape. A decode step is bound by launch overhead, not by rows,
+    so filler rows cost little there; they do take their share of the (eager) prefill
+    and of the KV cache: 17 prompts run as 64 rows.
 
     Args:
         count: Prompts in the batch (``1 <= count <= max_batch_size``).
         max_batch_size: The policy's largest batch.
 
     Returns:
-        ``min(4 ** ceil(log4(count)), max_batch_size)``.
+        ``min(max(4, 4 ** ceil(log4(count))), max_batch_size)``.
     """
-    rows = 1
+    rows = DECODE_ROW_GROWTH
     while rows < count:
         rows *= DECODE_ROW_GROWTH
     return min(rows, max_batch_size)
@@ -252,8 +254,9 @@ class HFPolicy:
         compile_decode: Decode with a static KV cache and CUDA graphs (transformers'
             automatic ``torch.compile`` of the decode step). Decoding in eager mode is
             bound by Python and kernel launches, not by the GPU; graphs remove most of
-            that. The first call compiles (tens of seconds); a new batch shape records
-            new graphs, so batches are padded to a power of four (rows discarded) and
+            that. The first call compiles one decode graph, dynamic in batch rows and
+            cache length (tens of seconds); a new batch shape records new CUDA graphs,
+            so batches are padded to a power of four from 4 (rows discarded) and
             caches sized in powers of two (:func:`decode_batch_rows`,
             :func:`static_cache_length`). All calls run on one
             thread of the policy's own, where the graphs were recorded. Weights may
@@ -538,7 +541,12 @@ class HFPolicy:
         if self._compile_decode:
             config.cache_implementation = "static"
             config.max_cache_len = static_cache_length(prompt_width, params.max_new_tokens)
-            config.compile_config = self._transformers.CompileConfig()
+            # Dynamic shapes from the first call: one decode graph for every batch and
+            # cache shape. torch.compile's default compiles a static graph first and a
+            # dynamic one at each dimension that changes later (3 graphs by the
+            # third shape, measured with a tiny model on CPU); CUDA graphs are recorded per
+            # shape either way.
+            config.compile_config = self._transformers.CompileConfig(dynamic=True)
         return config
 
     def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:

@@ -25,6 +25,7 @@ def test_step_breakdown_keeps_the_rest_apart():
     assert parts["other_s"] == pytest.approx(1.5)
     assert step_breakdown(5.0, metrics)["other_s"] == 0.0  # clock noise never goes below 0
     first, later = {"step_s": 100.0}, [{"step_s": 5.0}, {"step_s": 7.0}, {"step_s": 6.0}]
+    later[0]["compile"] = {"graphs": 1}  # totals ride along; medians are of numbers only
     assert steady_state([first, *later])["step_s"] == 6.0  # the compiling first step is out
     assert steady_state([first])["step_s"] == 100.0
 
@@ -54,3 +55,8 @@ def test_bench_step_runs_whole_steps_and_writes_the_figures(tmp_path):
     assert summary["rollout_vs_policy"] > 0
     assert summary["update_tok_s"] > 0
     assert summary["naive_same_rows"] == {}  # the plain step needs CUDA
+    # torch.compile's totals after each step: never fewer graphs later than earlier.
+    first, last = summary["first_step_compile"], summary["last_step_compile"]
+    assert set(first) == {"graphs", "compile_s", "inductor_s"}
+    assert last["graphs"] >= first["graphs"] >= 0
+    assert "compile" not in steady

@@ -415,10 +415,12 @@ def test_closed_policy_refuses_to_generate(tiny):
 def test_compiled_decode_shapes_are_bucketed():
     counts = range(1, 65)
     rows = [decode_batch_rows(n, 64) for n in counts]
-    assert sorted(set(rows)) == [1, 4, 16, 64]  # four recorded batch shapes up to 64 rows
+    assert sorted(set(rows)) == [4, 16, 64]  # three recorded batch shapes up to 64 rows
     assert all(r >= n for r, n in zip(rows, counts))
-    assert [decode_batch_rows(n, 64) for n in (1, 2, 4, 5, 16, 17, 64)] == [1, 4, 4, 16, 16, 64, 64]
+    # One prompt runs as 4 rows: a batch dimension of 1 would compile a graph of its own.
+    assert [decode_batch_rows(n, 64) for n in (1, 2, 4, 5, 16, 17, 64)] == [4, 4, 4, 16, 16, 64, 64]
     assert decode_batch_rows(40, 48) == 48  # never above the policy's largest batch
+    assert decode_batch_rows(1, 2) == 2
     assert static_cache_length(1, 1) == MIN_CACHE_LENGTH
     assert static_cache_length(200, 312) == 512
     assert static_cache_length(200, 313) == 1024
@@ -469,6 +471,44 @@ def test_compile_decode_pads_the_batch_without_changing_results(tiny, caplog, mo
     assert [g.response_ids for g in first] == [g.response_ids for g in again]
 
 
+@pytest.mark.slow
+def test_three_policies_share_one_decode_graph_for_every_shape(monkeypatch):
+    # What a run's first step pays for: each decode graph torch.compile traces takes tens
+    # of seconds on a GPU. transformers compiles on accelerators only, so this forces the
+    # compile on CPU with the eager backend (dynamo's tracing and graph count, no codegen).
+    torch = pytest.importorskip("torch")
+    from torch._dynamo.utils import counters
+
+    from mappa_agents import hf
+
+    build_config = hf.HFPolicy._generation_config
+
+    def traced_on_cpu(self, params, width):
+        config = build_config(self, params, width)
+        config.compile_config._compile_all_devices = True
+        config.compile_config.backend = "eager"
+        config.compile_config.mode = None
+        return config
+
+    monkeypatch.setattr(hf.HFPolicy, "_generation_config", traced_on_cpu)
+    torch._dynamo.reset()
+    policies = [
+        HFPolicy(*tiny_model_and_tokenizer(seed=seed), compile_decode=True, max_batch_size=16)
+        for seed in range(3)  # three agents of one architecture, as in MathChat
+    ]
+    before = counters["stats"]["unique_graphs"]
+    params = SamplingParams(max_new_tokens=4, temperature=0)
+    widths = set()
+    for rows, words in [(1, 5), (3, 5), (10, 5), (3, 100)]:
+        prompts = [[{"role": "user", "content": "hello " * words + str(k)}] for k in range(rows)]
+        for policy in policies:
+            generations = policy.generate(prompts, params)
+            widths.add(static_cache_length(max(len(g.prompt_ids) for g in generations), 4))
+    assert widths == {512, 1024}  # two cache lengths, and batches of 4 and 16 rows
+    assert counters["stats"]["unique_graphs"] - before == 1
+    torch._dynamo.reset()
+
+
 def test_filler_rows_end_at_once_and_real_rows_keep_decoding(tiny, monkeypatch):
     model, tokenizer = tiny
     compiled = HFPolicy(model, tokenizer, max_batch_size=4, compile_decode=True)
@@ -484,7 +524,8 @@ def test_filler_rows_end_at_once_and_real_rows_keep_decoding(tiny, monkeypatch):
     (generation,) = compiled.generate([SHORT], SamplingParams(max_new_tokens=6, temperature=0))
     assert generation.finish_reason == "length"
     assert len(generation.response_ids) == 6
-    assert seen["sequences"].shape[0] == 1  # one prompt: a batch of one needs no filler
+    # One prompt runs as four rows too: a batch of one would compile a graph of its own.
+    assert seen["sequences"].shape[0] == 4
     compiled.generate([SHORT, LONG], SamplingParams(max_new_tokens=6, temperature=0))
     assert seen["sequences"].shape[0] == 4  # two prompts run as four rows
     compiled.generate([SHORT, LONG, THIRD], SamplingParams(max_new_tokens=6, temperature=0))
