@@ -65,6 +65,25 @@ def add_train_parser(commands: Any) -> argparse.ArgumentParser:
                 default=None,
                 help=help_text,
             )
+        elif bool in typing.get_args(hints[field.name]):
+            # A switch with a third value (gradient_checkpointing: true, false, "auto"):
+            # --flag alone is true, --flag VALUE gives the value, --no-flag false.
+            parser.add_argument(
+                flag,
+                dest=field.name,
+                nargs="?",
+                const=True,
+                type=_parse_value,
+                default=None,
+                help=help_text,
+            )
+            parser.add_argument(
+                "--no-" + flag[2:],
+                dest=field.name,
+                action="store_const",
+                const=False,
+                help=f"the same as {flag} false",
+            )
         else:
             parser.add_argument(
                 flag, dest=field.name, type=_parse_value, default=None, help=help_text

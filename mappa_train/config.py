@@ -186,8 +186,12 @@ class TrainConfig:
     lora_target_modules: str = "all-linear"
     """Modules that get adapters (``all-linear``: every linear layer but the output head)."""
 
-    gradient_checkpointing: bool = True
-    """Recompute decoder activations in the backward pass to save memory."""
+    gradient_checkpointing: bool | str = "auto"
+    """Recompute decoder activations in the backward pass to save memory. ``"auto"``
+    decides before each agent's update from its model and rows: off (faster) when the
+    largest micro-batch's activations (:func:`mappa_train.memory.activation_bytes`) fit
+    in half the free device memory, else on; the log says when the choice changes.
+    ``True`` / ``False`` fix it. The Ray learners treat ``"auto"`` as ``True``."""
 
     dtype: str = "auto"
     """Model dtype: ``auto`` (bf16 on CUDA, fp32 on CPU), ``bfloat16`` or ``float32``
@@ -290,6 +294,11 @@ class TrainConfig:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.gradient_checkpointing not in (True, False, "auto"):
+            raise ValueError(
+                "gradient_checkpointing must be true, false or 'auto', got "
+                f"{self.gradient_checkpointing!r}"
+            )
         positive = (
             "steps",
             "prompts_per_step",

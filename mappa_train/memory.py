@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -94,3 +95,57 @@ def check_fits(estimate: int, available: int, *, lora: bool, master_weights: boo
     )
     logger.warning(message)
     return message
+
+
+def activation_bytes(tokens: int, model_config: Any, dtype_bytes: int) -> int:
+    """Activations a decoder keeps for its backward pass over ``tokens`` tokens (an estimate).
+
+    Per token and layer of a Llama-style block (fused attention, a gated MLP), about
+    ``10 h + 4 i`` values: the two norms' inputs and outputs, q/k/v before and after
+    the rotary embedding, the attention output (``10 h``), and the MLP's gate, up, its
+    activation and their product (``4 i``)::
+
+        tokens * layers * (10 h + 4 i) * dtype_bytes
+
+    With activation checkpointing a layer keeps only its input, ``h`` values.
+
+    Args:
+        tokens: Padded tokens of the micro-batch (rows x longest row).
+        model_config: The model's transformers config (``hidden_size``,
+            ``num_hidden_layers``; ``intermediate_size``, else ``4 h``).
+        dtype_bytes: Bytes per activation value (2 for bf16).
+
+    Returns:
+        The estimate in bytes.
+    """
+    hidden = int(model_config.hidden_size)
+    layers = int(model_config.num_hidden_layers)
+    intermediate = int(getattr(model_config, "intermediate_size", None) or 4 * hidden)
+    return tokens * layers * (10 * hidden + 4 * intermediate) * dtype_bytes
+
+
+CHECKPOINTING_MEMORY_SHARE = 0.5
+"""``gradient_checkpointing="auto"`` keeps activations only when they fit in this share of
+the free memory: the rest is for the logits' chunks, gradients and the allocator's slack."""
+
+
+def needs_checkpointing(activations: int, free: int) -> bool:
+    """Whether to recompute activations: they would take over half the free memory.
+
+    Args:
+        activations: Bytes from :func:`activation_bytes` for the largest micro-batch.
+        free: Free bytes on the device the model trains on.
+    """
+    return activations > CHECKPOINTING_MEMORY_SHARE * free
+
+
+def free_memory_bytes(device: str) -> int:
+    """Free bytes where a model on ``device`` allocates: the GPU's, else the host's RAM."""
+    if device.startswith("cuda"):
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    import psutil
+
+    return int(psutil.virtual_memory().available)

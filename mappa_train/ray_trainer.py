@@ -132,7 +132,9 @@ class LearnerRank:
             weights, dtype=torch.float32 if optimizer_state else dtype
         ).float()
         ref = AutoModelForCausalLM.from_pretrained(reference, dtype=dtype)
-        if settings.gradient_checkpointing:
+        # A sharded learner does not size its activations per update: "auto" keeps
+        # checkpointing on, as the setting's True did before "auto" existed.
+        if settings.gradient_checkpointing in (True, "auto"):
             _enable_checkpointing(model)
         tokenizer = AutoTokenizer.from_pretrained(reference)
         pad_id = tokenizer.pad_token_id

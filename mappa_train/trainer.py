@@ -50,9 +50,22 @@ from mappa_train.algorithms.registry import AgentBatch, get_estimator
 from mappa_train.algorithms.reinforce_pp import kl_penalty
 from mappa_train.config import TrainConfig
 from mappa_train.logprobs import response_logprobs
-from mappa_train.memory import check_fits, count_parameters, static_memory_bytes
+from mappa_train.memory import (
+    GIB,
+    activation_bytes,
+    check_fits,
+    count_parameters,
+    free_memory_bytes,
+    needs_checkpointing,
+    static_memory_bytes,
+)
 from mappa_train.precision import MasterWeightAdamW
-from mappa_train.update import PreparedRows, shard_logprobs, update_agent
+from mappa_train.update import (
+    PreparedRows,
+    largest_micro_batch_tokens,
+    shard_logprobs,
+    update_agent,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +85,9 @@ class AgentLearner:
     source: str
     adapter: str | None = None
     """Name of the agent's LoRA adapter when agents share one base model."""
+    checkpointing: bool | None = None
+    """Whether ``gradient_checkpointing="auto"`` last chose to recompute activations
+    (``None``: not chosen yet; the model is loaded without)."""
 
 
 def warmup_cosine(total_steps: int, warmup_ratio: float) -> Callable[[int], float]:
@@ -276,7 +292,7 @@ class Trainer:
             weights = str(resume_from / "agents" / agent) if resume_from else source
             # Under mixed precision the optimizer state holds the float32 masters.
             model = self._load_model(weights, self.dtype)
-            if config.gradient_checkpointing:
+            if config.gradient_checkpointing is True:
                 _enable_checkpointing(model)
             model.config.use_cache = True  # generation needs the cache; training ignores it
             ref = self._load_model(source, self.dtype)  # the initial weights, frozen
@@ -424,7 +440,7 @@ class Trainer:
         ]
         # The base is frozen: it stays in the compute dtype; peft keeps adapters float32.
         base = self._load_model(source, self.dtype)
-        if config.gradient_checkpointing:
+        if config.gradient_checkpointing is True:
             _enable_checkpointing(base)
         base.config.use_cache = True
         settings = LoRASettings(
@@ -876,6 +892,8 @@ class Trainer:
         model.train()
         if learner.adapter is not None:
             model.set_adapter(learner.adapter)  # also makes only this adapter trainable
+        if config.gradient_checkpointing == "auto":
+            self._choose_checkpointing(learner, prep)
 
         def score(batch: Any) -> torch.Tensor:
             return response_logprobs(
@@ -900,6 +918,34 @@ class Trainer:
             )
         finally:
             model.eval()
+
+    def _choose_checkpointing(self, learner: AgentLearner, prep: PreparedRows) -> None:
+        """Choose activation checkpointing for one update (``gradient_checkpointing="auto"``).
+
+        On only where the largest micro-batch's activations would not fit
+        (:func:`mappa_train.memory.needs_checkpointing`); logged when the choice changes.
+        """
+        model = learner.model
+        tokens = largest_micro_batch_tokens(prep.samples, self.config)
+        value_bytes = torch.finfo(next(model.parameters()).dtype).bits // 8
+        activations = activation_bytes(tokens, model.config, value_bytes)
+        free = free_memory_bytes(self.device)
+        wanted = needs_checkpointing(activations, free)
+        # Asked of the model: agents on one LoRA base share its setting.
+        if wanted != _is_checkpointing(model):
+            (_enable_checkpointing if wanted else _disable_checkpointing)(model)
+        if wanted == learner.checkpointing:
+            return
+        learner.checkpointing = wanted
+        logger.info(
+            "%s: activation checkpointing %s: micro-batches of up to %d tokens keep about "
+            "%.1f GiB of activations without it, %.1f GiB free",
+            learner.agent,
+            "on" if wanted else "off",
+            tokens,
+            activations / GIB,
+            free / GIB,
+        )
 
     # ------------------------------------------------------------------ evaluation
 
@@ -1061,6 +1107,21 @@ def _enable_checkpointing(model: Any) -> None:
         )
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def _is_checkpointing(model: Any) -> bool:
+    """Whether ``model`` recomputes activations, by transformers' new name where it has it."""
+    if hasattr(model, "is_activation_checkpointing"):
+        return bool(model.is_activation_checkpointing)
+    return bool(getattr(model, "is_gradient_checkpointing", False))
+
+
+def _disable_checkpointing(model: Any) -> None:
+    """The counterpart of :func:`_enable_checkpointing`."""
+    if hasattr(model, "activation_checkpointing_disable"):
+        model.activation_checkpointing_disable()
+    else:
+        model.gradient_checkpointing_disable()
 
 
 def _sync_device(device: str) -> None:

@@ -131,6 +131,22 @@ def micro_batches(
     return [list(order[start : start + size]) for start in range(0, len(order), size)]
 
 
+def largest_micro_batch_tokens(samples: Sequence[ActionSample], config: TrainConfig) -> int:
+    """An upper bound on the padded tokens (rows x longest row) of any micro-batch.
+
+    Micro-batches are cut within shuffled optimizer batches, so the bound is what any
+    split could reach: the token budget (or the longest row, when one row is longer), or
+    ``micro_batch_size`` rows of the longest row.
+    """
+    if not samples:
+        return 0
+    longest = max(row_length(s) for s in samples)
+    if config.micro_batch_tokens > 0:
+        return max(config.micro_batch_tokens, longest)
+    rows = min(config.micro_batch_size, config.train_batch_size, len(samples))
+    return rows * longest
+
+
 def _padded(
     batches: list[list[int]], filler: int, reducer: Reducer
 ) -> list[tuple[list[int], bool]]:

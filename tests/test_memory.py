@@ -67,3 +67,19 @@ def test_trainer_counts_real_parameters_without_loading(tmp_path):
     assert trainer.check_memory([model_dir], available=10 * needed) is None
     warning = trainer.check_memory([model_dir], available=needed)
     assert f"{needed / GIB:.1f} GiB" in warning
+
+
+def test_activation_estimate_by_hand():
+    from types import SimpleNamespace
+
+    from mappa_train.memory import activation_bytes, needs_checkpointing
+
+    # SmolLM2-135M's shape: 30 layers, h = 576, i = 1536; bf16.
+    smol = SimpleNamespace(hidden_size=576, num_hidden_layers=30, intermediate_size=1536)
+    per_token = 30 * (10 * 576 + 4 * 1536) * 2
+    assert per_token == 714_240
+    assert activation_bytes(16_384, smol, 2) == 16_384 * per_token  # ~10.9 GiB
+    no_mlp_size = SimpleNamespace(hidden_size=8, num_hidden_layers=2)  # i defaults to 4h
+    assert activation_bytes(1, no_mlp_size, 4) == 2 * (80 + 128) * 4
+    assert not needs_checkpointing(50, free=100)  # fits in half the free memory
+    assert needs_checkpointing(51, free=100)

@@ -193,3 +193,17 @@ def test_train_agents_flag_takes_a_comma_separated_list(tmp_path):
         TrainConfig(train_agents=[])
     with pytest.raises(ValueError, match="more than once"):
         TrainConfig(train_agents="verifier,verifier")
+
+
+def test_gradient_checkpointing_flag_takes_true_false_or_auto():
+    parser = build_parser()
+    cases = {
+        (): "auto",
+        ("--gradient-checkpointing",): True,
+        ("--gradient-checkpointing", "auto"): "auto",
+        ("--gradient-checkpointing", "false"): False,
+        ("--no-gradient-checkpointing",): False,
+    }
+    for flags, expected in cases.items():
+        args = parser.parse_args(["train", *flags])
+        assert config_from_args(args).gradient_checkpointing == expected, flags

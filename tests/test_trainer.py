@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -136,6 +138,40 @@ def test_gradient_checkpointing_trains(tmp_path):
     assert metrics["writer/grad_norm"] > 0
     model = trainer.learners["writer"].model
     assert getattr(model, "is_activation_checkpointing", None) or model.is_gradient_checkpointing
+
+
+def test_auto_checkpointing_follows_the_free_memory(tmp_path, monkeypatch, caplog):
+    from mappa_train import trainer as trainer_module
+    from mappa_train.update import largest_micro_batch_tokens
+
+    model_dir = tiny_model_dir(tmp_path / "model")
+    free = {"bytes": 10**15}
+    monkeypatch.setattr(trainer_module, "free_memory_bytes", lambda device: free["bytes"])
+    config = _toy_config(tmp_path, model_dir, steps=2, gradient_checkpointing="auto")
+    trainer = Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
+    learner_model = None
+    with caplog.at_level(logging.INFO, logger="mappa_train.trainer"):
+        trainer.setup()
+        learner = trainer.learners["writer"]
+        learner_model = learner.model
+        assert trainer.train_step()["writer/grad_norm"] > 0
+        assert learner.checkpointing is False  # plenty of memory: activations are kept
+        assert "writer: activation checkpointing off" in caplog.text
+        caplog.clear()
+        free["bytes"] = 1  # nothing free: recompute
+        assert trainer.train_step()["writer/grad_norm"] > 0
+    assert learner.checkpointing is True
+    assert "writer: activation checkpointing on" in caplog.text
+    assert getattr(learner_model, "is_activation_checkpointing", None) or (
+        learner_model.is_gradient_checkpointing
+    )
+    samples = [SimpleNamespace(prompt_ids=[1] * 5, response_ids=[2] * 3) for _ in range(6)]
+    rows = _toy_config(tmp_path, model_dir, micro_batch_size=4, micro_batch_tokens=0)
+    assert largest_micro_batch_tokens(samples, rows) == 4 * 8
+    budget = _toy_config(tmp_path, model_dir, micro_batch_tokens=6)
+    assert largest_micro_batch_tokens(samples, budget) == 8  # one row over the budget
+    with pytest.raises(ValueError, match="gradient_checkpointing must be true, false or 'auto'"):
+        _toy_config(tmp_path, model_dir, gradient_checkpointing="sometimes")
 
 
 def _changed_share(trainer, initial):
