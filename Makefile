@@ -61,8 +61,9 @@ test-vllm:
 	# torchvision/torchaudio/torchcodec from the same install fail to import beside it.
 	$(VLLM_VENV)/bin/python -m pip uninstall --yes --quiet torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -e .
-	$(VLLM_VENV)/bin/python -m pip install --quiet gymnasium pettingzoo psutil pytest pytest-timeout hypothesis
-	$(VLLM_VENV)/bin/python -m pytest tests/test_models.py -k vllm -q -p no:cacheprovider
+	$(VLLM_VENV)/bin/python -m pip install --quiet gymnasium pettingzoo psutil pytest pytest-timeout hypothesis \
+		matplotlib tqdm pyyaml pandas scipy scikit-learn math-verify jupyter-client ipykernel
+	$(VLLM_VENV)/bin/python -m pytest tests/test_models.py tests/test_trainer.py -k vllm -q -p no:cacheprovider
 
 fast-test: $(STAMP)
 	$(PY) -m pytest -m "not slow" -x -q

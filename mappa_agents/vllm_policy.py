@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +101,8 @@ class VLLMPolicy:
         Returns:
             One generation per prompt, in order.
         """
+        if self.llm is None:
+            raise RuntimeError(f"policy {self.name!r} is closed: its vLLM engine was dropped")
         prompts = [self.prompt_ids(m) for m in normalize_batch(batch)]
         if not prompts:
             return []
@@ -117,6 +119,37 @@ class VLLMPolicy:
     ) -> list[Generation]:
         """:meth:`generate` in a worker thread, so an event loop keeps running."""
         return await generate_in_thread(self, batch, params)
+
+    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
+        """Put new weights into the engine in place, e.g. after an optimizer step.
+
+        Through the workers' ``reload_weights`` (vLLM's in-place reload, which also
+        redoes the backend's processing of loaded weights), then the prefix cache is
+        reset: cached prompt prefixes hold keys and values of the old weights. Calls
+        to :meth:`generate` wait until the new weights are in.
+
+        Args:
+            weights: ``(name, tensor)`` pairs as a transformers model's
+                ``named_parameters()`` gives them; vLLM maps the names to its own
+                layout (fused q/k/v, gate/up).
+
+        Raises:
+            RuntimeError: The installed vLLM's workers have no ``reload_weights`` (this
+                was written against vLLM 0.32).
+        """
+        named = list(weights)
+        with self._lock:
+            try:
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named})
+            # vLLM 0.32 reports a worker method it lacks as NotImplementedError; a
+            # plain getattr (older releases) as AttributeError.
+            except (NotImplementedError, AttributeError) as error:
+                raise RuntimeError(
+                    f"vLLM {getattr(self._vllm, '__version__', '?')} cannot reload weights "
+                    "in place (its workers have no reload_weights); install a vLLM that "
+                    "does (0.32 was tested) to train with vLLM rollouts"
+                ) from error
+            self.llm.reset_prefix_cache()
 
     def close(self) -> None:
         """Drop the engine (its memory is freed once nothing else holds it)."""

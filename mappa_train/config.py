@@ -72,6 +72,18 @@ class TrainConfig:
     episode holds up only itself; rollouts then depend on timing, so a resumed run no
     longer repeats the original one exactly)."""
 
+    rollout_engine: str = "hf"
+    """What the trained agents generate with: ``"hf"`` (the very modules being trained,
+    through transformers' ``generate``) or ``"vllm"`` (one in-process vLLM engine per
+    trained agent, the ``vllm`` extra; the new weights are loaded into it after each
+    update and its prefix cache reset). Full fine-tuning in the single-process trainer
+    only."""
+
+    vllm_options: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of ``vllm.LLM`` for ``rollout_engine="vllm"`` (``max_model_len``,
+    ``enforce_eager``, ...). By default each engine gets the model's dtype and
+    ``gpu_memory_utilization = 0.45 / engines``, leaving over half the GPU to training."""
+
     max_new_tokens: int = 4096
     """Tokens per action (the paper's budget; lower it for CPU runs)."""
 
@@ -289,11 +301,17 @@ class TrainConfig:
             "kl_estimator": ("k1", "k2", "k3"),
             "isolation": ("auto", "namespaces", "none"),
             "rollout_schedule": ("ticks", "continuous"),
+            "rollout_engine": ("hf", "vllm"),
             "distributed": ("none", "ray"),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.rollout_engine == "vllm" and (self.lora_rank > 0 or self.distributed != "none"):
+            raise ValueError(
+                "rollout_engine='vllm' loads each trained agent's full weights into its "
+                "engine after every update: it needs lora_rank=0 and distributed='none'"
+            )
         if self.gradient_checkpointing not in (True, False, "auto"):
             raise ValueError(
                 "gradient_checkpointing must be true, false or 'auto', got "

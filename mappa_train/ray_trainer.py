@@ -509,6 +509,8 @@ class RemoteAgentLearner:
     source: str
     group: LearnerGroup
     adapter: str | None = None
+    engine: Any = None
+    """Unused here (``policy`` is what acts): the single-process trainer's vLLM seam."""
 
 
 @dataclass

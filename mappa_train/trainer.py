@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -85,6 +86,9 @@ class AgentLearner:
     source: str
     adapter: str | None = None
     """Name of the agent's LoRA adapter when agents share one base model."""
+    engine: Any = None
+    """The policy the agent acts through when it is not ``policy`` (``rollout_engine="vllm"``:
+    an in-process vLLM engine that gets the new weights after each update)."""
     checkpointing: bool | None = None
     """Whether ``gradient_checkpointing="auto"`` last chose to recompute activations
     (``None``: not chosen yet; the model is loaded without)."""
@@ -256,7 +260,9 @@ class Trainer:
     def policies(self) -> dict[str, Any]:
         """The policy acting for each agent (trained or frozen), in environment order."""
         return {
-            a: self.learners[a].policy if a in self.learners else self.frozen_policies[a]
+            a: (self.learners[a].engine or self.learners[a].policy)
+            if a in self.learners
+            else self.frozen_policies[a]
             for a in self.agents
         }
 
@@ -313,7 +319,42 @@ class Trainer:
         self._setup_frozen(specs)
         if resume_from is not None:
             ckpt.load_optimizer_states(resume_from, self.learners)
+        if config.rollout_engine == "vllm":
+            self._setup_vllm_engines()
         self._start_run(resume_from)
+
+    def _setup_vllm_engines(self) -> None:
+        """``rollout_engine="vllm"``: an in-process vLLM engine per trained agent.
+
+        Built from the agent's source model (its architecture and tokenizer), then given
+        the learner's current weights (a resumed run's too), as after every update.
+        """
+        # In this process (not vLLM's engine-core subprocess): new weights then reach
+        # the engine as tensors of this process, without a copy between processes.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from mappa_agents.vllm_policy import VLLMPolicy
+
+        options = {
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "gpu_memory_utilization": 0.45 / len(self.learners),
+            "seed": self.config.seed,
+            **self.config.vllm_options,
+        }
+        for agent, learner in self.learners.items():
+            learner.engine = VLLMPolicy(
+                learner.source, name=f"{agent}:vllm:{Path(learner.source).name}", **options
+            )
+            logger.info("%s acts through vLLM (%s)", agent, options)
+        self.sync_engines()
+
+    def sync_engines(self) -> None:
+        """Load each trained agent's current weights into its rollout engine, if it has one."""
+        for learner in self.learners.values():
+            if learner.engine is not None:
+                with torch.no_grad():
+                    learner.engine.load_weights(
+                        (name, param.detach()) for name, param in learner.model.named_parameters()
+                    )
 
     def _start_run(self, resume_from: Path | None) -> None:
         """The end of :meth:`setup`: the step to resume at, the metrics, ``config.json``.
@@ -365,6 +406,7 @@ class Trainer:
         return (
             self.config.compile_decode
             and self.config.lora_rank == 0
+            and self.config.rollout_engine == "hf"
             and self.device.startswith("cuda")
         )
 
@@ -576,6 +618,9 @@ class Trainer:
     def close(self) -> None:
         """Close the rollout environments, frozen agents' API clients and the coach."""
         self._close_runners()
+        for learner in self.learners.values():
+            if learner.engine is not None:
+                learner.engine.close()
         for policy in {id(p): p for p in self.frozen_policies.values()}.values():
             # Local frozen models are kept (like the trained ones); API and vLLM policies
             # hold threads or engines to stop.
@@ -663,12 +708,15 @@ class Trainer:
         return metrics
 
     def after_update(self) -> None:
-        """Called after each step's update, before the next rollout; does nothing here.
+        """Called after each step's update, before the next rollout.
 
-        Rollouts here run on the very modules being trained, so nothing needs syncing. A
-        subclass whose :meth:`rollout` uses other engines sends them the new weights
-        here, e.g. from ``self.learners[agent].model.state_dict()``.
+        With ``rollout_engine="hf"`` rollouts run on the very modules being trained, so
+        nothing needs syncing; with ``"vllm"`` the engines get the new weights
+        (:meth:`sync_engines`). A subclass whose :meth:`rollout` uses other engines sends
+        them the new weights here (calling this one too), e.g. from
+        ``self.learners[agent].model.state_dict()``.
         """
+        self.sync_engines()
 
     def learn(self, episodes: Sequence[EpisodeResult]) -> dict[str, Any]:
         """Update every trained agent once on ``episodes``; returns the step's metrics.

@@ -206,6 +206,35 @@ def test_vllm_prompt_ids_are_the_chat_template(fake_vllm, monkeypatch):
     assert policy.prompt_ids(messages) == tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def test_vllm_weight_loading_resets_the_prefix_cache_and_names_a_vllm_without_it(fake_vllm):
+    calls = []
+
+    class Engine(_FakeLLM):
+        def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+            calls.append((method, kwargs))
+            if self.kwargs.get("model") == "old/vllm":
+                raise NotImplementedError("Method 'reload_weights' is not implemented.")
+            return [None]
+
+        def reset_prefix_cache(self):
+            calls.append(("reset_prefix_cache", None))
+
+    fake_vllm.LLM = Engine
+    fake_vllm.__version__ = "0.9.0"
+    policy = load_policy("vllm:some/model")
+    weights = iter([("w", 1.0), ("b", 2.0)])  # any iterable, consumed once
+    policy.load_weights(weights)
+    assert calls == [
+        ("reload_weights", {"weights_iterator": [("w", 1.0), ("b", 2.0)]}),
+        ("reset_prefix_cache", None),
+    ]
+    with pytest.raises(RuntimeError, match=r"vLLM 0.9.0 cannot reload weights in place"):
+        load_policy("vllm:old/vllm").load_weights([("w", 1.0)])
+    policy.close()
+    with pytest.raises(RuntimeError, match="is closed"):
+        policy.generate([[{"role": "user", "content": "hi"}]], SamplingParams())
+
+
 def test_load_policy_local_directory(tmp_path):
     pytest.importorskip("torch")
     from mappa_agents.hf import HFPolicy
@@ -303,6 +332,42 @@ def test_vllm_policy_exact_ids(tmp_path):
         assert decoded == generation.text
     # Seeds are offset per prompt, so identical prompts get different samples.
     assert generations[0].response_ids != generations[1].response_ids
+
+
+@pytest.mark.slow
+def test_vllm_policy_loads_new_weights_in_place(tmp_path, monkeypatch):
+    pytest.importorskip("vllm")
+    torch = pytest.importorskip("torch")
+    from mappa_agents.hf import HFPolicy
+    from mappa_agents.tiny_models import build_tiny_model, build_tiny_tokenizer
+    from mappa_agents.vllm_policy import VLLMPolicy
+
+    # In this process, as the trainer builds its engines.
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(tokenizer, hidden_size=128)  # head_dim 32, vLLM's CPU minimum
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    engine = VLLMPolicy(
+        tmp_path, dtype="float32", max_model_len=512, enforce_eager=True, gpu_memory_utilization=0.2
+    )
+    reference = HFPolicy(model, tokenizer)
+    prompts = [[{"role": "user", "content": "What is 2 + 3?"}], [{"role": "user", "content": "Hi"}]]
+    greedy = SamplingParams(max_new_tokens=12, temperature=0)
+    before = [g.response_ids for g in engine.generate(prompts, greedy)]
+    assert before == [g.response_ids for g in reference.generate(prompts, greedy)]
+    with torch.no_grad():  # an update, standing in for an optimizer step
+        generator = torch.Generator().manual_seed(0)
+        for param in model.parameters():
+            param.add_(0.2 * torch.randn(param.shape, generator=generator))
+    engine.load_weights(model.named_parameters())
+    after = engine.generate(prompts, greedy)
+    expected = reference.generate(prompts, greedy)
+    engine.close()
+    assert [g.response_ids for g in after] != before  # the prefix cache did not serve old keys
+    assert [g.response_ids for g in after] == [g.response_ids for g in expected]
+    for got, want in zip(after, expected):
+        assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
 
 
 # ---------------------------------------------------------------- the embedded SmolLM2

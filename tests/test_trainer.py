@@ -371,6 +371,102 @@ def test_a_subclass_can_roll_out_on_other_engines_and_sync_their_weights(tmp_pat
     trainer.engine_runner.close()
 
 
+def test_vllm_rollout_engines_get_the_new_weights_after_each_update(tmp_path, monkeypatch):
+    # vLLM is not installed for this suite: a stand-in with VLLMPolicy's interface, on its
+    # own copy of the model (as an engine holds its own weights), records what it gets.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mappa_agents import vllm_policy
+    from mappa_agents.hf import HFPolicy
+
+    built = []
+
+    class EngineStandIn:
+        def __init__(self, model, *, name, **options):
+            self.name, self.options, self.loads, self.closed = name, options, 0, False
+            self.model = AutoModelForCausalLM.from_pretrained(model)
+            self.policy = HFPolicy(self.model, AutoTokenizer.from_pretrained(model), name=name)
+            built.append(self)
+
+        def prompt_ids(self, messages):
+            return self.policy.prompt_ids(messages)
+
+        def generate(self, batch, params):
+            return self.policy.generate(batch, params)
+
+        async def agenerate(self, batch, params):
+            return await self.policy.agenerate(batch, params)
+
+        def load_weights(self, weights):
+            own = dict(self.model.named_parameters())
+            with torch.no_grad():
+                for name, tensor in weights:
+                    own[name].copy_(tensor)
+            self.loads += 1
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(vllm_policy, "VLLMPolicy", EngineStandIn)
+    model_dir = tiny_model_dir(tmp_path / "model")
+    config = _toy_config(
+        tmp_path, model_dir, steps=2, rollout_engine="vllm", vllm_options={"max_model_len": 64}
+    )
+    trainer = Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
+    history = trainer.train()
+    (engine,) = built
+    assert engine.options == {
+        "dtype": "float32",
+        "gpu_memory_utilization": 0.45,
+        "seed": 1,
+        "max_model_len": 64,
+    }
+    assert engine.loads == 3  # the starting weights, then after each of the 2 updates
+    learner = trainer.learners["writer"].model
+    for name, param in learner.named_parameters():
+        assert torch.equal(param, dict(engine.model.named_parameters())[name]), name
+    acted = {a.policy for a in load_jsonl(tmp_path / "run" / "rollouts" / "step-000001.jsonl")}
+    assert acted == {engine.name}
+    assert history[-1]["writer/grad_norm"] > 0
+    trainer.close()
+    assert engine.closed
+    with pytest.raises(ValueError, match=r"rollout_engine='vllm'.*lora_rank=0"):
+        _toy_config(tmp_path, model_dir, rollout_engine="vllm", lora_rank=8)
+
+
+@pytest.mark.slow
+def test_training_with_real_vllm_engines(tmp_path, monkeypatch):
+    # Runs where vLLM is installed (`make test-vllm`: the CPU build in its own venv).
+    pytest.importorskip("vllm")
+    from mappa_agents.tiny_models import build_tiny_model, build_tiny_tokenizer
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    tokenizer = build_tiny_tokenizer()
+    build_tiny_model(tokenizer, hidden_size=128).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    options = {"max_model_len": 256, "enforce_eager": True, "gpu_memory_utilization": 0.1}
+    config = _toy_config(
+        tmp_path, tmp_path / "model", steps=2, rollout_engine="vllm", vllm_options=options
+    )
+    trainer = Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
+    trainer.setup()  # train() would close the engines at its end
+    history = [trainer.train_step() for _ in range(2)]
+    assert all(m["writer/grad_norm"] > 0 for m in history)
+    # The engine acts with the trained weights: its greedy replies are the model's own.
+    from mappa_agents.hf import HFPolicy
+    from mappa_agents.policy import SamplingParams
+
+    learner = trainer.learners["writer"]
+    prompts = [[{"role": "user", "content": "Write a letter."}]]
+    greedy = SamplingParams(max_new_tokens=8, temperature=0)
+    engine_ids = [g.response_ids for g in learner.engine.generate(prompts, greedy)]
+    model_ids = [
+        g.response_ids for g in HFPolicy(learner.model, learner.tokenizer).generate(prompts, greedy)
+    ]
+    trainer.close()
+    assert engine_ids == model_ids
+
+
 def _weights(directory):
     from safetensors.torch import load_file
 
