@@ -21,6 +21,7 @@ system's accuracy, the exact config and the commit; two plots go beside it.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -627,7 +628,7 @@ def collect(
             run_dir = runs_dir / f"{mode}-s{seed}"
             records = read_metrics(run_dir)
             if not records and (mode, seed) in included:
-                runs.append(dict(included[(mode, seed)]))
+                runs.append(copy.deepcopy(dict(included[(mode, seed)])))
                 continue
             provenance_file = run_dir / "provenance.json"
             provenance = json.loads(provenance_file.read_text()) if provenance_file.exists() else {}
@@ -648,11 +649,11 @@ def collect(
             )
     # Runs that did not evaluate at the start share the base of their seed (same weights
     # and the same evaluation seeds, so the same episodes).
-    base = {
-        r["seed"]: r["evals"][0]
-        for r in runs
-        if r["evals"] and r["evals"][0]["step"] == 0 and not r["evals"][0].get("shared_base")
-    }
+    # A run's own base first; an included run's copy of one where no run has its own.
+    base: dict[int, dict[str, Any]] = {}
+    for run in sorted(runs, key=lambda r: bool(r["evals"] and r["evals"][0].get("shared_base"))):
+        if run["evals"] and run["evals"][0]["step"] == 0:
+            base.setdefault(run["seed"], run["evals"][0])
     for run in runs:
         if run["seed"] in base and not (run["evals"] and run["evals"][0]["step"] == 0):
             run["evals"].insert(0, {**base[run["seed"]], "shared_base": True})
@@ -889,8 +890,8 @@ def build_report(
     for name, passed in payload["goals"].items():
         print(f"  {name}: {'yes' if passed else 'no'}")
     for run in runs:
-        logged = sum(row["solved_logged"] for row in run["regraded"])
-        now = sum(row["solved_now"] for row in run["regraded"])
+        logged = sum(row["solved_logged"] for row in run.get("regraded", []))
+        now = sum(row["solved_now"] for row in run.get("regraded", []))
         if logged != now:
             print(
                 f"  {run['dir']}: {logged} saved episodes were graded solved during the run, "
@@ -987,6 +988,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The modes of included runs are reported too (``--modes outcome --include`` of a
     # process-credit results file compares both).
     report_modes = modes + [m for m in COLOURS if m in {m for m, _ in included} - set(modes)]
+    left_out = sorted(key for key in included if key[1] not in seeds or key[0] not in report_modes)
+    if left_out:
+        print(
+            f"included runs outside --seeds / the credit modes, left out: {left_out}",
+            file=sys.stderr,
+        )
     payload = build_report(args, recipe, report_modes, seeds, included, extra=sizes)
     missing = [r["dir"] for r in payload["runs"] if r["steps_done"] < int(recipe.get("steps", 0))]
     if missing:

@@ -139,11 +139,16 @@ class VLLMPolicy:
         """
         named = list(weights)
         with self._lock:
+            if self.llm is None:
+                raise RuntimeError(f"policy {self.name!r} is closed: its vLLM engine was dropped")
             try:
                 self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named})
             # vLLM 0.32 reports a worker method it lacks as NotImplementedError; a
-            # plain getattr (older releases) as AttributeError.
+            # plain getattr (older releases) as AttributeError. Errors from inside the
+            # reload itself are not about a missing method: they pass unchanged.
             except (NotImplementedError, AttributeError) as error:
+                if "reload_weights" not in str(error):
+                    raise
                 raise RuntimeError(
                     f"vLLM {getattr(self._vllm, '__version__', '?')} cannot reload weights "
                     "in place (its workers have no reload_weights); install a vLLM that "

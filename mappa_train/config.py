@@ -203,7 +203,9 @@ class TrainConfig:
     decides before each agent's update from its model and rows: off (faster) when the
     largest micro-batch's activations (:func:`mappa_train.memory.activation_bytes`) fit
     in half the free device memory, else on; the log says when the choice changes.
-    ``True`` / ``False`` fix it. The Ray learners treat ``"auto"`` as ``True``."""
+    ``True`` / ``False`` fix it. With compiled decoding (``compile_decode`` on CUDA) a
+    switch on is kept: switching recompiles the decode graphs. The Ray learners treat
+    ``"auto"`` as ``True``."""
 
     dtype: str = "auto"
     """Model dtype: ``auto`` (bf16 on CUDA, fp32 on CPU), ``bfloat16`` or ``float32``
@@ -312,7 +314,9 @@ class TrainConfig:
                 "rollout_engine='vllm' loads each trained agent's full weights into its "
                 "engine after every update: it needs lora_rank=0 and distributed='none'"
             )
-        if self.gradient_checkpointing not in (True, False, "auto"):
+        if not (
+            isinstance(self.gradient_checkpointing, bool) or self.gradient_checkpointing == "auto"
+        ):
             raise ValueError(
                 "gradient_checkpointing must be true, false or 'auto', got "
                 f"{self.gradient_checkpointing!r}"

@@ -140,12 +140,18 @@ def needs_checkpointing(activations: int, free: int) -> bool:
 
 
 def free_memory_bytes(device: str) -> int:
-    """Free bytes where a model on ``device`` allocates: the GPU's, else the host's RAM."""
+    """Free bytes where a model on ``device`` allocates: the GPU's, else the host's RAM.
+
+    On a GPU what torch's allocator caches but no tensor uses counts as free.
+    """
     if device.startswith("cuda"):
         import torch
 
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
-        return int(free)
+        where = torch.device(device)
+        free, _ = torch.cuda.mem_get_info(where)
+        # What torch's allocator holds but no tensor uses is free to this process too.
+        cached = torch.cuda.memory_reserved(where) - torch.cuda.memory_allocated(where)
+        return int(free + cached)
     import psutil
 
     return int(psutil.virtual_memory().available)

@@ -5,7 +5,8 @@ reference model (its initial weights). A step:
 
 1. **Rollouts.** ``prompts_per_step x samples_per_prompt`` episodes run through
    :class:`~mappa_agents.runner.RolloutRunner` with the agents' current weights (the
-   policies wrap the very modules being trained, so updated weights are used at once).
+   policies wrap the very modules being trained, so updated weights are used at once;
+   with ``rollout_engine="vllm"``, in-process vLLM engines get them after each update).
 2. **Credit.** Each action's reward comes from its coach score, the episode outcome, or
    both (:mod:`mappa_train.algorithms.credit`). Actions cut by the length limit and
    actions whose coach verdict is invalid are masked out and counted.
@@ -288,7 +289,13 @@ class Trainer:
         if resume_from is not None:
             _check_checkpoint_agents(resume_from, self.trained_agents, self.agents)
         if self.device.startswith("cuda"):
-            free, _ = torch.cuda.mem_get_info(torch.device(self.device))
+            free, total = torch.cuda.mem_get_info(torch.device(self.device))
+            if config.rollout_engine == "vllm":
+                # The engines, built after the models, take their share of the GPU too.
+                share = config.vllm_options.get(
+                    "gpu_memory_utilization", 0.45 / len(self.trained_agents)
+                )
+                free -= int(share * len(self.trained_agents) * total)
             # Frozen agents hold weights only; the estimate covers the trained ones.
             self.check_memory([str(resolve_model(specs[a])) for a in self.trained_agents], free)
         if config.lora_rank > 0:
@@ -726,7 +733,8 @@ class Trainer:
         :meth:`train_step` does that). Episodes made elsewhere train the same way, as
         long as their actions carry the exact prompt and response ids of the agents'
         tokenizers: a rollout engine outside this process, or a saved run's
-        trajectories.
+        trajectories. The rollout engines of ``rollout_engine="vllm"`` get the new
+        weights in :meth:`after_update`, not here.
 
         Args:
             episodes: Finished episodes of this trainer's environment.
@@ -979,6 +987,10 @@ class Trainer:
         activations = activation_bytes(tokens, model.config, value_bytes)
         free = free_memory_bytes(self.device)
         wanted = needs_checkpointing(activations, free)
+        if learner.checkpointing and not wanted and self.compiles_decoding:
+            # Decoder layers read the flag at every call, so compiled decoding would
+            # compile its graphs again at each switch: once on, it stays on.
+            wanted = True
         # Asked of the model: agents on one LoRA base share its setting.
         if wanted != _is_checkpointing(model):
             (_enable_checkpointing if wanted else _disable_checkpointing)(model)

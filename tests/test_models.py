@@ -230,9 +230,15 @@ def test_vllm_weight_loading_resets_the_prefix_cache_and_names_a_vllm_without_it
     ]
     with pytest.raises(RuntimeError, match=r"vLLM 0.9.0 cannot reload weights in place"):
         load_policy("vllm:old/vllm").load_weights([("w", 1.0)])
+    broken = load_policy("vllm:some/model")
+    broken.llm.collective_rpc = lambda *a, **k: (_ for _ in ()).throw(NotImplementedError("fp8"))
+    with pytest.raises(NotImplementedError, match="fp8"):  # not about a missing method
+        broken.load_weights([("w", 1.0)])
     policy.close()
     with pytest.raises(RuntimeError, match="is closed"):
         policy.generate([[{"role": "user", "content": "hi"}]], SamplingParams())
+    with pytest.raises(RuntimeError, match="is closed"):
+        policy.load_weights([("w", 1.0)])
 
 
 def test_load_policy_local_directory(tmp_path):

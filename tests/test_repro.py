@@ -173,6 +173,7 @@ def test_an_earlier_sessions_results_file_joins_the_report(tmp_path):
         ],
     )
     runs = repro.collect(tmp_path / "s2", ["process", "outcome"], [0], included)
+    assert "shared_base" not in included[("process", 0)]["evals"][0]  # the input is kept
     by_mode = {r["mode"]: r for r in runs}
     assert by_mode["process"]["included_from"] == "process.json"
     assert by_mode["process"]["commit"] == "abc123"
@@ -180,6 +181,10 @@ def test_an_earlier_sessions_results_file_joins_the_report(tmp_path):
     summary = repro.summarise(runs, ["process", "outcome"])
     assert summary["compared_at_step"] == 2
     assert summary["process_minus_outcome"]["values"] == pytest.approx([0.25])
+    # A results file of an outcome run whose base was a copy: the copy serves as base.
+    only_copy = {("outcome", 0): {**by_mode["outcome"], "regraded": []}}
+    (again,) = repro.collect(tmp_path / "none", ["outcome"], [0], only_copy)
+    assert again["evals"][0]["step"] == 0
     # Another recipe is not at equal rollouts: refused, naming the field.
     with pytest.raises(SystemExit, match="fields steps differ"):
         repro.load_included([results], {**recipe, "steps": 20})

@@ -147,7 +147,7 @@ def test_auto_checkpointing_follows_the_free_memory(tmp_path, monkeypatch, caplo
     model_dir = tiny_model_dir(tmp_path / "model")
     free = {"bytes": 10**15}
     monkeypatch.setattr(trainer_module, "free_memory_bytes", lambda device: free["bytes"])
-    config = _toy_config(tmp_path, model_dir, steps=2, gradient_checkpointing="auto")
+    config = _toy_config(tmp_path, model_dir, steps=5, gradient_checkpointing="auto")
     trainer = Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
     learner_model = None
     with caplog.at_level(logging.INFO, logger="mappa_train.trainer"):
@@ -162,16 +162,28 @@ def test_auto_checkpointing_follows_the_free_memory(tmp_path, monkeypatch, caplo
         assert trainer.train_step()["writer/grad_norm"] > 0
     assert learner.checkpointing is True
     assert "writer: activation checkpointing on" in caplog.text
-    assert getattr(learner_model, "is_activation_checkpointing", None) or (
-        learner_model.is_gradient_checkpointing
-    )
+    assert trainer_module._is_checkpointing(learner_model)
+    free["bytes"] = 10**15  # room again: back off
+    trainer.train_step()
+    assert learner.checkpointing is False
+    assert not trainer_module._is_checkpointing(learner_model)
+    # With compiled decoding a switch recompiles the decode graphs: once on, it stays on.
+    monkeypatch.setattr(Trainer, "compiles_decoding", property(lambda self: True))
+    free["bytes"] = 1
+    trainer.train_step()
+    free["bytes"] = 10**15
+    trainer.train_step()
+    assert learner.checkpointing is True
+    assert trainer_module._is_checkpointing(learner_model)
+    trainer.close()
     samples = [SimpleNamespace(prompt_ids=[1] * 5, response_ids=[2] * 3) for _ in range(6)]
     rows = _toy_config(tmp_path, model_dir, micro_batch_size=4, micro_batch_tokens=0)
     assert largest_micro_batch_tokens(samples, rows) == 4 * 8
     budget = _toy_config(tmp_path, model_dir, micro_batch_tokens=6)
     assert largest_micro_batch_tokens(samples, budget) == 8  # one row over the budget
-    with pytest.raises(ValueError, match="gradient_checkpointing must be true, false or 'auto'"):
-        _toy_config(tmp_path, model_dir, gradient_checkpointing="sometimes")
+    for wrong in ("sometimes", 1):  # 1 == True, but a typo would be read as off
+        with pytest.raises(ValueError, match="gradient_checkpointing must be true, false or"):
+            _toy_config(tmp_path, model_dir, gradient_checkpointing=wrong)
 
 
 def _changed_share(trainer, initial):
