@@ -41,6 +41,16 @@ def _parse_value(text: str) -> Any:
         return text
 
 
+def _parse_switch(text: str) -> bool | str:
+    """A switch's value on the command line: ``true``, ``false`` or ``auto``."""
+    value = text.strip().lower()
+    if value in ("true", "false"):
+        return value == "true"
+    if value == "auto":
+        return value
+    raise argparse.ArgumentTypeError(f"expected true, false or auto, got {text!r}")
+
+
 def add_train_parser(commands: Any) -> argparse.ArgumentParser:
     """Add the ``train`` sub-command to ``commands`` (an argparse sub-parsers object)."""
     parser = commands.add_parser(
@@ -73,7 +83,7 @@ def add_train_parser(commands: Any) -> argparse.ArgumentParser:
                 dest=field.name,
                 nargs="?",
                 const=True,
-                type=_parse_value,
+                type=_parse_switch,
                 default=None,
                 help=help_text,
             )
