@@ -673,7 +673,8 @@ COLOURS = {
 
 
 def plot_accuracy(runs: Sequence[Mapping[str, Any]], modes: Sequence[str], path: Path) -> Path:
-    """Held-out accuracy vs step per mode: mean over seeds, band = min..max of seeds."""
+    """Held-out accuracy vs step per mode: mean over seeds, band = min..max of seeds, and
+    each seed as a thin dashed line (seeds that part widely hide behind a mean)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -689,6 +690,17 @@ def plot_accuracy(runs: Sequence[Mapping[str, Any]], modes: Sequence[str], path:
         if not steps:
             continue
         colour = COLOURS.get(mode)
+        for run in mine:
+            points = sorted((p["step"], 100 * p["accuracy"]) for p in run["evals"])
+            ax.plot(*zip(*points), color=colour, alpha=0.45, linewidth=0.9, linestyle="--")
+            ax.annotate(
+                f"s{run['seed']}",
+                points[-1],
+                textcoords="offset points",
+                xytext=(4, -3),
+                fontsize=7,
+                color=colour,
+            )
         means = [100 * statistics.fmean(v) for v in per_step]
         ax.plot(steps, means, marker="o", color=colour, label=f"{mode} ({len(mine)} seeds)")
         for step, values, mean in zip(steps, per_step, means):
@@ -712,7 +724,7 @@ def plot_accuracy(runs: Sequence[Mapping[str, Any]], modes: Sequence[str], path:
     ax.set_ylim(0, max(10.0, ax.get_ylim()[1]))
     ax.set_xlabel("training step")
     ax.set_ylabel("held-out accuracy (%)")
-    ax.set_title("MathChat-v0 held-out accuracy (mean; band: range over seeds)")
+    ax.set_title("MathChat-v0 held-out accuracy (mean; band: range; dashed: each seed)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
