@@ -136,6 +136,12 @@ def run_config(
     return config
 
 
+def base_point(run: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A collected run's evaluation of the untrained system (step 0), if it has one."""
+    evals = run.get("evals") or []
+    return evals[0] if evals and evals[0]["step"] == 0 else None
+
+
 def plan_runs(
     recipe: Mapping[str, Any],
     modes: Sequence[str],
@@ -154,8 +160,7 @@ def plan_runs(
     runs = []
     for seed in seeds:
         base_done = has_base_eval(runs_dir, seed) or any(
-            s == seed and run["evals"] and run["evals"][0]["step"] == 0
-            for (_, s), run in included.items()
+            s == seed and base_point(run) for (_, s), run in included.items()
         )
         planned = [mode for mode in modes if (mode, seed) not in included]
         for index, mode in enumerate(planned):
@@ -496,8 +501,8 @@ def summarise(runs: Sequence[Mapping[str, Any]], modes: Sequence[str]) -> dict[s
     """
     base_by_seed: dict[int, dict[str, Any]] = {}
     for run in runs:
-        first = run["evals"][0] if run["evals"] else None
-        if first is not None and first["step"] == 0:
+        first = base_point(run)
+        if first is not None:
             base_by_seed.setdefault(run["seed"], first)
     step = common_eval_step(runs)
     summary: dict[str, Any] = {
@@ -651,11 +656,12 @@ def collect(
     # and the same evaluation seeds, so the same episodes).
     # A run's own base first; an included run's copy of one where no run has its own.
     base: dict[int, dict[str, Any]] = {}
-    for run in sorted(runs, key=lambda r: bool(r["evals"] and r["evals"][0].get("shared_base"))):
-        if run["evals"] and run["evals"][0]["step"] == 0:
-            base.setdefault(run["seed"], run["evals"][0])
     for run in runs:
-        if run["seed"] in base and not (run["evals"] and run["evals"][0]["step"] == 0):
+        point = base_point(run)
+        if point is not None and (run["seed"] not in base or base[run["seed"]].get("shared_base")):
+            base[run["seed"]] = point
+    for run in runs:
+        if run["seed"] in base and base_point(run) is None:
             run["evals"].insert(0, {**base[run["seed"]], "shared_base": True})
     return runs
 
@@ -999,7 +1005,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"failed runs: {failed}; their logs are in {args.runs_dir}", file=sys.stderr)
     # The modes of included runs are reported too (``--modes outcome --include`` of a
     # process-credit results file compares both).
-    report_modes = modes + [m for m in COLOURS if m in {m for m, _ in included} - set(modes)]
+    only_included = {mode for mode, _ in included} - set(modes)
+    report_modes = modes + [m for m in COLOURS if m in only_included]
     left_out = sorted(key for key in included if key[1] not in seeds or key[0] not in report_modes)
     if left_out:
         print(

@@ -101,8 +101,7 @@ class VLLMPolicy:
         Returns:
             One generation per prompt, in order.
         """
-        if self.llm is None:
-            raise RuntimeError(f"policy {self.name!r} is closed: its vLLM engine was dropped")
+        self._engine()  # a closed policy says so before any work
         prompts = [self.prompt_ids(m) for m in normalize_batch(batch)]
         if not prompts:
             return []
@@ -139,10 +138,9 @@ class VLLMPolicy:
         """
         named = list(weights)
         with self._lock:
-            if self.llm is None:
-                raise RuntimeError(f"policy {self.name!r} is closed: its vLLM engine was dropped")
+            engine = self._engine()
             try:
-                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named})
+                engine.collective_rpc("reload_weights", kwargs={"weights_iterator": named})
             # vLLM 0.32 reports a worker method it lacks as NotImplementedError; a
             # plain getattr (older releases) as AttributeError. Errors from inside the
             # reload itself are not about a missing method: they pass unchanged.
@@ -154,7 +152,13 @@ class VLLMPolicy:
                     "in place (its workers have no reload_weights); install a vLLM that "
                     "does (0.32 was tested) to train with vLLM rollouts"
                 ) from error
-            self.llm.reset_prefix_cache()
+            engine.reset_prefix_cache()
+
+    def _engine(self) -> Any:
+        """The ``vllm.LLM``; a closed policy raises ``RuntimeError``."""
+        if self.llm is None:
+            raise RuntimeError(f"policy {self.name!r} is closed: its vLLM engine was dropped")
+        return self.llm
 
     def close(self) -> None:
         """Drop the engine (its memory is freed once nothing else holds it)."""

@@ -292,9 +292,7 @@ class Trainer:
             free, total = torch.cuda.mem_get_info(torch.device(self.device))
             if config.rollout_engine == "vllm":
                 # The engines, built after the models, take their share of the GPU too.
-                share = config.vllm_options.get(
-                    "gpu_memory_utilization", 0.45 / len(self.trained_agents)
-                )
+                share = self._vllm_options()["gpu_memory_utilization"]
                 free -= int(share * len(self.trained_agents) * total)
             # Frozen agents hold weights only; the estimate covers the trained ones.
             self.check_memory([str(resolve_model(specs[a])) for a in self.trained_agents], free)
@@ -341,12 +339,7 @@ class Trainer:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from mappa_agents.vllm_policy import VLLMPolicy
 
-        options = {
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "gpu_memory_utilization": 0.45 / len(self.learners),
-            "seed": self.config.seed,
-            **self.config.vllm_options,
-        }
+        options = self._vllm_options()
         for agent, learner in self.learners.items():
             learner.engine = VLLMPolicy(
                 learner.source, name=f"{agent}:vllm:{Path(learner.source).name}", **options
@@ -354,14 +347,26 @@ class Trainer:
             logger.info("%s acts through vLLM (%s)", agent, options)
         self.sync_engines()
 
+    def _vllm_options(self) -> dict[str, Any]:
+        """The ``vllm.LLM`` arguments of every engine.
+
+        The run's dtype and seed, an equal share of 45% of the GPU per trained agent,
+        then ``vllm_options`` over them.
+        """
+        return {
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "gpu_memory_utilization": 0.45 / len(self.trained_agents),
+            "seed": self.config.seed,
+            **self.config.vllm_options,
+        }
+
     def sync_engines(self) -> None:
         """Load each trained agent's current weights into its rollout engine, if it has one."""
         for learner in self.learners.values():
             if learner.engine is not None:
-                with torch.no_grad():
-                    learner.engine.load_weights(
-                        (name, param.detach()) for name, param in learner.model.named_parameters()
-                    )
+                learner.engine.load_weights(
+                    (name, param.detach()) for name, param in learner.model.named_parameters()
+                )
 
     def _start_run(self, resume_from: Path | None) -> None:
         """The end of :meth:`setup`: the step to resume at, the metrics, ``config.json``.
