@@ -211,12 +211,23 @@ class LearnerRank:
         """One PPO-clipped pass; the group's statistics."""
         return self.learner.update(prep, step=step, lr=lr, kl_in_loss=kl_in_loss)
 
-    def weights(self) -> dict[str, torch.Tensor] | None:
-        """The model's whole float32 weights (rank 0; the other ranks return ``None``)."""
+    def weights(self, dtype: str | None = None) -> dict[str, torch.Tensor] | None:
+        """The model's whole weights (rank 0; the other ranks return ``None``).
+
+        Args:
+            dtype: Round the float32 masters to this dtype (``"bfloat16"``, say) before
+                they leave the rank: a copy that acts in that dtype gets the same
+                values from half the bytes. ``None`` keeps float32 (checkpoints).
+        """
         import torch.distributed as dist
 
         state = self.learner.full_state_dict()
-        return state if dist.get_rank() == 0 else None  # the others' are empty
+        if dist.get_rank() != 0:
+            return None  # the others' are empty
+        if dtype is not None:
+            target = getattr(torch, dtype)
+            state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
+        return state
 
     def optimizer_state(self) -> dict[str, Any] | None:
         """AdamW's whole state, keyed by parameter name (rank 0; others ``None``)."""
@@ -252,6 +263,13 @@ class LearnerRank:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _acting_dtype(learner: Any) -> str:
+    """The dtype an agent's rollout copy acts in: its engines' or the driver's model's."""
+    if isinstance(learner.policy, EnginePolicy):
+        return learner.policy.dtype
+    return str(learner.model.dtype).removeprefix("torch.")
 
 
 def _actor_options(placement: Any, bundle: int, gpus: float) -> dict[str, Any]:
@@ -368,12 +386,14 @@ class LearnerGroup:
         """The whole float32 weights (gathered by the ranks, sent by rank 0)."""
         return self._call("weights")
 
-    def weights_ref(self) -> Any:
-        """The whole weights as an object-store reference (they stay out of the driver)."""
-        ray = _import_ray()
-        refs = [handle.weights.remote() for handle in self.ranks]
-        ray.get(refs[1:])  # the other ranks' part of the gather (None each), or their error
-        return refs[0]
+    def weight_refs(self, dtype: str | None = None) -> list[Any]:
+        """Start gathering the whole weights; every rank's object-store reference.
+
+        Does not wait: the first reference is rank 0's, which holds the weights (in
+        ``dtype``, see :meth:`LearnerRank.weights`); the others hold ``None`` once their
+        part of the gather is done, or raise their rank's error when read.
+        """
+        return [handle.weights.remote(dtype) for handle in self.ranks]
 
     def optimizer_state(self) -> dict[str, Any]:
         """AdamW's whole state (gathered by the ranks, sent by rank 0)."""
@@ -442,6 +462,10 @@ class RolloutEngine:
         """The weights it acts with (CPU)."""
         return {k: v.detach().cpu() for k, v in self.policy.model.state_dict().items()}
 
+    def dtype(self) -> str:
+        """The dtype it acts in (``"bfloat16"``, say)."""
+        return str(self.policy.model.dtype).removeprefix("torch.")
+
     def peak_memory(self) -> int:
         """Peak bytes of GPU memory this engine allocated (0 on CPU)."""
         return int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else 0
@@ -469,6 +493,14 @@ class EnginePolicy:
         self.name = name
         self.pad_token_id = pad_token_id
         self._next = 0
+        self._dtype: str | None = None
+
+    @property
+    def dtype(self) -> str:
+        """The dtype the engines act in (asked of the first engine once)."""
+        if self._dtype is None:
+            self._dtype = str(_import_ray().get(self.engines[0].dtype.remote()))
+        return self._dtype
 
     def _engine(self) -> Any:
         engine = self.engines[self._next % len(self.engines)]
@@ -484,10 +516,18 @@ class EnginePolicy:
         """Generate on the next engine (awaiting Ray's reference)."""
         return await self._engine().generate.remote(list(batch), params)
 
+    def start_loading(self, weights_ref: Any) -> list[Any]:
+        """Have every engine load the weights behind an object-store reference.
+
+        Does not wait: each engine starts once the reference is ready (it may still be
+        being gathered). Returns:
+            One reference per engine, ready when that engine acts with the weights.
+        """
+        return [engine.load_weights.remote(weights_ref) for engine in self.engines]
+
     def load_weights(self, weights_ref: Any) -> None:
-        """Send every engine the weights behind an object-store reference."""
-        ray = _import_ray()
-        ray.get([engine.load_weights.remote(weights_ref) for engine in self.engines])
+        """Send every engine the weights behind an object-store reference (blocking)."""
+        _import_ray().get(self.start_loading(weights_ref))
 
     def close(self) -> None:
         """End the engine actors."""
@@ -708,22 +748,34 @@ class RayTrainer(Trainer):
         )
 
     def after_update(self) -> None:
-        """Load each agent's new weights into its rollout copy (through the object store)."""
+        """Load each agent's new weights into its rollout copy (through the object store).
+
+        Every agent's gather starts before any is waited for, so the groups (and their
+        engines) of different agents sync at once. The weights travel in the dtype the
+        copy acts in: rounding on the rank gives the values the copy's own cast would.
+        """
+        ray = _import_ray()
         started = time.perf_counter()
-        for learner in self.learners.values():
-            self._sync(learner)
+        gathers = {
+            agent: learner.group.weight_refs(_acting_dtype(learner))
+            for agent, learner in self.learners.items()
+        }
+        waits: list[Any] = []
+        for agent, learner in self.learners.items():
+            weights_ref, *others = gathers[agent]
+            waits += others  # the other ranks' part of the gather, or their error
+            if isinstance(learner.policy, EnginePolicy):
+                # Rank 0's object goes to the engines without passing through the driver.
+                waits += learner.policy.start_loading(weights_ref)
+        for agent, learner in self.learners.items():
+            if not isinstance(learner.policy, EnginePolicy):
+                weights = ray.get(gathers[agent][0])
+                with torch.no_grad():
+                    for name, tensor in learner.model.state_dict().items():
+                        tensor.copy_(weights[name])
+        ray.get(waits)
         self.sync_seconds.append(time.perf_counter() - started)
         logger.debug("weights synced in %.2f s", self.sync_seconds[-1])
-
-    def _sync(self, learner: Any) -> None:
-        if isinstance(learner.policy, EnginePolicy):
-            # Rank 0's object goes to the engines without passing through the driver.
-            learner.policy.load_weights(learner.group.weights_ref())
-            return
-        weights = learner.group.weights()
-        with torch.no_grad():
-            for name, tensor in learner.model.state_dict().items():
-                tensor.copy_(weights[name])
 
     def save(self) -> Path:
         """A checkpoint in the single-process layout, with the groups' float32 weights."""

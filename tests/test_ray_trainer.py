@@ -188,7 +188,18 @@ def test_a_group_resumes_a_bf16_run_on_its_float32_masters(tmp_path, local_ray):
         assert set(weights) == set(masters)
         for name, master in masters.items():
             torch.testing.assert_close(weights[name], master, rtol=0, atol=0)
-        group.train()  # and it goes on training from there
+        group.train(until=2)  # and it goes on training from there
+        # The sync sends the weights rounded to the dtype the rollout copy acts in, and
+        # the copy acts with the masters' bf16 rounding, as one process's does.
+        learner = group.learners["writer"]
+        masters_now = learner.group.weights()
+        sent = ray.get(learner.group.weight_refs("bfloat16")[0])
+        acting = learner.model.state_dict()
+        for name, master in masters_now.items():
+            assert sent[name].dtype == torch.bfloat16
+            torch.testing.assert_close(sent[name], master.bfloat16(), rtol=0, atol=0)
+            torch.testing.assert_close(acting[name], master.bfloat16(), rtol=0, atol=0)
+        group.train()
     finally:
         group.close()
     assert [m["step"] for m in _metrics(out / "metrics.jsonl")] == [1, 2, 3]
