@@ -32,6 +32,14 @@ from mappa_env._optional import require
 logger = logging.getLogger(__name__)
 
 
+# One lock for every in-process engine, not one per engine: an engine is not safe to
+# call from several threads, and engines of one process share vLLM's module-level state
+# (the forward context its attention layers read during a step, the current config), so
+# two engines stepping at once in two threads (agents of one run, each generating in
+# its own worker thread) would read each other's batch metadata.
+_ENGINES_LOCK = threading.Lock()
+
+
 def sampling_kwargs(params: SamplingParams, index: int = 0) -> dict[str, Any]:
     """Keyword arguments of ``vllm.SamplingParams`` for one prompt.
 
@@ -84,8 +92,7 @@ class VLLMPolicy:
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.llm = self._vllm.LLM(model=str(model), **llm_kwargs)
         self.tokenizer = self.llm.get_tokenizer()
-        # vLLM's LLM is not safe to call from several threads at once.
-        self._lock = threading.Lock()
+        self._lock = _ENGINES_LOCK
 
     def prompt_ids(self, messages: ChatMessages) -> list[int]:
         """The exact ids of a prompt: chat template with the generation prompt, tokenised."""

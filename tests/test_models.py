@@ -241,6 +241,56 @@ def test_vllm_weight_loading_resets_the_prefix_cache_and_names_a_vllm_without_it
         policy.load_weights([("w", 1.0)])
 
 
+def test_engines_of_one_process_never_step_at_once(fake_vllm, monkeypatch):
+    # Engines of one process share vLLM's module-level state (the forward context of a
+    # step): agents generating in their own threads must take turns, engine by engine.
+    active, most = [0], [0]
+    guard = threading.Lock()
+
+    class Engine(_FakeLLM):
+        def generate(self, requests, sampling, use_tqdm=False):
+            with guard:
+                active[0] += 1
+                most[0] = max(most[0], active[0])
+            time.sleep(0.05)
+            with guard:
+                active[0] -= 1
+            completion = types.SimpleNamespace(
+                token_ids=[7], logprobs=[{7: types.SimpleNamespace(logprob=-0.5)}], text="x",
+                finish_reason="stop", stop_reason=None,
+            )  # fmt: skip
+            return [
+                types.SimpleNamespace(outputs=[completion], prompt_token_ids=r["prompt_token_ids"])
+                for r in requests
+            ]
+
+    fake_vllm.LLM = Engine
+    fake_vllm.SamplingParams = lambda **kwargs: kwargs
+    monkeypatch.setattr(
+        "mappa_agents.vllm_policy.VLLMPolicy.prompt_ids", lambda self, messages: [1, 2]
+    )
+    engines = [load_policy(f"vllm:agent/{i}") for i in range(3)]
+    results: list[Any] = []
+    threads = [
+        threading.Thread(
+            target=lambda e=engine: results.append(
+                e.generate([[{"role": "user", "content": "hi"}]] * 2, SamplingParams())
+            )
+        )
+        for engine in engines
+        for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert len(results) == 6
+    assert all(len(r) == 2 for r in results)
+    assert results[0][0].response_ids == [7]
+    assert results[0][0].logprobs == [-0.5]
+    assert most[0] == 1
+
+
 def test_load_policy_local_directory(tmp_path):
     pytest.importorskip("torch")
     from mappa_agents.hf import HFPolicy
