@@ -14,15 +14,24 @@ shape or another model) and reports:
   (CUDA only; see ``bench_train_gpu``);
 - peak GPU memory.
 
+With ``--rollout-engine vllm`` the agents roll out on in-process vLLM engines (new
+weights loaded after every update), and the report adds the compiled Hugging Face
+policies' throughput on the same prompts (``hf_same_prompts``) and how closely each
+engine's log-probs follow its learner's after the last sync (``engine_agreement``).
+
 The ratios compare figures of one process, measured one after the other.
 
 Run:  python -m benchmarks.bench_step_gpu                       # SmolLM2, 64 episodes
       python -m benchmarks.bench_step_gpu --micro-batch-tokens 16384 --name step_smollm2_tb
+      python -m benchmarks.bench_step_gpu --rollout-engine vllm --name step_smollm2_vllm
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
+import json
 import os
 import shutil
 import statistics
@@ -112,8 +121,15 @@ def timed_steps(trainer: Any, count: int) -> tuple[float, list[dict[str, float]]
     return setup_s, steps
 
 
-def policy_throughput(trainer: Any, samples: Sequence[Any]) -> dict[str, Any]:
+def policy_throughput(
+    trainer: Any, samples: Sequence[Any], policies: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Generate each agent's prompts of ``samples`` again with its policy, in one call.
+
+    Args:
+        trainer: The trainer whose agents acted.
+        samples: The actions whose prompts are generated again.
+        policies: The policy of each agent (default: the ones the agents acted through).
 
     Returns:
         Seconds, response tokens and tokens/s over all agents, and per agent.
@@ -128,7 +144,7 @@ def policy_throughput(trainer: Any, samples: Sequence[Any]) -> dict[str, Any]:
         learner.model.eval()  # as for rollouts; the last update left them in train mode
     per_agent: dict[str, Any] = {}
     total_s, total_tokens = 0.0, 0
-    for agent, policy in trainer.policies.items():
+    for agent, policy in (trainer.policies if policies is None else policies).items():
         prompts = [s.messages for s in samples if s.agent == agent]
         if not prompts:
             continue
@@ -152,6 +168,71 @@ def policy_throughput(trainer: Any, samples: Sequence[Any]) -> dict[str, Any]:
     }
 
 
+def engine_agreement(trainer: Any, samples: Sequence[Any], limit: int = 16) -> dict[str, Any]:
+    """How closely each agent's rollout engine follows its learner after the last sync.
+
+    The engine samples responses to up to ``limit`` of the agent's prompts; the log-prob
+    it reports for each sampled token is compared with the learner's and with the frozen
+    reference's (the weights before training) on the same tokens, at temperature 1 (the
+    engines report the raw model distribution). An engine that holds the learner's
+    weights is much closer to the learner than to the reference.
+
+    Returns:
+        Per agent: tokens compared, mean and max absolute log-prob difference to the
+        learner, and the mean to the reference.
+    """
+    import torch
+
+    from mappa_agents.policy import SamplingParams
+    from mappa_train.logprobs import response_logprobs
+    from mappa_train.update import shard_logprobs
+
+    config = trainer.config
+    params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=1.0)
+    result: dict[str, Any] = {}
+    for agent, learner in trainer.learners.items():
+        if learner.engine is None:
+            continue
+        chosen = [s for s in samples if s.agent == agent][:limit]
+        generations = learner.engine.generate([s.messages for s in chosen], params)
+        rows = [
+            dataclasses.replace(
+                s, prompt_ids=g.prompt_ids, response_ids=g.response_ids, logprobs=g.logprobs
+            )
+            for s, g in zip(chosen, generations)
+            if g.response_ids
+        ]
+        if not rows:
+            continue
+        engine = torch.zeros((len(rows), max(len(r.response_ids) for r in rows)))
+        mask = torch.zeros_like(engine, dtype=torch.bool)
+        for i, row in enumerate(rows):
+            engine[i, : len(row.logprobs)] = torch.tensor(row.logprobs)
+            mask[i, : len(row.logprobs)] = True
+
+        pad_id = learner.policy.pad_token_id
+        with torch.no_grad():
+            under_learner, under_reference = (
+                shard_logprobs(
+                    functools.partial(response_logprobs, model, temperature=1.0),
+                    rows,
+                    config,
+                    pad_id=pad_id,
+                    device=trainer.device,
+                )
+                for model in (learner.model, learner.ref_model)
+            )
+        to_learner = (under_learner - engine).abs()[mask]
+        to_reference = (under_reference - engine).abs()[mask]
+        result[agent] = {
+            "tokens": int(mask.sum()),
+            "mean_abs_diff_learner": round(float(to_learner.mean()), 5),
+            "max_abs_diff_learner": round(float(to_learner.max()), 5),
+            "mean_abs_diff_reference": round(float(to_reference.mean()), 5),
+        }
+    return result
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -173,6 +254,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "--train-truncated",
         action="store_true",
         help="train on responses cut by the length limit (always for random-weight shapes)",
+    )
+    parser.add_argument("--rollout-engine", choices=("hf", "vllm"), default="hf")
+    parser.add_argument(
+        "--vllm-options", default="{}", help="JSON object of vllm.LLM arguments (vllm engine)"
     )
     parser.add_argument("--no-compile-decode", action="store_true")
     parser.add_argument("--dtype", default="auto")
@@ -219,6 +304,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         micro_batch_tokens=args.micro_batch_tokens,
         rollout_schedule=args.schedule,
         compile_decode=not args.no_compile_decode,
+        rollout_engine=args.rollout_engine,
+        vllm_options=json.loads(args.vllm_options),
         gradient_checkpointing=False,
         dtype=args.dtype,
         save_every=0,
@@ -231,6 +318,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     # The last step's actions, read back from the rollouts the step wrote.
     samples = load_jsonl(trainer.out / "rollouts" / f"step-{trainer.step - 1:06d}.jsonl")
     engine = policy_throughput(trainer, samples)
+    print(f"policies on the same prompts: {engine['tok_s']} tok/s")
+    hf: dict[str, Any] = {}
+    agreement: dict[str, Any] = {}
+    if args.rollout_engine == "vllm":
+        agreement = engine_agreement(trainer, samples)
+        print(f"engine agreement: {agreement}")
+        # The compiled HF policies the agents would act through without vLLM; their
+        # first call compiles, so the figure is of a second call.
+        hf_policies = {a: learner.policy for a, learner in trainer.learners.items()}
+        policy_throughput(trainer, samples[:8], hf_policies)
+        hf = policy_throughput(trainer, samples, hf_policies)
+        print(f"compiled HF on the same prompts: {hf['tok_s']} tok/s")
     peak_gib = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
     body, head = parameter_counts(next(iter(trainer.learners.values())).model)
     agents = list(trainer.agents)
@@ -269,6 +368,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "rollout_vs_policy": round(rollout_tok_s / engine["tok_s"], 3)
         if rollout_tok_s and engine["tok_s"]
         else None,
+        "hf_same_prompts": hf or None,
+        "vllm_vs_hf": round(engine["tok_s"] / hf["tok_s"], 3)
+        if hf.get("tok_s") and engine["tok_s"]
+        else None,
+        "engine_agreement": agreement or None,
         "update_tok_s": round(update_tok_s) if update_tok_s else None,
         "naive_same_rows": naive,
         "update_vs_naive": round(update_tok_s / naive["tok_s"], 3)
@@ -291,6 +395,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             {"what": "  other s", "value": round(steady["other_s"], 2)},
             {"what": "rollout tok/s", "value": summary["rollout_tok_s"]},
             {"what": "policy tok/s, same prompts", "value": engine["tok_s"]},
+            {"what": "compiled HF tok/s, same prompts", "value": hf.get("tok_s")},
             {"what": "update tok/s", "value": summary["update_tok_s"]},
             {"what": "plain step tok/s, same rows", "value": naive.get("tok_s")},
             {"what": "peak GiB", "value": summary["peak_memory_gib"]},

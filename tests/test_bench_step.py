@@ -60,3 +60,44 @@ def test_bench_step_runs_whole_steps_and_writes_the_figures(tmp_path):
     assert set(first) == {"graphs", "compile_s", "inductor_s"}
     assert last["graphs"] >= first["graphs"] >= 0
     assert "compile" not in steady
+
+
+def test_engine_agreement_tells_a_synced_engine_from_the_base_weights(tmp_path):
+    from benchmarks.bench_step_gpu import engine_agreement
+    from mappa_agents.trajectory import load_jsonl
+    from mappa_train.config import TrainConfig
+    from mappa_train.trainer import Trainer
+    from tests.toy_env import LetterEnv
+
+    config = TrainConfig(
+        env="Letter-v0",
+        system=str(tiny_model_dir(tmp_path / "model")),
+        steps=2,
+        prompts_per_step=2,
+        samples_per_prompt=2,
+        concurrency=4,
+        max_new_tokens=8,
+        lr=1e-2,
+        mask_truncated=False,
+        warmup_ratio=0.0,
+        gradient_checkpointing=False,
+        save_every=0,
+        tensorboard=False,
+        progress=False,
+        output_dir=str(tmp_path / "run"),
+    )
+    trainer = Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
+    try:
+        trainer.train(until=2)
+        samples = load_jsonl(trainer.out / "rollouts" / "step-000001.jsonl")
+        learner = trainer.learners["writer"]
+        assert engine_agreement(trainer, samples) == {}  # no agent has an engine
+        learner.engine = learner.policy  # an "engine" that acts with the learner's weights
+        synced = engine_agreement(trainer, samples)["writer"]
+        assert synced["tokens"] > 0
+        assert synced["mean_abs_diff_learner"] < 1e-4
+        # Two steps at lr 1e-2 moved the weights: the base model scores the tokens apart.
+        assert synced["mean_abs_diff_reference"] > 100 * max(synced["mean_abs_diff_learner"], 1e-5)
+    finally:
+        learner.engine = None
+        trainer.close()
