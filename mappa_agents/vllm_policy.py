@@ -141,7 +141,7 @@ class VLLMPolicy:
 
         Raises:
             RuntimeError: The installed vLLM's workers have no ``reload_weights`` (this
-                was written against vLLM 0.32).
+                was checked with vLLM 0.26 on a GPU and 0.32 on CPU).
         """
         named = list(weights)
         with self._lock:
@@ -157,7 +157,7 @@ class VLLMPolicy:
                 raise RuntimeError(
                     f"vLLM {getattr(self._vllm, '__version__', '?')} cannot reload weights "
                     "in place (its workers have no reload_weights); install a vLLM that "
-                    "does (0.32 was tested) to train with vLLM rollouts"
+                    "does (0.26 and 0.32 were tested) to train with vLLM rollouts"
                 ) from error
             engine.reset_prefix_cache()
 
