@@ -46,10 +46,13 @@ format: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
+# Test worker processes (pytest-xdist); TEST_WORKERS=0 runs the suite in this process.
+TEST_WORKERS ?= 2
+
 # pytest exits 5 when nothing was collected: not a failure of the project.
 # The docs build first, so a broken page fails CI (the tutorials run in tests/test_docs.py).
 test: lint docs
-	$(PY) -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
+	$(PY) -m pytest -n $(TEST_WORKERS); rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
 
 # VLLMPolicy against a real vLLM: the CPU build pins its own torch and transformers, so
 # it gets a venv of its own (a large download; not part of `make test`).
