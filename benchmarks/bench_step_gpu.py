@@ -16,8 +16,9 @@ shape or another model) and reports:
 
 With ``--rollout-engine vllm`` the agents roll out on in-process vLLM engines (new
 weights loaded after every update), and the report adds the compiled Hugging Face
-policies' throughput on the same prompts (``hf_same_prompts``) and how closely each
-engine's log-probs follow its learner's after the last sync (``engine_agreement``).
+policies' throughput on the same prompts (``hf_same_prompts``), how closely each
+engine's log-probs follow its learner's after the last sync (``engine_agreement``) and
+whether its weights are the learner's (``engine_weights``).
 
 The ratios compare figures of one process, measured one after the other.
 
@@ -233,6 +234,64 @@ def engine_agreement(trainer: Any, samples: Sequence[Any], limit: int = 16) -> d
     return result
 
 
+def parameter_sums(model: Any) -> dict[str, float]:
+    """Float64 sum and sum of squares of every parameter element of ``model``.
+
+    Unchanged when a loader fuses or splits tensors (vLLM's fused q/k/v and gate/up
+    projections hold the same elements as transformers' separate ones), so an engine's
+    sums equal its source model's exactly when it holds the same values.
+    """
+    import torch
+
+    total, squares = 0.0, 0.0
+    with torch.no_grad():
+        for _, parameter in model.named_parameters():
+            values = parameter.detach().double()
+            total += float(values.sum())
+            squares += float((values * values).sum())
+    return {"sum": total, "sum_squares": squares}
+
+
+def _engine_parameter_sums(worker: Any) -> dict[str, float]:
+    """:func:`parameter_sums` of the model a vLLM worker runs (for ``collective_rpc``)."""
+    return parameter_sums(worker.get_model())
+
+
+def engine_weights(trainer: Any) -> dict[str, Any]:
+    """Each in-process vLLM engine's weights against its learner's and the reference's.
+
+    Returns:
+        Per agent: the engine's, the learner's and the frozen reference's
+        :func:`parameter_sums`, whether the engine's equal the learner's (to 1e-9
+        relative), and how many of the learner's weight elements differ from the
+        reference's (0 means the check cannot tell a synced engine from a stale one).
+    """
+    import torch
+
+    result: dict[str, Any] = {}
+    for agent, learner in trainer.learners.items():
+        llm = getattr(learner.engine, "llm", None)
+        if llm is None:
+            continue
+        engine = llm.collective_rpc(_engine_parameter_sums)[0]
+        mine = parameter_sums(learner.model)
+        with torch.no_grad():
+            changed = sum(
+                int((a != b).sum())
+                for a, b in zip(learner.model.parameters(), learner.ref_model.parameters())
+            )
+        result[agent] = {
+            "engine": engine,
+            "learner": mine,
+            "reference": parameter_sums(learner.ref_model),
+            "engine_equals_learner": all(
+                abs(engine[k] - mine[k]) <= 1e-9 * max(1.0, abs(mine[k])) for k in mine
+            ),
+            "elements_changed_by_training": changed,
+        }
+    return result
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -321,9 +380,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(f"policies on the same prompts: {engine['tok_s']} tok/s")
     hf: dict[str, Any] = {}
     agreement: dict[str, Any] = {}
+    weights: dict[str, Any] = {}
     if args.rollout_engine == "vllm":
         agreement = engine_agreement(trainer, samples)
         print(f"engine agreement: {agreement}")
+        weights = engine_weights(trainer)
+        print(f"engine weights: {weights}")
         # The compiled HF policies the agents would act through without vLLM. A call
         # compiles for the batch shapes it meets, so the same prompts run twice and the
         # second call is the figure (the first call's seconds are kept beside it).
@@ -375,6 +437,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if hf.get("tok_s") and engine["tok_s"]
         else None,
         "engine_agreement": agreement or None,
+        "engine_weights": weights or None,
         "update_tok_s": round(update_tok_s) if update_tok_s else None,
         "naive_same_rows": naive,
         "update_vs_naive": round(update_tok_s / naive["tok_s"], 3)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -63,7 +64,7 @@ def test_bench_step_runs_whole_steps_and_writes_the_figures(tmp_path):
 
 
 def test_engine_agreement_tells_a_synced_engine_from_the_base_weights(tmp_path):
-    from benchmarks.bench_step_gpu import engine_agreement
+    from benchmarks.bench_step_gpu import engine_agreement, engine_weights
     from mappa_agents.trajectory import load_jsonl
     from mappa_train.config import TrainConfig
     from mappa_train.trainer import Trainer
@@ -98,6 +99,19 @@ def test_engine_agreement_tells_a_synced_engine_from_the_base_weights(tmp_path):
         assert synced["mean_abs_diff_learner"] < 1e-4
         # Two steps at lr 1e-2 moved the weights: the base model scores the tokens apart.
         assert synced["mean_abs_diff_reference"] > 100 * max(synced["mean_abs_diff_learner"], 1e-5)
+        # The weight check asks the engine's worker for its model, as vLLM's
+        # collective_rpc does: a stand-in that holds the learner's model, then the base.
+        held = {"model": learner.model}
+        worker = SimpleNamespace(get_model=lambda: held["model"])
+        learner.engine = SimpleNamespace(
+            llm=SimpleNamespace(collective_rpc=lambda fn: [fn(worker)])
+        )
+        (checked,) = engine_weights(trainer).values()
+        assert checked["engine_equals_learner"]
+        assert checked["elements_changed_by_training"] > 0
+        assert checked["reference"] != checked["learner"]
+        held["model"] = learner.ref_model  # an engine that missed the sync
+        assert not engine_weights(trainer)["writer"]["engine_equals_learner"]
     finally:
         learner.engine = None
         trainer.close()
