@@ -66,27 +66,13 @@ def test_bench_step_runs_whole_steps_and_writes_the_figures(tmp_path):
 def test_engine_agreement_tells_a_synced_engine_from_the_base_weights(tmp_path):
     from benchmarks.bench_step_gpu import engine_agreement, engine_weights
     from mappa_agents.trajectory import load_jsonl
-    from mappa_train.config import TrainConfig
     from mappa_train.trainer import Trainer
-    from tests.toy_env import LetterEnv
+    from tests.toy_env import LetterEnv, toy_train_config
 
-    config = TrainConfig(
-        env="Letter-v0",
-        system=str(tiny_model_dir(tmp_path / "model")),
-        steps=2,
-        prompts_per_step=2,
-        samples_per_prompt=2,
-        concurrency=4,
-        max_new_tokens=8,
-        lr=1e-2,
-        mask_truncated=False,
-        warmup_ratio=0.0,
-        gradient_checkpointing=False,
-        save_every=0,
-        tensorboard=False,
-        progress=False,
-        output_dir=str(tmp_path / "run"),
-    )
+    config = toy_train_config(
+        tmp_path, tiny_model_dir(tmp_path / "model"), steps=2, prompts_per_step=2,
+        samples_per_prompt=2, concurrency=4, max_new_tokens=8,
+    )  # fmt: skip
     trainer = Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
     try:
         trainer.train(until=2)

@@ -18,7 +18,7 @@ from mappa_train import (  # noqa: E402
     register_estimator,
     unregister_estimator,
 )
-from tests.toy_env import LetterEnv  # noqa: E402
+from tests.toy_env import LetterEnv, toy_train_config  # noqa: E402
 
 
 class RecordingZeros:
@@ -54,30 +54,12 @@ def zeros_estimators():
 
 
 def _config(tmp_path, estimator, **changes):
-    values = dict(
-        env="Letter-v0",
-        system=str(tiny_model_dir(tmp_path / "model")),
-        steps=2,
-        prompts_per_step=2,
-        samples_per_prompt=2,
-        concurrency=4,
-        max_new_tokens=6,
-        lr=1e-2,
-        kl_coef=0.0,
-        mask_truncated=False,
-        train_batch_size=4,
-        micro_batch_size=4,
-        warmup_ratio=0.0,
-        gradient_checkpointing=False,
-        save_every=0,
-        tensorboard=False,
-        progress=False,
-        output_dir=str(tmp_path / "run"),
-        seed=1,
-        advantage_estimator=estimator,
-    )
-    values.update(changes)
-    return TrainConfig(**values)
+    settings = dict(
+        steps=2, prompts_per_step=2, samples_per_prompt=2, concurrency=4, max_new_tokens=6,
+        train_batch_size=4, micro_batch_size=4, advantage_estimator=estimator,
+    )  # fmt: skip
+    settings.update(changes)
+    return toy_train_config(tmp_path, tiny_model_dir(tmp_path / "model"), **settings)
 
 
 def _train(config):

@@ -24,7 +24,7 @@ from mappa_train import checkpoint as ckpt  # noqa: E402
 from mappa_train.config import TrainConfig  # noqa: E402
 from mappa_train.logprobs import pack, response_logprobs  # noqa: E402
 from mappa_train.trainer import Trainer, warmup_cosine  # noqa: E402
-from tests.toy_env import LetterEnv  # noqa: E402
+from tests.toy_env import LetterEnv, toy_train_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,30 +74,7 @@ def test_warmup_cosine_schedule():
     assert factor(51) == pytest.approx(0.5, abs=0.02)
 
 
-def _toy_config(tmp_path, model_dir, **changes):
-    config = dict(
-        env="Letter-v0",
-        system=str(model_dir),
-        steps=14,
-        prompts_per_step=4,
-        samples_per_prompt=4,
-        concurrency=16,
-        max_new_tokens=12,
-        lr=1e-2,
-        kl_coef=0.0,
-        mask_truncated=False,  # a random tiny model rarely emits EOS within 12 tokens
-        train_batch_size=16,
-        micro_batch_size=8,
-        warmup_ratio=0.0,
-        gradient_checkpointing=False,
-        save_every=0,
-        tensorboard=False,
-        progress=False,
-        output_dir=str(tmp_path / "run"),
-        seed=1,
-    )
-    config.update(changes)
-    return TrainConfig(**config)
+_toy_config = toy_train_config
 
 
 @pytest.mark.slow

@@ -80,3 +80,38 @@ class LetterPairEnv(LetterEnv):
 
     env_id = "LetterPair-v0"
     roles = (AgentSpec("writer", "writer", 1), AgentSpec("editor", "editor", 1))
+
+
+def toy_train_config(tmp_path: Any, model_dir: Any, **changes: Any) -> Any:
+    """Trainer settings for ``Letter-v0`` with a tiny model: a few seconds a step on CPU.
+
+    Args:
+        tmp_path: The test's folder; the run writes under ``tmp_path / "run"``.
+        model_dir: The tiny model's directory.
+        **changes: Fields that differ from these defaults.
+    """
+    from mappa_train.config import TrainConfig
+
+    config: dict[str, Any] = dict(
+        env="Letter-v0",
+        system=str(model_dir),
+        steps=14,
+        prompts_per_step=4,
+        samples_per_prompt=4,
+        concurrency=16,
+        max_new_tokens=12,
+        lr=1e-2,
+        kl_coef=0.0,
+        mask_truncated=False,  # a random tiny model rarely emits EOS within 12 tokens
+        train_batch_size=16,
+        micro_batch_size=8,
+        warmup_ratio=0.0,
+        gradient_checkpointing=False,
+        save_every=0,
+        tensorboard=False,
+        progress=False,
+        output_dir=str(tmp_path / "run"),
+        seed=1,
+    )
+    config.update(changes)
+    return TrainConfig(**config)
