@@ -65,8 +65,9 @@ test-vllm:
 	$(VLLM_VENV)/bin/python -m pip uninstall --yes --quiet torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	$(VLLM_VENV)/bin/python -m pip install --quiet gymnasium pettingzoo psutil pytest pytest-timeout hypothesis \
-		matplotlib tqdm pyyaml pandas scipy scikit-learn math-verify jupyter-client ipykernel
-	$(VLLM_VENV)/bin/python -m pytest tests/test_models.py tests/test_trainer.py -k vllm -q -p no:cacheprovider
+		matplotlib tqdm pyyaml pandas scipy scikit-learn math-verify jupyter-client ipykernel "ray>=2.40"
+	$(VLLM_VENV)/bin/python -m pytest tests/test_models.py tests/test_trainer.py tests/test_ray_trainer.py \
+		-k vllm -q -p no:cacheprovider
 
 fast-test: $(STAMP)
 	$(PY) -m pytest -m "not slow" -x -q

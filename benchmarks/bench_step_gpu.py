@@ -234,29 +234,6 @@ def engine_agreement(trainer: Any, samples: Sequence[Any], limit: int = 16) -> d
     return result
 
 
-def parameter_sums(model: Any) -> dict[str, float]:
-    """Float64 sum and sum of squares of every parameter element of ``model``.
-
-    Unchanged when a loader fuses or splits tensors (vLLM's fused q/k/v and gate/up
-    projections hold the same elements as transformers' separate ones), so an engine's
-    sums equal its source model's exactly when it holds the same values.
-    """
-    import torch
-
-    total, squares = 0.0, 0.0
-    with torch.no_grad():
-        for _, parameter in model.named_parameters():
-            values = parameter.detach().double()
-            total += float(values.sum())
-            squares += float((values * values).sum())
-    return {"sum": total, "sum_squares": squares}
-
-
-def _engine_parameter_sums(worker: Any) -> dict[str, float]:
-    """:func:`parameter_sums` of the model a vLLM worker runs (for ``collective_rpc``)."""
-    return parameter_sums(worker.get_model())
-
-
 def engine_weights(trainer: Any) -> dict[str, Any]:
     """Each in-process vLLM engine's weights against its learner's and the reference's.
 
@@ -268,12 +245,14 @@ def engine_weights(trainer: Any) -> dict[str, Any]:
     """
     import torch
 
+    from mappa_train.ray_trainer import _worker_parameter_sums, parameter_sums
+
     result: dict[str, Any] = {}
     for agent, learner in trainer.learners.items():
         llm = getattr(learner.engine, "llm", None)
         if llm is None:
             continue
-        engine = llm.collective_rpc(_engine_parameter_sums)[0]
+        engine = llm.collective_rpc(_worker_parameter_sums)[0]
         mine = parameter_sums(learner.model)
         with torch.no_grad():
             changed = sum(

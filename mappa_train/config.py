@@ -76,13 +76,14 @@ class TrainConfig:
     """What the trained agents generate with: ``"hf"`` (the very modules being trained,
     through transformers' ``generate``) or ``"vllm"`` (one in-process vLLM engine per
     trained agent, the ``vllm`` extra; the new weights are loaded into it after each
-    update and its prefix cache reset). Full fine-tuning in the single-process trainer
-    only."""
+    update and its prefix cache reset). Full fine-tuning only; with ``distributed: ray``
+    the engines are the rollout engine actors (``engines_per_agent`` >= 1)."""
 
     vllm_options: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of ``vllm.LLM`` for ``rollout_engine="vllm"`` (``max_model_len``,
     ``enforce_eager``, ...). By default each engine gets the model's dtype and
-    ``gpu_memory_utilization = 0.45 / engines``, leaving over half the GPU to training."""
+    ``gpu_memory_utilization = 0.45 / engines``, leaving over half the GPU to training
+    (as a Ray actor: 0.9 of its ``gpus_per_engine``)."""
 
     max_new_tokens: int = 4096
     """Tokens per action (the paper's budget; lower it for CPU runs)."""
@@ -238,8 +239,9 @@ class TrainConfig:
     a GPU each: NCCL refuses two ranks of a group on one device). Ignored on CPU."""
 
     engines_per_agent: int = 0
-    """Rollout engines (Ray actors, each an HF copy of the agent) per trained agent
-    (``distributed: ray``); 0: the driver acts with its own copy. Calls go to an agent's
+    """Rollout engines (Ray actors, each an HF copy of the agent, or a vLLM engine with
+    ``rollout_engine: vllm``) per trained agent (``distributed: ray``); 0: the driver
+    acts with its own copy. Calls go to an agent's
     engines in turn; new weights reach them through Ray's object store after each
     update."""
 
@@ -309,10 +311,19 @@ class TrainConfig:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.rollout_engine == "vllm" and (self.lora_rank > 0 or self.distributed != "none"):
+        if self.rollout_engine == "vllm" and self.lora_rank > 0:
             raise ValueError(
                 "rollout_engine='vllm' loads each trained agent's full weights into its "
-                "engine after every update: it needs lora_rank=0 and distributed='none'"
+                "engine after every update: it needs lora_rank=0"
+            )
+        if (
+            self.rollout_engine == "vllm"
+            and self.distributed == "ray"
+            and (self.engines_per_agent < 1)
+        ):
+            raise ValueError(
+                "rollout_engine='vllm' with distributed='ray' runs the vLLM engines as "
+                "rollout engine actors: set engines_per_agent to 1 or more"
             )
         if not (
             isinstance(self.gradient_checkpointing, bool) or self.gradient_checkpointing == "auto"

@@ -265,6 +265,27 @@ class LearnerRank:
             dist.destroy_process_group()
 
 
+def parameter_sums(model: Any) -> dict[str, float]:
+    """Float64 sum and sum of squares of every parameter element of ``model``.
+
+    Unchanged when a loader fuses or splits tensors (vLLM's fused q/k/v and gate/up
+    projections hold the same elements as transformers' separate ones), so an engine's
+    sums equal a model's exactly when both hold the same values.
+    """
+    total, squares = 0.0, 0.0
+    with torch.no_grad():
+        for _, parameter in model.named_parameters():
+            values = parameter.detach().double()
+            total += float(values.sum())
+            squares += float((values * values).sum())
+    return {"sum": total, "sum_squares": squares}
+
+
+def _worker_parameter_sums(worker: Any) -> dict[str, float]:
+    """:func:`parameter_sums` of the model a vLLM worker runs (for ``collective_rpc``)."""
+    return parameter_sums(worker.get_model())
+
+
 def _acting_dtype(learner: Any) -> str:
     """The dtype an agent's rollout copy acts in: its engines' or the driver's model's."""
     if isinstance(learner.policy, EnginePolicy):
@@ -419,13 +440,17 @@ class LearnerGroup:
 
 
 class RolloutEngine:
-    """An agent's rollout copy in a Ray actor: an :class:`~mappa_agents.hf.HFPolicy`.
+    """An agent's rollout copy in a Ray actor.
+
+    An :class:`~mappa_agents.hf.HFPolicy`, or a
+    :class:`~mappa_agents.vllm_policy.VLLMPolicy` with ``rollout_engine: vllm``.
 
     Args:
         weights: Where the weights to act with are (a checkpoint or the source).
         source: The agent's source model (its tokenizer).
         name: The policy's name.
-        config: The run's settings (device, dtype, batch size, compiled decoding).
+        config: The run's settings (device, dtype, batch size, compiled decoding,
+            vLLM options).
     """
 
     def __init__(self, weights: str, source: str, name: str, config: dict[str, Any]) -> None:
@@ -437,6 +462,11 @@ class RolloutEngine:
         settings = TrainConfig.from_dict(config)
         device = "cuda" if settings.device != "cpu" and torch.cuda.is_available() else "cpu"
         dtype = resolve_dtype(settings.dtype, device)
+        self._dtype = str(dtype).removeprefix("torch.")
+        self.policy: Any
+        if settings.rollout_engine == "vllm":
+            self.policy = self._vllm_policy(weights, name, settings)
+            return
         model = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype).to(device)
         model.eval()
         model.requires_grad_(False)
@@ -448,23 +478,58 @@ class RolloutEngine:
             compile_decode=settings.compile_decode and device == "cuda",
         )
 
+    def _vllm_policy(self, weights: str, name: str, settings: Any) -> Any:
+        """A vLLM engine in this actor's process, built from ``weights``.
+
+        ``weights`` is the agent's source or a checkpoint (which holds its tokenizer too).
+        """
+        import os
+
+        # In this process, so the weights the actor receives reach the engine as tensors.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from mappa_agents.vllm_policy import VLLMPolicy
+
+        options = {
+            "dtype": self._dtype,
+            # Ray gives the actor a share of a GPU; vLLM's own share is of the whole GPU.
+            "gpu_memory_utilization": 0.9 * min(1.0, settings.gpus_per_engine),
+            "seed": settings.seed,
+            **settings.vllm_options,
+        }
+        return VLLMPolicy(weights, name=name, **options)
+
     def generate(self, batch: list[Any], params: Any) -> list[Any]:
         """The policy's generations for ``batch``."""
         return self.policy.generate(batch, params)
 
     @torch.no_grad()
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Act with ``weights`` from now on (copied into the model in place)."""
+        """Act with ``weights`` from now on (copied in place into the model or engine)."""
+        if not hasattr(self.policy, "model"):  # a vLLM engine maps the names itself
+            self.policy.load_weights(weights.items())
+            return
         for name, tensor in self.policy.model.state_dict().items():
             tensor.copy_(weights[name])
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """The weights it acts with (CPU)."""
+        """The weights it acts with (CPU; an HF engine only: vLLM fuses some tensors)."""
+        if not hasattr(self.policy, "model"):
+            raise TypeError("a vLLM engine's weights are fused; compare parameter_sums()")
         return {k: v.detach().cpu() for k, v in self.policy.model.state_dict().items()}
+
+    def parameter_sums(self) -> dict[str, float]:
+        """Float64 sum and sum of squares of the weights it acts with.
+
+        Any HF engine, and vLLM engines on GPUs (vLLM's CPU backend repacks linear
+        weights into buffers outside the model's parameters).
+        """
+        if hasattr(self.policy, "model"):
+            return parameter_sums(self.policy.model)
+        return self.policy.llm.collective_rpc(_worker_parameter_sums)[0]
 
     def dtype(self) -> str:
         """The dtype it acts in (``"bfloat16"``, say)."""
-        return str(self.policy.model.dtype).removeprefix("torch.")
+        return self._dtype
 
     def peak_memory(self) -> int:
         """Peak bytes of GPU memory this engine allocated (0 on CPU)."""

@@ -228,3 +228,42 @@ def test_rollout_engines_as_actors_get_the_weights_and_train_alike(tmp_path, loc
     finally:
         trainer.close()
     _assert_same_metrics(_metrics(trainer.metrics_path), _metrics(straight.metrics_path))
+
+
+@pytest.mark.slow
+def test_vllm_rollout_engines_as_actors_act_with_the_groups_weights(tmp_path, local_ray):
+    # Runs where vLLM is installed (`make test-vllm`: the CPU build in its own venv).
+    pytest.importorskip("vllm")
+    from transformers import AutoModelForCausalLM
+
+    from mappa_agents.hf import HFPolicy
+    from mappa_agents.policy import SamplingParams
+    from mappa_agents.tiny_models import build_tiny_model, build_tiny_tokenizer
+
+    model_dir = tmp_path / "model"
+    tokenizer = build_tiny_tokenizer()
+    build_tiny_model(tokenizer, hidden_size=128).save_pretrained(model_dir)  # head_dim 32
+    tokenizer.save_pretrained(model_dir)
+    config = _config(
+        tmp_path / "ray", model_dir, distributed="ray", engines_per_agent=1,
+        rollout_engine="vllm", steps=2, save_every=0,
+        vllm_options={"max_model_len": 256, "enforce_eager": True, "gpu_memory_utilization": 0.1},
+    )  # fmt: skip
+    trainer = _trainer(RayTrainer, config)
+    try:
+        trainer.setup()  # train() would close the engines at its end
+        history = [trainer.train_step() for _ in range(2)]
+        assert all(m["writer/grad_norm"] > 0 for m in history)
+        learner = trainer.learners["writer"]
+        trained = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        trained.load_state_dict(learner.group.weights())
+        # The engine acts with the group's weights after the last sync. (vLLM's CPU
+        # backend repacks linear weights outside named_parameters, so parameter sums
+        # compare engines on GPUs only.)
+        prompts = [[{"role": "user", "content": "Write a letter."}]]
+        greedy = SamplingParams(max_new_tokens=8, temperature=0)
+        engine_ids = [g.response_ids for g in learner.policy.generate(prompts, greedy)]
+        model_ids = [g.response_ids for g in HFPolicy(trained, tokenizer).generate(prompts, greedy)]
+        assert engine_ids == model_ids
+    finally:
+        trainer.close()

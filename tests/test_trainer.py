@@ -421,6 +421,8 @@ def test_vllm_rollout_engines_get_the_new_weights_after_each_update(tmp_path, mo
     assert engine.closed
     with pytest.raises(ValueError, match=r"rollout_engine='vllm'.*lora_rank=0"):
         _toy_config(tmp_path, model_dir, rollout_engine="vllm", lora_rank=8)
+    with pytest.raises(ValueError, match=r"distributed='ray'.*engines_per_agent to 1"):
+        _toy_config(tmp_path, model_dir, rollout_engine="vllm", distributed="ray")
 
 
 @pytest.mark.slow
