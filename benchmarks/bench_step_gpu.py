@@ -175,8 +175,10 @@ def engine_agreement(trainer: Any, samples: Sequence[Any], limit: int = 16) -> d
     The engine samples responses to up to ``limit`` of the agent's prompts; the log-prob
     it reports for each sampled token is compared with the learner's and with the frozen
     reference's (the weights before training) on the same tokens, at temperature 1 (the
-    engines report the raw model distribution). An engine that holds the learner's
-    weights is much closer to the learner than to the reference.
+    engines report the raw model distribution). It tells a synced engine from a stale
+    one only once training has moved the learner further from the reference than the
+    engine's kernels differ from transformers' (:func:`engine_weights` does not need
+    that).
 
     Returns:
         Per agent: tokens compared, mean and max absolute log-prob difference to the
@@ -234,6 +236,30 @@ def engine_agreement(trainer: Any, samples: Sequence[Any], limit: int = 16) -> d
     return result
 
 
+def parameter_sums(model: Any) -> dict[str, float]:
+    """Float64 sum and sum of squares of every parameter element of ``model``.
+
+    Unchanged when a loader fuses or splits tensors (vLLM's fused q/k/v and gate/up
+    projections hold the same elements as transformers' separate ones), so an engine's
+    sums equal a model's exactly when both hold the same values. (vLLM's CPU backend
+    repacks linear weights outside the parameters: compare GPU engines only.)
+    """
+    import torch
+
+    total, squares = 0.0, 0.0
+    with torch.no_grad():
+        for _, parameter in model.named_parameters():
+            values = parameter.detach().double()
+            total += float(values.sum())
+            squares += float((values * values).sum())
+    return {"sum": total, "sum_squares": squares}
+
+
+def _worker_parameter_sums(worker: Any) -> dict[str, float]:
+    """:func:`parameter_sums` of the model a vLLM worker runs (for ``collective_rpc``)."""
+    return parameter_sums(worker.get_model())
+
+
 def engine_weights(trainer: Any) -> dict[str, Any]:
     """Each in-process vLLM engine's weights against its learner's and the reference's.
 
@@ -244,8 +270,6 @@ def engine_weights(trainer: Any) -> dict[str, Any]:
         reference's (0 means the check cannot tell a synced engine from a stale one).
     """
     import torch
-
-    from mappa_train.ray_trainer import _worker_parameter_sums, parameter_sums
 
     result: dict[str, Any] = {}
     for agent, learner in trainer.learners.items():

@@ -265,27 +265,6 @@ class LearnerRank:
             dist.destroy_process_group()
 
 
-def parameter_sums(model: Any) -> dict[str, float]:
-    """Float64 sum and sum of squares of every parameter element of ``model``.
-
-    Unchanged when a loader fuses or splits tensors (vLLM's fused q/k/v and gate/up
-    projections hold the same elements as transformers' separate ones), so an engine's
-    sums equal a model's exactly when both hold the same values.
-    """
-    total, squares = 0.0, 0.0
-    with torch.no_grad():
-        for _, parameter in model.named_parameters():
-            values = parameter.detach().double()
-            total += float(values.sum())
-            squares += float((values * values).sum())
-    return {"sum": total, "sum_squares": squares}
-
-
-def _worker_parameter_sums(worker: Any) -> dict[str, float]:
-    """:func:`parameter_sums` of the model a vLLM worker runs (for ``collective_rpc``)."""
-    return parameter_sums(worker.get_model())
-
-
 def _acting_dtype(learner: Any) -> str:
     """The dtype an agent's rollout copy acts in: its engines' or the driver's model's."""
     if isinstance(learner.policy, EnginePolicy):
@@ -464,7 +443,8 @@ class RolloutEngine:
         dtype = resolve_dtype(settings.dtype, device)
         self._dtype = str(dtype).removeprefix("torch.")
         self.policy: Any
-        if settings.rollout_engine == "vllm":
+        self._vllm = settings.rollout_engine == "vllm"
+        if self._vllm:
             self.policy = self._vllm_policy(weights, name, settings)
             return
         model = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype).to(device)
@@ -505,7 +485,7 @@ class RolloutEngine:
     @torch.no_grad()
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Act with ``weights`` from now on (copied in place into the model or engine)."""
-        if not hasattr(self.policy, "model"):  # a vLLM engine maps the names itself
+        if self._vllm:  # the engine maps transformers' names to its fused layout
             self.policy.load_weights(weights.items())
             return
         for name, tensor in self.policy.model.state_dict().items():
@@ -513,19 +493,9 @@ class RolloutEngine:
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The weights it acts with (CPU; an HF engine only: vLLM fuses some tensors)."""
-        if not hasattr(self.policy, "model"):
-            raise TypeError("a vLLM engine's weights are fused; compare parameter_sums()")
+        if self._vllm:
+            raise TypeError("a vLLM engine keeps its weights fused, not by transformers' names")
         return {k: v.detach().cpu() for k, v in self.policy.model.state_dict().items()}
-
-    def parameter_sums(self) -> dict[str, float]:
-        """Float64 sum and sum of squares of the weights it acts with.
-
-        Any HF engine, and vLLM engines on GPUs (vLLM's CPU backend repacks linear
-        weights into buffers outside the model's parameters).
-        """
-        if hasattr(self.policy, "model"):
-            return parameter_sums(self.policy.model)
-        return self.policy.llm.collective_rpc(_worker_parameter_sums)[0]
 
     def dtype(self) -> str:
         """The dtype it acts in (``"bfloat16"``, say)."""
