@@ -1,22 +1,27 @@
 """The Ray trainer on one GPU next to the single-process trainer, same steps, one process.
 
 Runs ``--steps`` MathChat-v0 steps (three agents, the rules coach, ``process`` credit;
-SmolLM2-135M unless ``--shape`` names another model) twice, one after the other: with
-the single-process :class:`~mappa_train.trainer.Trainer`, then with
-:class:`~mappa_train.ray_trainer.RayTrainer` colocated on the same device (each agent's
-learner a group of ``--ranks`` ranks and ``--engines`` rollout engines as Ray actors
-with fractional GPUs). It reports for both the first step, the steady step (median of
-the later steps) split into rollouts, log-prob passes, the update and the rest, the
+SmolLM2-135M unless ``--shape`` names another model) with the single-process
+:class:`~mappa_train.trainer.Trainer` (unless ``--no-single``), then once per
+``--weight-sync`` mode with :class:`~mappa_train.ray_trainer.RayTrainer` colocated on
+the same device (each agent's learner a group of ``--ranks`` ranks and ``--engines``
+rollout engines, HF or vLLM, as Ray actors with fractional GPUs), one after the other
+in one process. It reports for each the setup, the first step, the steady step (median
+of the later steps) split into rollouts, log-prob passes, the update and the rest, the
 weight sync's seconds, peak memory (the driver's, and each actor's), and checks after
-the last step that every engine acts with its group's weights (checksums).
+the last step that every engine acts with its group's weights (checksums; parameter
+sums for vLLM engines).
 
 Run:  python -m benchmarks.bench_distributed_gpu            # SmolLM2, one H200
       python -m benchmarks.bench_distributed_gpu --engines 0 # the driver acts itself
+      python -m benchmarks.bench_distributed_gpu --rollout-engine vllm --no-single \
+          --weight-sync object_store,cuda_ipc --name distributed_1gpu_vllm
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import tempfile
@@ -56,6 +61,7 @@ def _config(args: argparse.Namespace, system: str, out: Path, **changes: Any) ->
         "prompts_per_step": args.prompts,
         "samples_per_prompt": args.samples,
         "concurrency": episodes,
+        "rollout_schedule": args.schedule,
         "max_new_tokens": args.max_new_tokens,
         "mask_truncated": False,
         "micro_batch_tokens": args.micro_batch_tokens,
@@ -84,6 +90,103 @@ def _run(trainer: Any, steps: int) -> dict[str, Any]:
     }
 
 
+def _engine_parameter_sums(engine: Any) -> dict[str, float]:
+    """:func:`~benchmarks.bench_step_gpu.parameter_sums` of a vLLM engine actor's model."""
+    from benchmarks.bench_step_gpu import _worker_parameter_sums
+
+    return engine.policy.llm.collective_rpc(_worker_parameter_sums)[0]
+
+
+def _weights_checked(trainer: Any, system: str) -> dict[str, Any]:
+    """Per agent: whether every acting copy holds its group's weights after the last sync.
+
+    HF copies: float64 checksums of their state dicts against the group's masters
+    rounded to their dtype. vLLM engines (which fuse some tensors): float64 sum and sum
+    of squares of their parameters against an HF model holding the rounded masters.
+    """
+    import ray
+
+    from benchmarks.bench_step_gpu import parameter_sums
+    from mappa_train.ray_trainer import EnginePolicy
+
+    checks: dict[str, Any] = {}
+    for agent, learner in trainer.learners.items():
+        group_weights = learner.group.weights()
+        policy = learner.policy
+        if isinstance(policy, EnginePolicy) and trainer.config.rollout_engine == "vllm":
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            dtype = getattr(torch, policy.dtype)
+            model = AutoModelForCausalLM.from_pretrained(system, dtype=dtype)
+            model.load_state_dict({k: v.to(dtype) for k, v in group_weights.items()})
+            trained = parameter_sums(model)
+            acting = [
+                ray.get(engine.__ray_call__.remote(_engine_parameter_sums))
+                for engine in policy.engines
+            ]
+            equal = all(
+                abs(a[k] - trained[k]) <= 1e-9 * max(1.0, abs(trained[k]))
+                for a in acting
+                for k in trained
+            )
+        else:
+            if isinstance(policy, EnginePolicy):
+                copies = [ray.get(engine.weights.remote()) for engine in policy.engines]
+            else:
+                copies = [learner.model.state_dict()]
+            trained = checksum(group_weights, next(iter(copies[0].values())).dtype)
+            acting = [checksum(copy) for copy in copies]
+            equal = all(a == trained for a in acting)
+        checks[agent] = {
+            "weight_sync": learner.weight_sync,
+            "group": trained,
+            "acting": acting,
+            "equal": equal,
+        }
+    return checks
+
+
+def compare_syncs(trainer: Any, modes: Sequence[str], repeats: int) -> dict[str, list[float]]:
+    """Seconds of the trainer's weight sync in each mode, on the same weights and engines.
+
+    After the run, :meth:`~mappa_train.ray_trainer.RayTrainer.after_update` is timed
+    ``repeats`` times per mode, the modes taking turns, with every agent's engines
+    switched to that mode (each must work for them: ``object_store`` always does; the
+    run's own mode was prepared at setup). The run's mode is restored after.
+    """
+    learners = list(trainer.learners.values())
+    used = [learner.weight_sync for learner in learners]
+    seconds: dict[str, list[float]] = {mode: [] for mode in modes}
+    try:
+        for _ in range(repeats):
+            for mode in modes:
+                for learner in learners:
+                    learner.weight_sync = mode
+                trainer.after_update()
+                seconds[mode].append(round(trainer.sync_seconds.pop(), 4))
+    finally:
+        for learner, mode in zip(learners, used):
+            learner.weight_sync = mode
+    return seconds
+
+
+def _memory(trainer: Any) -> dict[str, Any]:
+    import ray
+
+    from mappa_train.ray_trainer import EnginePolicy
+
+    memory: dict[str, Any] = {}
+    for agent, learner in trainer.learners.items():
+        memory[agent] = {"ranks_gib": [round(b / 2**30, 2) for b in learner.group.peak_memory()]}
+        if isinstance(learner.policy, EnginePolicy):
+            engines = learner.policy.engines
+            memory[agent]["engines_gib"] = [
+                round(b / 2**30, 2) for b in ray.get([e.peak_memory.remote() for e in engines])
+            ]
+    return memory
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="smollm2-135m", help="a model spec or directory")
@@ -94,6 +197,26 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--micro-batch-tokens", type=int, default=16384)
     parser.add_argument("--ranks", type=int, default=1, help="ranks per agent (one GPU: 1)")
     parser.add_argument("--engines", type=int, default=1, help="rollout engines per agent")
+    parser.add_argument(
+        "--weight-sync",
+        default="auto",
+        help="comma-separated weight_sync modes: one Ray run each, one after the other",
+    )
+    parser.add_argument("--rollout-engine", choices=("hf", "vllm"), default="hf")
+    parser.add_argument(
+        "--vllm-options", default="{}", help="JSON object of vllm.LLM arguments (vllm engines)"
+    )
+    parser.add_argument(
+        "--no-single", action="store_true", help="skip the single-process trainer's run"
+    )
+    parser.add_argument(
+        "--compare-syncs",
+        default="",
+        help="after each Ray run, time its sync in these comma-separated modes in turn "
+        "(of them, the run's own mode and object_store)",
+    )
+    parser.add_argument("--sync-repeats", type=int, default=5)
+    parser.add_argument("--schedule", choices=("ticks", "continuous"), default="ticks")
     parser.add_argument("--sandbox", default="jupyter", help="jupyter, or none (no kernels)")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--name", default="distributed_1gpu", help="results file name")
@@ -101,12 +224,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "--out", default=os.environ.get("OUT", str(Path("benchmarks") / "results" / "gpu"))
     )
     args = parser.parse_args(argv)
+    modes = [m.strip() for m in args.weight_sync.split(",") if m.strip()]
 
     import ray
     import torch
 
     from mappa_agents.models import resolve_model
-    from mappa_train.ray_trainer import EnginePolicy, RayTrainer
+    from mappa_train.ray_trainer import RayTrainer
     from mappa_train.trainer import Trainer
 
     system = str(resolve_model(args.shape))
@@ -114,104 +238,102 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     # One GPU shared by 3 agents' ranks and engines: fractions that add up to at most 1.
     actors = 3 * (args.ranks + args.engines)
     share = round(0.9 / actors, 3)
+    alone: dict[str, Any] | None = None
+    runs: dict[str, Any] = {}
+    checks: dict[str, Any] = {}
     try:
-        print("single process:")
-        single = Trainer(_config(args, system, work / "single"))
-        alone = _run(single, args.steps)
-        single.close()
-        del single
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-
-        print(f"ray: {args.ranks} rank(s) and {args.engines} engine(s) per agent, {share} GPU each")
+        if not args.no_single:
+            print("single process:")
+            single = Trainer(_config(args, system, work / "single"))
+            alone = _run(single, args.steps)
+            single.close()
+            del single
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
         started_ray = not ray.is_initialized()
         if started_ray:
             ray.init(include_dashboard=False, log_to_driver=False)
-        config = _config(
-            args,
-            system,
-            work / "ray",
-            distributed="ray",
-            ranks_per_agent=args.ranks,
-            engines_per_agent=args.engines,
-            gpus_per_rank=share,
-            gpus_per_engine=share,
-        )
-        trainer = RayTrainer(config)
-        distributed = _run(trainer, args.steps)
-        checks = {}
-        memory: dict[str, Any] = {}
-        for agent, learner in trainer.learners.items():
-            group_weights = learner.group.weights()
-            memory[agent] = {
-                "ranks_gib": [round(b / 2**30, 2) for b in learner.group.peak_memory()]
-            }
-            if isinstance(learner.policy, EnginePolicy):
-                copies = [ray.get(engine.weights.remote()) for engine in learner.policy.engines]
-                memory[agent]["engines_gib"] = [
-                    round(b / 2**30, 2)
-                    for b in ray.get([e.peak_memory.remote() for e in learner.policy.engines])
+        for mode in modes:
+            print(
+                f"ray ({mode}): {args.ranks} rank(s) and {args.engines} {args.rollout_engine} "
+                f"engine(s) per agent, {share} GPU each"
+            )
+            config = _config(
+                args,
+                system,
+                work / f"ray-{mode}",
+                distributed="ray",
+                ranks_per_agent=args.ranks,
+                engines_per_agent=args.engines,
+                gpus_per_rank=share,
+                gpus_per_engine=share,
+                weight_sync=mode,
+                rollout_engine=args.rollout_engine,
+                vllm_options=json.loads(args.vllm_options),
+            )
+            trainer = RayTrainer(config)
+            try:
+                run = _run(trainer, args.steps)
+                # Before the comparison: the last sync was the run's own mode's.
+                checks[mode] = _weights_checked(trainer, system)
+                # The run prepared its own mode only; the object store needs nothing.
+                compared = [
+                    m.strip()
+                    for m in args.compare_syncs.split(",")
+                    if m.strip() in ("object_store", mode)
                 ]
-            else:
-                copies = [learner.model.state_dict()]
-            dtype = next(iter(copies[0].values())).dtype
-            trained = checksum(group_weights, dtype)
-            acting = [checksum(copy) for copy in copies]
-            checks[agent] = {
-                "group": trained,
-                "acting": acting,
-                "equal": all(a == trained for a in acting),
-            }
-        sync = sorted(trainer.sync_seconds)
-        distributed["sync_s_median"] = round(sync[len(sync) // 2], 3) if sync else None
-        distributed["memory"] = memory
-        trainer.close()
+                if compared:
+                    run["syncs_compared_s"] = compare_syncs(trainer, compared, args.sync_repeats)
+                run["memory"] = _memory(trainer)
+            finally:
+                trainer.close()
+            sync = sorted(trainer.sync_seconds)
+            run["sync_s"] = [round(t, 3) for t in trainer.sync_seconds]
+            run["sync_s_median"] = round(sync[len(sync) // 2], 3) if sync else None
+            runs[mode] = run
         if started_ray:
             ray.shutdown()
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    ratio = (
-        distributed["steady_step"]["step_s"] / alone["steady_step"]["step_s"]
-        if alone["steady_step"]["step_s"]
-        else None
-    )
+    def _ratio(mine: dict[str, Any]) -> float | None:
+        if alone is None or not alone["steady_step"]["step_s"]:
+            return None
+        return round(mine["steady_step"]["step_s"] / alone["steady_step"]["step_s"], 3)
+
     summary = {
         "shape": args.shape,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "gpu_share_per_actor": share,
         "single_process": alone,
-        "ray": distributed,
-        "ray_vs_single_step": round(ratio, 3) if ratio else None,
+        "ray": runs,
+        "ray_vs_single_step": {mode: _ratio(run) for mode, run in runs.items()},
         "weights_checked": checks,
     }
     write_results(args.name, summary, Path(args.out))
     rows = []
     for what, key in (
+        ("setup s", "setup_s"),
         ("first step s", "first_step_s"),
         ("steady step s", "step_s"),
         ("  rollout s", "rollout_s"),
         ("  log-prob s", "logprob_s"),
         ("  update s", "update_s"),
         ("  other s", "other_s"),
+        ("weight sync s (median)", "sync_s_median"),
+        ("driver peak GiB", "driver_peak_gib"),
     ):
-        pick = (
-            (lambda r, k=key: r[k])
-            if key == "first_step_s"
-            else (lambda r, k=key: r["steady_step"][k])
-        )
-        rows.append({"what": what, "single": pick(alone), "ray": pick(distributed)})
-    rows.append({"what": "weight sync s", "single": None, "ray": distributed["sync_s_median"]})
-    rows.append(
-        {
-            "what": "driver peak GiB",
-            "single": alone["driver_peak_gib"],
-            "ray": distributed["driver_peak_gib"],
-        }
-    )
+        row: dict[str, Any] = {"what": what}
+        for column, run in (("single", alone), *((f"ray {m}", runs[m]) for m in modes)):
+            if run is None:
+                continue
+            row[column] = run[key] if key in run else run["steady_step"].get(key)
+        rows.append(row)
     print_table(rows, title=f"{args.shape}: single process vs Ray on one device")
-    print("engine weights equal to their group's:", all(c["equal"] for c in checks.values()))
+    for mode, by_agent in checks.items():
+        equal = all(c["equal"] for c in by_agent.values())
+        print(f"ray {mode}: engine weights equal to their group's: {equal}")
     return summary
 
 

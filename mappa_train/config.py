@@ -11,6 +11,9 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
+#: The ways new weights can reach rollout engine actors (see ``TrainConfig.weight_sync``).
+WEIGHT_SYNC_MODES = ("auto", "object_store", "cuda_ipc", "broadcast")
+
 
 @dataclass
 class TrainConfig:
@@ -241,12 +244,26 @@ class TrainConfig:
     engines_per_agent: int = 0
     """Rollout engines (Ray actors, each an HF copy of the agent, or a vLLM engine with
     ``rollout_engine: vllm``) per trained agent (``distributed: ray``); 0: the driver
-    acts with its own copy. Calls go to an agent's
-    engines in turn; new weights reach them through Ray's object store after each
-    update."""
+    acts with its own copy. Calls go to an agent's engines in turn; new weights reach
+    them after each update as ``weight_sync`` says."""
 
     gpus_per_engine: float = 1.0
     """GPUs Ray gives each rollout engine when CUDA is used (fractions share a GPU)."""
+
+    weight_sync: str = "auto"
+    """How new weights reach the rollout engine actors (:mod:`mappa_train.weight_sync`):
+    ``"cuda_ipc"`` (an engine on the GPU of one of its group's ranks copies from that
+    rank's buffer on the GPU), ``"broadcast"`` (rank 0 broadcasts to the engines over a
+    process group of their own: NCCL on GPUs, for engines on other GPUs; gloo on CPU),
+    ``"object_store"`` (through Ray's object store and host memory), or ``"auto"``:
+    ``cuda_ipc`` when every engine shares a GPU with a rank, ``broadcast`` when none
+    does, else (and on CPU) ``object_store``. The driver's own rollout copies
+    (``engines_per_agent: 0``) always use the object store."""
+
+    weight_sync_bucket_mb: float = 1024.0
+    """Most MiB of weights (in the engines' dtype) sent at once by ``cuda_ipc`` and
+    ``broadcast``: each rank that sends, and each receiving engine, holds one buffer of
+    this size (smaller when the whole model fits)."""
 
     ray_address: str | None = None
     """Ray cluster to join (``"auto"``: the one this machine runs; an address such as
@@ -307,6 +324,7 @@ class TrainConfig:
             "rollout_schedule": ("ticks", "continuous"),
             "rollout_engine": ("hf", "vllm"),
             "distributed": ("none", "ray"),
+            "weight_sync": WEIGHT_SYNC_MODES,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -380,6 +398,17 @@ class TrainConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.engines_per_agent < 0:
             raise ValueError(f"engines_per_agent must be >= 0, got {self.engines_per_agent}")
+        if self.weight_sync in ("cuda_ipc", "broadcast") and self.engines_per_agent < 1:
+            raise ValueError(
+                f"weight_sync: {self.weight_sync} sends the weights to rollout engine "
+                "actors, and engines_per_agent is 0 (the driver acts with its own copies, "
+                "synced through the object store): set engines_per_agent to 1 or more, "
+                "or weight_sync: auto"
+            )
+        if self.weight_sync_bucket_mb <= 0:
+            raise ValueError(
+                f"weight_sync_bucket_mb must be positive, got {self.weight_sync_bucket_mb}"
+            )
         if self.top_p < 1.0:
             logger.warning(
                 "top_p=%s samples from a truncated distribution that the loss does not model",

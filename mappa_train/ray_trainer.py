@@ -41,6 +41,7 @@ import torch
 
 from mappa_agents.trajectory import ActionSample
 from mappa_train import checkpoint as ckpt
+from mappa_train import weight_sync
 from mappa_train.trainer import Trainer, _check_checkpoint_agents, _enable_checkpointing
 from mappa_train.update import PreparedRows
 
@@ -79,6 +80,9 @@ class LearnerRank:
 
     def __init__(self) -> None:
         self.learner: Any = None
+        self._buckets: list[list[weight_sync.Slot]] = []
+        self._send_buffer: torch.Tensor | None = None
+        self._channel: Any = None  # the broadcast group with the engines (rank 0)
 
     def address(self) -> str:
         """A ``tcp://host:port`` where this rank (rank 0) can host the group's rendezvous."""
@@ -228,6 +232,82 @@ class LearnerRank:
             target = getattr(torch, dtype)
             state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
         return state
+
+    def _sharded_state(self) -> dict[str, torch.Tensor]:
+        """The model's state dict as this rank holds it (DTensor shards), on its device."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=False)
+        return get_model_state_dict(self.learner.model, options=options)
+
+    def gpu(self) -> str | None:
+        """The UUID of this rank's GPU (``None`` on CPU)."""
+        return weight_sync.gpu_uuid()
+
+    def plan_sync(self, dtype: str, bucket_bytes: int) -> list[list[weight_sync.Slot]]:
+        """Lay the weights out in buckets, in ``dtype`` (floating tensors); keep the plan.
+
+        Every rank computes the same plan from its model (shapes are the whole
+        tensors'), so none has to wait for rank 0's.
+        """
+        target = getattr(torch, dtype)
+        state = self._sharded_state()
+        self._buckets = weight_sync.plan_buckets(
+            (
+                (name, tuple(t.shape), target if t.is_floating_point() else t.dtype)
+                for name, t in state.items()
+            ),
+            bucket_bytes,
+        )
+        return self._buckets
+
+    def _buffer(self) -> torch.Tensor:
+        """The send buffer: one bucket's bytes on this rank's device (made once)."""
+        if self._send_buffer is None:
+            device = next(iter(self._sharded_state().values())).device
+            size = max(weight_sync.bucket_size(b) for b in self._buckets)
+            self._send_buffer = torch.empty(size, dtype=torch.uint8, device=device)
+        return self._send_buffer
+
+    def share_buffer(self) -> dict[str, Any]:
+        """A CUDA IPC handle of the send buffer, for the engines on this rank's GPU."""
+        return weight_sync.share_cuda_buffer(self._buffer())
+
+    def join_channel(self, address: str, world: int, backend: str) -> None:
+        """Host the broadcast group with the engines (rank 0; the engines join it)."""
+        self._channel = weight_sync.open_channel(address, 0, world, backend, COLLECTIVE_TIMEOUT_S)
+
+    @torch.no_grad()
+    def push_weights(self, engines: list[Any], broadcast: bool) -> None:
+        """Send the weights to engines bucket by bucket (collective: every rank calls it).
+
+        Each bucket's tensors are rounded to the engines' dtype on the shards, then
+        gathered whole (every rank takes part). A rank with ``engines`` (on its GPU,
+        holding its buffer's IPC handle) packs the bucket into its buffer and waits
+        until each has copied it; rank 0 with ``broadcast`` broadcasts it to the
+        channel's engines, which :meth:`RolloutEngine.receive_broadcast` at once.
+        """
+        from torch.distributed.tensor import DTensor
+
+        ray = _import_ray()
+        state = self._sharded_state()
+        for index, slots in enumerate(self._buckets):
+            whole = {}
+            for slot in slots:
+                tensor = state[slot.name].to(slot.dtype)
+                whole[slot.name] = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            if not engines and not broadcast:
+                continue  # this rank only helped gather
+            packed = weight_sync.pack_bucket(self._buffer(), slots, whole)
+            if engines:
+                if packed.is_cuda:  # the copies must be done before another process reads
+                    torch.cuda.current_stream().synchronize()
+                ray.get([engine.load_shared_bucket.remote(index) for engine in engines])
+            if broadcast:
+                weight_sync.broadcast(self._channel, packed)
 
     def optimizer_state(self) -> dict[str, Any] | None:
         """AdamW's whole state, keyed by parameter name (rank 0; others ``None``)."""
@@ -399,6 +479,30 @@ class LearnerGroup:
         """AdamW's whole state (gathered by the ranks, sent by rank 0)."""
         return self._call("optimizer_state")
 
+    def gpus(self) -> list[str | None]:
+        """The UUID of each rank's GPU (``None`` on CPU)."""
+        ray = _import_ray()
+        return ray.get([handle.gpu.remote() for handle in self.ranks])
+
+    def plan_sync(self, dtype: str, bucket_bytes: int) -> list[list[weight_sync.Slot]]:
+        """Every rank's bucket plan for sending the weights in ``dtype`` (rank 0's)."""
+        return self._call("plan_sync", dtype, bucket_bytes)
+
+    def start_push(self, engines_by_rank: list[list[Any]], broadcast: bool) -> list[Any]:
+        """Start sending the weights (see :meth:`LearnerRank.push_weights`); no wait.
+
+        Args:
+            engines_by_rank: Per rank, the engines it feeds through CUDA IPC.
+            broadcast: Rank 0 broadcasts to the engines of the group's channel.
+
+        Returns:
+            One reference per rank, ready when its part is done (or raising its error).
+        """
+        return [
+            handle.push_weights.remote(engines, broadcast and rank == 0)
+            for rank, (handle, engines) in enumerate(zip(self.ranks, engines_by_rank))
+        ]
+
     def peak_memory(self) -> list[int]:
         """Peak GPU bytes of each rank."""
         ray = _import_ray()
@@ -442,6 +546,12 @@ class RolloutEngine:
         device = "cuda" if settings.device != "cpu" and torch.cuda.is_available() else "cpu"
         dtype = resolve_dtype(settings.dtype, device)
         self._dtype = str(dtype).removeprefix("torch.")
+        self._device = device
+        self._buckets: list[list[weight_sync.Slot]] = []
+        self._shared: torch.Tensor | None = None  # its rank's send buffer (CUDA IPC)
+        self._channel: Any = None  # the broadcast group with its rank 0
+        self._receive_buffer: torch.Tensor | None = None
+        self._received: list[tuple[str, torch.Tensor]] = []  # a vLLM engine's buckets so far
         self.policy: Any
         self._vllm = settings.rollout_engine == "vllm"
         if self._vllm:
@@ -490,6 +600,74 @@ class RolloutEngine:
             return
         for name, tensor in self.policy.model.state_dict().items():
             tensor.copy_(weights[name])
+
+    def gpu(self) -> str | None:
+        """The UUID of this engine's GPU (``None`` on CPU)."""
+        return weight_sync.gpu_uuid() if self._device == "cuda" else None
+
+    def prepare_sync(
+        self,
+        buckets: list[list[weight_sync.Slot]],
+        shared: dict[str, Any] | None = None,
+        channel: tuple[str, int, int, str] | None = None,
+    ) -> None:
+        """Get ready to receive weights in ``buckets`` (once per run).
+
+        Args:
+            buckets: The group's bucket plan.
+            shared: The CUDA IPC handle of its rank's send buffer (``cuda_ipc``).
+            channel: ``(address, rank, world, backend)`` of the broadcast group to join
+                (``broadcast``).
+        """
+        self._buckets = buckets
+        if shared is not None:
+            self._shared = weight_sync.open_cuda_buffer(shared)
+        if channel is not None:
+            address, rank, world, backend = channel
+            self._channel = weight_sync.open_channel(
+                address, rank, world, backend, COLLECTIVE_TIMEOUT_S
+            )
+
+    @torch.no_grad()
+    def load_shared_bucket(self, index: int) -> None:
+        """Copy bucket ``index`` out of its rank's buffer (CUDA IPC); done when it returns."""
+        if self._shared is None:
+            raise RuntimeError("this engine has no rank's buffer: prepare_sync was not given one")
+        self._take(index, weight_sync.unpack_bucket(self._shared, self._buckets[index]))
+        torch.cuda.synchronize()  # read before the rank packs its next bucket over it
+
+    @torch.no_grad()
+    def receive_broadcast(self) -> None:
+        """Receive every bucket of a sync from rank 0's broadcasts, and act with them."""
+        if self._channel is None:
+            raise RuntimeError("this engine is in no broadcast group: prepare_sync joins one")
+        if self._receive_buffer is None:
+            size = max(weight_sync.bucket_size(b) for b in self._buckets)
+            self._receive_buffer = torch.empty(size, dtype=torch.uint8, device=self._device)
+        received = self._receive_buffer
+        for index, slots in enumerate(self._buckets):
+            part = received[: weight_sync.bucket_size(slots)]
+            weight_sync.broadcast(self._channel, part)
+            self._take(index, weight_sync.unpack_bucket(received, slots))
+
+    def _take(self, index: int, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Act with a bucket's tensors (views into a buffer that is reused after this).
+
+        An HF model copies them into its weights at once. A vLLM engine reloads once
+        per sync, with every bucket (its in-place reload processes the whole model), so
+        it keeps copies of the buckets before the last one.
+        """
+        if not self._vllm:
+            state = self.policy.model.state_dict()
+            for name, tensor in tensors:
+                state[name].copy_(tensor)
+            return
+        last = index == len(self._buckets) - 1
+        if not last:
+            self._received += [(name, tensor.clone()) for name, tensor in tensors]
+            return
+        received, self._received = self._received, []
+        self.policy.load_weights(received + tensors)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The weights it acts with (CPU; an HF engine only: vLLM fuses some tensors)."""
@@ -586,6 +764,10 @@ class RemoteAgentLearner:
     adapter: str | None = None
     engine: Any = None
     """Unused here (``policy`` is what acts): the single-process trainer's vLLM seam."""
+    weight_sync: str = "object_store"
+    """How its engines get new weights (:func:`mappa_train.weight_sync.choose_mode`)."""
+    engines_by_rank: list[list[Any]] = dataclasses.field(default_factory=list)
+    """Per rank of its group, the engines that rank feeds through CUDA IPC."""
 
 
 @dataclass
@@ -662,6 +844,8 @@ class RayTrainer(Trainer):
             self._stop_actors()  # nothing started is left holding GPUs
             raise
         self._setup_frozen(self.specs)
+        for learner in self.learners.values():
+            self._prepare_sync(learner)  # type: ignore[arg-type]
         if resume_from is not None:
             # The groups restored their optimizers; the driver's generators are here.
             ckpt.set_rng_state(torch.load(resume_from / "rng.pt", weights_only=False))
@@ -753,18 +937,65 @@ class RayTrainer(Trainer):
         ray = _import_ray()
         config = self.config
         settings = ray.put(config.to_dict())
-        engines = [
-            ray.remote(RolloutEngine)
-            .options(
-                **_actor_options(
-                    self._placement, index % config.ranks_per_agent, config.gpus_per_engine
-                )
+        engines = []
+        for index in range(config.engines_per_agent):
+            bundle = index % config.ranks_per_agent
+            engine = (
+                ray.remote(RolloutEngine)
+                .options(**_actor_options(self._placement, bundle, config.gpus_per_engine))
+                .remote(weights, source, name, settings)
             )
-            .remote(weights, source, name, settings)
-            for index in range(config.engines_per_agent)
-        ]
+            engines.append(engine)
+            if config.rollout_engine == "vllm" and self._placement is not None:
+                # vLLM sizes its KV cache from the GPU memory it finds free while it
+                # starts: on a shared GPU nothing else may start beside it meanwhile.
+                ray.get(engine.dtype.remote())
         pad = tokenizer.pad_token_id
         return EnginePolicy(engines, name, pad if pad is not None else tokenizer.eos_token_id)
+
+    def _prepare_sync(self, learner: RemoteAgentLearner) -> None:
+        """Choose how the agent's engines get new weights and connect them to its group."""
+        if not isinstance(learner.policy, EnginePolicy):
+            return  # the driver's own copy: through the object store
+        ray = _import_ray()
+        group, engines = learner.group, learner.policy.engines
+        mode, homes = weight_sync.choose_mode(
+            self.config.weight_sync,
+            group.gpus(),
+            ray.get([engine.gpu.remote() for engine in engines]),
+        )
+        learner.weight_sync = mode
+        logger.info("agent %s: weights reach its engines by %s", learner.agent, mode)
+        if mode == "object_store":
+            return
+        bucket_bytes = int(self.config.weight_sync_bucket_mb * 2**20)
+        buckets = group.plan_sync(_acting_dtype(learner), bucket_bytes)
+        if mode == "cuda_ipc":
+            learner.engines_by_rank = [[] for _ in group.ranks]
+            handles = {
+                rank: ray.get(group.ranks[rank].share_buffer.remote()) for rank in set(homes)
+            }
+            for engine, rank in zip(engines, homes):
+                learner.engines_by_rank[rank].append(engine)
+            ray.get(
+                [
+                    engine.prepare_sync.remote(buckets, handles[rank])
+                    for engine, rank in zip(engines, homes)
+                ]
+            )
+            return
+        learner.engines_by_rank = [[] for _ in group.ranks]
+        address = ray.get(group.ranks[0].address.remote())
+        world = 1 + len(engines)
+        backend = "nccl" if group.gpus()[0] is not None else "gloo"
+        # Every member joins at once: the group forms when all are there.
+        ray.get(
+            [group.ranks[0].join_channel.remote(address, world, backend)]
+            + [
+                engine.prepare_sync.remote(buckets, None, (address, 1 + index, world, backend))
+                for index, engine in enumerate(engines)
+            ]
+        )
 
     def score_actions(
         self, learner: Any, samples: Sequence[ActionSample]
@@ -783,28 +1014,40 @@ class RayTrainer(Trainer):
         )
 
     def after_update(self) -> None:
-        """Load each agent's new weights into its rollout copy (through the object store).
+        """Load each agent's new weights into its rollout copy, as its ``weight_sync`` says.
 
-        Every agent's gather starts before any is waited for, so the groups (and their
+        Every agent's sync starts before any is waited for, so the groups (and their
         engines) of different agents sync at once. The weights travel in the dtype the
         copy acts in: rounding on the rank gives the values the copy's own cast would.
+        Through the object store rank 0 sends one whole state dict; by ``cuda_ipc`` and
+        ``broadcast`` the ranks send buckets (:meth:`LearnerRank.push_weights`).
         """
         ray = _import_ray()
         started = time.perf_counter()
+        learners: dict[str, RemoteAgentLearner] = self.learners  # type: ignore[assignment]
+        waits: list[Any] = []
+        for learner in learners.values():
+            if learner.weight_sync in ("cuda_ipc", "broadcast"):
+                broadcast = learner.weight_sync == "broadcast"
+                waits += learner.group.start_push(learner.engines_by_rank, broadcast)
+                if broadcast:
+                    engines = learner.policy.engines
+                    waits += [engine.receive_broadcast.remote() for engine in engines]
         gathers = {
             agent: learner.group.weight_refs(_acting_dtype(learner))
-            for agent, learner in self.learners.items()
+            for agent, learner in learners.items()
+            if learner.weight_sync == "object_store"
         }
-        waits: list[Any] = []
-        for agent, learner in self.learners.items():
-            weights_ref, *others = gathers[agent]
+        for agent, (weights_ref, *others) in gathers.items():
             waits += others  # the other ranks' part of the gather, or their error
-            if isinstance(learner.policy, EnginePolicy):
+            policy = learners[agent].policy
+            if isinstance(policy, EnginePolicy):
                 # Rank 0's object goes to the engines without passing through the driver.
-                waits += learner.policy.start_loading(weights_ref)
-        for agent, learner in self.learners.items():
+                waits += policy.start_loading(weights_ref)
+        for agent, (weights_ref, *_) in gathers.items():
+            learner = learners[agent]
             if not isinstance(learner.policy, EnginePolicy):
-                weights = ray.get(gathers[agent][0])
+                weights = ray.get(weights_ref)
                 with torch.no_grad():
                     for name, tensor in learner.model.state_dict().items():
                         tensor.copy_(weights[name])

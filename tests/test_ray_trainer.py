@@ -205,25 +205,34 @@ def test_a_group_resumes_a_bf16_run_on_its_float32_masters(tmp_path, local_ray):
     assert [m["step"] for m in _metrics(out / "metrics.jsonl")] == [1, 2, 3]
 
 
-def test_rollout_engines_as_actors_get_the_weights_and_train_alike(tmp_path, local_ray):
+@pytest.mark.parametrize(
+    ("sync", "used"),
+    [("auto", "object_store"), ("broadcast", "broadcast")],
+)
+def test_rollout_engines_as_actors_get_the_weights_and_train_alike(tmp_path, local_ray, sync, used):
     from mappa_train.ray_trainer import EnginePolicy
 
     model_dir = tiny_model_dir(tmp_path / "model")
     straight = _trainer(Trainer, _config(tmp_path / "straight", model_dir))
     straight.train()
     config = _config(
-        tmp_path / "engines", model_dir, distributed="ray", ranks_per_agent=2, engines_per_agent=1
-    )
+        tmp_path / "engines", model_dir, distributed="ray", ranks_per_agent=2,
+        engines_per_agent=2, weight_sync=sync,
+        weight_sync_bucket_mb=0.05,  # several buckets (the tiny model is ~0.3 MiB)
+    )  # fmt: skip
     trainer = _trainer(RayTrainer, config)
     try:
         trainer.train(until=2)  # a staged run keeps its engines for the next call
         learner = trainer.learners["writer"]
         assert isinstance(learner.policy, EnginePolicy)
-        assert learner.model is None  # no copy in the driver: the engine acts
-        acting = ray.get(learner.policy.engines[0].weights.remote())
+        assert learner.model is None  # no copy in the driver: the engines act
+        assert learner.weight_sync == used
         trained = learner.group.weights()
-        for name, value in trained.items():
-            torch.testing.assert_close(acting[name], value, rtol=0, atol=0)
+        for engine in learner.policy.engines:
+            acting = ray.get(engine.weights.remote())
+            assert acting.keys() == trained.keys()
+            for name, value in trained.items():
+                torch.testing.assert_close(acting[name], value, rtol=0, atol=0)
         trainer.train()
     finally:
         trainer.close()
@@ -231,7 +240,8 @@ def test_rollout_engines_as_actors_get_the_weights_and_train_alike(tmp_path, loc
 
 
 @pytest.mark.slow
-def test_vllm_rollout_engines_as_actors_act_with_the_groups_weights(tmp_path, local_ray):
+@pytest.mark.parametrize("sync", ["auto", "broadcast"])
+def test_vllm_rollout_engines_as_actors_act_with_the_groups_weights(tmp_path, local_ray, sync):
     # Runs where vLLM is installed (`make test-vllm`: the CPU build in its own venv).
     pytest.importorskip("vllm")
     from transformers import AutoModelForCausalLM
@@ -248,6 +258,7 @@ def test_vllm_rollout_engines_as_actors_act_with_the_groups_weights(tmp_path, lo
         tmp_path / "ray", model_dir, distributed="ray", engines_per_agent=1,
         rollout_engine="vllm", steps=2, save_every=0,
         vllm_options={"max_model_len": 256, "enforce_eager": True, "gpu_memory_utilization": 0.1},
+        weight_sync=sync, weight_sync_bucket_mb=0.2,  # broadcast: several buckets
     )  # fmt: skip
     trainer = _trainer(RayTrainer, config)
     try:
