@@ -12,8 +12,10 @@ agents as before), evaluation, logging and checkpoints.
 A step: rollouts in the driver; per agent, its group scores the actions (old and
 reference log-probs, each rank its share of the rows); advantages in the driver; per
 agent, its group runs the PPO pass (the same functions as the single-process trainer,
-:mod:`mappa_train.update`); then the driver loads each agent's new weights into its
-rollout copy through Ray's object store (:meth:`RayTrainer.after_update`).
+:mod:`mappa_train.update`); then each agent's new weights reach its rollout copy: the
+driver's through Ray's object store, engine actors' as ``weight_sync`` says (CUDA IPC,
+a broadcast, or the object store; :mod:`mappa_train.weight_sync`), in
+:meth:`RayTrainer.after_update`.
 
 Checkpoints have the single-process layout (``agents/<agent>/`` with the weights, the
 tokenizer and ``optimizer.pt``); the weights are the float32 masters and
@@ -244,8 +246,9 @@ class LearnerRank:
         return get_model_state_dict(self.learner.model, options=options)
 
     def gpu(self) -> str | None:
-        """The UUID of this rank's GPU (``None`` on CPU)."""
-        return weight_sync.gpu_uuid()
+        """The UUID of this rank's GPU (``None`` when it trains on the CPU)."""
+        on_gpu = next(iter(self._sharded_state().values())).device.type == "cuda"
+        return weight_sync.gpu_uuid() if on_gpu else None
 
     def plan_sync(self, dtype: str, bucket_bytes: int) -> list[list[weight_sync.Slot]]:
         """Lay the weights out in buckets, in ``dtype`` (floating tensors); keep the plan.
@@ -959,9 +962,10 @@ class RayTrainer(Trainer):
             return  # the driver's own copy: through the object store
         ray = _import_ray()
         group, engines = learner.group, learner.policy.engines
+        rank_gpus = group.gpus()
         mode, homes = weight_sync.choose_mode(
             self.config.weight_sync,
-            group.gpus(),
+            rank_gpus,
             ray.get([engine.gpu.remote() for engine in engines]),
         )
         learner.weight_sync = mode
@@ -987,7 +991,7 @@ class RayTrainer(Trainer):
         learner.engines_by_rank = [[] for _ in group.ranks]
         address = ray.get(group.ranks[0].address.remote())
         world = 1 + len(engines)
-        backend = "nccl" if group.gpus()[0] is not None else "gloo"
+        backend = "nccl" if rank_gpus[0] is not None else "gloo"
         # Every member joins at once: the group forms when all are there.
         ray.get(
             [group.ranks[0].join_channel.remote(address, world, backend)]

@@ -167,6 +167,12 @@ def choose_mode(
                 "one GPU) or use weight_sync: broadcast or auto"
             )
         return mode, [int(r) for r in home]  # type: ignore[arg-type]
+    on_cpus = all(g is None for g in (*rank_gpus, *engine_gpus))
+    if mode == "broadcast" and not (on_gpus or on_cpus):
+        raise ValueError(
+            "weight_sync: broadcast needs the learners and engines all on GPUs (NCCL) or "
+            "all on CPUs (gloo), and some are on each: use object_store or auto"
+        )
     if mode == "broadcast" and on_gpus and any(r is not None for r in home):
         raise ValueError(
             "weight_sync: broadcast over NCCL, but an engine shares a GPU with a rank of "

@@ -98,6 +98,7 @@ def test_the_mode_follows_where_ranks_and_engines_are(mode, ranks, engines, expe
         ("cuda_ipc", [None], [None], "needs the learners and engines on GPUs"),
         ("cuda_ipc", ["g0"], ["g0", "g1"], r"engines \[1\] share no GPU"),
         ("broadcast", ["g0"], ["g0"], "NCCL refuses two ranks"),
+        ("broadcast", ["g0"], [None], "all on GPUs \\(NCCL\\) or all on CPUs"),
         ("nccl", ["g0"], ["g1"], "weight_sync must be one of"),
     ],
 )
