@@ -276,12 +276,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 run = _run(trainer, args.steps)
                 # Before the comparison: the last sync was the run's own mode's.
                 checks[mode] = _weights_checked(trainer, system)
-                # The run prepared its own mode only; the object store needs nothing.
-                compared = [
-                    m.strip()
-                    for m in args.compare_syncs.split(",")
-                    if m.strip() in ("object_store", mode)
-                ]
+                # The run prepared the mode it resolved to; the object store needs nothing.
+                ready = {"object_store"} | {
+                    learner.weight_sync for learner in trainer.learners.values()
+                }
+                compared = [m.strip() for m in args.compare_syncs.split(",") if m.strip() in ready]
                 if compared:
                     run["syncs_compared_s"] = compare_syncs(trainer, compared, args.sync_repeats)
                 run["memory"] = _memory(trainer)

@@ -257,13 +257,14 @@ class TrainConfig:
     process group of their own: NCCL on GPUs, for engines on other GPUs; gloo on CPU),
     ``"object_store"`` (through Ray's object store and host memory), or ``"auto"``:
     ``cuda_ipc`` when every engine shares a GPU with a rank, ``broadcast`` when none
-    does, else (and on CPU) ``object_store``. The driver's own rollout copies
+    does and no two share one, else (and on CPU) ``object_store``. The driver's own rollout copies
     (``engines_per_agent: 0``) always use the object store."""
 
     weight_sync_bucket_mb: float = 1024.0
     """Most MiB of weights (in the engines' dtype) sent at once by ``cuda_ipc`` and
     ``broadcast``: each rank that sends, and each receiving engine, holds one buffer of
-    this size (smaller when the whole model fits)."""
+    this size (smaller when the whole model fits); a vLLM engine also keeps copies of a
+    sync's earlier buckets until it reloads."""
 
     ray_address: str | None = None
     """Ray cluster to join (``"auto"``: the one this machine runs; an address such as

@@ -843,12 +843,12 @@ class RayTrainer(Trainer):
         try:
             self._placement = self._reserve_gpus(ray)
             self._start_agents(resume_from)
+            for learner in self.learners.values():
+                self._prepare_sync(learner)  # type: ignore[arg-type]
         except BaseException:
             self._stop_actors()  # nothing started is left holding GPUs
             raise
         self._setup_frozen(self.specs)
-        for learner in self.learners.values():
-            self._prepare_sync(learner)  # type: ignore[arg-type]
         if resume_from is not None:
             # The groups restored their optimizers; the driver's generators are here.
             ckpt.set_rng_state(torch.load(resume_from / "rng.pt", weights_only=False))
@@ -1031,6 +1031,8 @@ class RayTrainer(Trainer):
         learners: dict[str, RemoteAgentLearner] = self.learners  # type: ignore[assignment]
         waits: list[Any] = []
         for learner in learners.values():
+            if learner.weight_sync not in ("cuda_ipc", "broadcast", "object_store"):
+                raise ValueError(f"agent {learner.agent}: no weight sync {learner.weight_sync!r}")
             if learner.weight_sync in ("cuda_ipc", "broadcast"):
                 broadcast = learner.weight_sync == "broadcast"
                 waits += learner.group.start_push(learner.engines_by_rank, broadcast)

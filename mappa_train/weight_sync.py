@@ -16,9 +16,12 @@ Ray trainer has three ways to get them there (``weight_sync`` in the config):
 
 Whichever way, the weights travel as *buckets*: the state dict's tensors laid out back
 to back (each at a 64-byte aligned offset) in one flat byte buffer of at most
-``weight_sync_bucket_mb``, so a sync needs one bucket of extra memory, not a whole
-model, and each bucket is one copy or one collective. The layout is computed once (the
-names, shapes and dtypes do not change during a run) and shared by both sides.
+``weight_sync_bucket_mb``, so a sending rank and an HF engine need one bucket of extra
+memory, not a whole model, and each bucket is one copy or one collective. (A vLLM
+engine keeps copies of a sync's buckets before the last one until it reloads: with a
+model larger than a bucket it holds up to one more copy of the model meanwhile.) The
+layout is computed once (the names, shapes and dtypes do not change during a run) and
+shared by both sides.
 """
 
 from __future__ import annotations
@@ -133,8 +136,8 @@ def choose_mode(
         rank on its GPU; otherwise rank 0).
 
     ``auto`` takes ``cuda_ipc`` when every engine shares a GPU with a rank of the group,
-    ``broadcast`` when no engine does (NCCL cannot join two ranks on one device, so a
-    mix of both stays on the object store), and ``object_store`` on CPU.
+    ``broadcast`` when no engine does and no two engines share one (NCCL cannot join
+    two members on one device), else and on CPU ``object_store``.
 
     Raises:
         ValueError: ``cuda_ipc`` asked for where an engine shares no GPU with a rank,
@@ -144,12 +147,14 @@ def choose_mode(
         raise ValueError(f"weight_sync must be one of {WEIGHT_SYNC_MODES}, got {mode!r}")
     on_gpus = all(g is not None for g in (*rank_gpus, *engine_gpus))
     home = [rank_gpus.index(g) if g in rank_gpus else None for g in engine_gpus]
+    # NCCL refuses two members on one GPU: no engine on rank 0's, no two on one.
+    nccl_clash = rank_gpus[0] in engine_gpus or len(set(engine_gpus)) < len(engine_gpus)
     if mode == "auto":
         if not on_gpus or not engine_gpus:
             mode = "object_store"
         elif all(r is not None for r in home):
             mode = "cuda_ipc"
-        elif all(r is None for r in home):
+        elif all(r is None for r in home) and not nccl_clash:
             mode = "broadcast"
         else:
             mode = "object_store"
@@ -173,10 +178,11 @@ def choose_mode(
             "weight_sync: broadcast needs the learners and engines all on GPUs (NCCL) or "
             "all on CPUs (gloo), and some are on each: use object_store or auto"
         )
-    if mode == "broadcast" and on_gpus and any(r is not None for r in home):
+    if mode == "broadcast" and on_gpus and nccl_clash:
         raise ValueError(
-            "weight_sync: broadcast over NCCL, but an engine shares a GPU with a rank of "
-            "its group (NCCL refuses two ranks on one device): use cuda_ipc or auto"
+            "weight_sync: broadcast over NCCL, but an engine shares a GPU with its group's "
+            "rank 0 or with another engine (NCCL refuses two members on one device): use "
+            "cuda_ipc, object_store or auto"
         )
     return mode, [0] * len(engine_gpus)
 

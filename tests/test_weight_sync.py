@@ -83,6 +83,7 @@ def test_pack_then_unpack_gives_the_tensors_rounded_to_the_slot_dtype():
         ("auto", ["g0", "g1"], ["g0", "g1", "g1"], ("cuda_ipc", [0, 1, 1])),
         ("auto", ["g0"], ["g1", "g2"], ("broadcast", [0, 0])),
         ("auto", ["g0"], ["g0", "g1"], ("object_store", [0, 0])),  # a mix
+        ("auto", ["g0"], ["g1", "g1"], ("object_store", [0, 0])),  # engines share a GPU
         ("object_store", ["g0"], ["g0"], ("object_store", [0])),
         ("broadcast", [None], [None], ("broadcast", [0])),  # gloo on CPU
         ("cuda_ipc", ["g0", "g1"], ["g1"], ("cuda_ipc", [1])),
@@ -97,7 +98,8 @@ def test_the_mode_follows_where_ranks_and_engines_are(mode, ranks, engines, expe
     [
         ("cuda_ipc", [None], [None], "needs the learners and engines on GPUs"),
         ("cuda_ipc", ["g0"], ["g0", "g1"], r"engines \[1\] share no GPU"),
-        ("broadcast", ["g0"], ["g0"], "NCCL refuses two ranks"),
+        ("broadcast", ["g0"], ["g0"], "NCCL refuses two members"),
+        ("broadcast", ["g0"], ["g1", "g1"], "NCCL refuses two members"),
         ("broadcast", ["g0"], [None], "all on GPUs \\(NCCL\\) or all on CPUs"),
         ("nccl", ["g0"], ["g1"], "weight_sync must be one of"),
     ],
