@@ -563,6 +563,8 @@ class RolloutEngine:
         model = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype).to(device)
         model.eval()
         model.requires_grad_(False)
+        # Its weights by name, once: each sync copies into these in place.
+        self._named = model.state_dict()
         self.policy = HFPolicy(
             model,
             AutoTokenizer.from_pretrained(source),
@@ -601,7 +603,7 @@ class RolloutEngine:
         if self._vllm:  # the engine maps transformers' names to its fused layout
             self.policy.load_weights(weights.items())
             return
-        for name, tensor in self.policy.model.state_dict().items():
+        for name, tensor in self._named.items():
             tensor.copy_(weights[name])
 
     def gpu(self) -> str | None:
@@ -661,9 +663,8 @@ class RolloutEngine:
         it keeps copies of the buckets before the last one.
         """
         if not self._vllm:
-            state = self.policy.model.state_dict()
             for name, tensor in tensors:
-                state[name].copy_(tensor)
+                self._named[name].copy_(tensor)
             return
         last = index == len(self._buckets) - 1
         if not last:
