@@ -250,6 +250,22 @@ class TrainConfig:
     gpus_per_engine: float = 1.0
     """GPUs Ray gives each rollout engine when CUDA is used (fractions share a GPU)."""
 
+    colocate_engines: bool = True
+    """Where the rollout engines go on GPUs. ``True``: engine ``e`` of each agent joins
+    the placement bundle of rank ``e % ranks_per_agent``, so when the bundle's shares
+    fit one GPU (``gpus_per_rank`` and ``gpus_per_engine`` small enough) the engine
+    shares its rank's GPU and gets weights by CUDA IPC. ``False``: the engines get
+    bundles of their own, on GPUs no rank uses (split placement; weights by
+    broadcast)."""
+
+    agents_in_parallel: bool | str = "auto"
+    """Run the agents' log-prob passes and updates at once, each agent's group in its
+    own processes (``distributed: ray``); ``False``: one agent after another (the
+    single-process order). ``"auto"``: at once unless two agents' groups of several
+    ranks share a GPU, where one group's collectives would wait while another's
+    kernels hold it. At once, agents that share a GPU hold their activations at the
+    same time."""
+
     weight_sync: str = "auto"
     """How new weights reach the rollout engine actors (:mod:`mappa_train.weight_sync`):
     ``"cuda_ipc"`` (an engine on the GPU of one of its group's ranks copies from that
@@ -344,13 +360,10 @@ class TrainConfig:
                 "rollout_engine='vllm' with distributed='ray' runs the vLLM engines as "
                 "rollout engine actors: set engines_per_agent to 1 or more"
             )
-        if not (
-            isinstance(self.gradient_checkpointing, bool) or self.gradient_checkpointing == "auto"
-        ):
-            raise ValueError(
-                "gradient_checkpointing must be true, false or 'auto', got "
-                f"{self.gradient_checkpointing!r}"
-            )
+        for name in ("gradient_checkpointing", "agents_in_parallel"):
+            value = getattr(self, name)
+            if not (isinstance(value, bool) or value == "auto"):
+                raise ValueError(f"{name} must be true, false or 'auto', got {value!r}")
         positive = (
             "steps",
             "prompts_per_step",

@@ -372,20 +372,56 @@ def _actor_options(placement: Any, bundle: int, gpus: float) -> dict[str, Any]:
 
 
 def placement_bundles(config: Any, agents: int) -> list[dict[str, float]]:
-    """GPUs of each bundle of the run's placement group (one bundle per rank index).
+    """GPUs of each bundle of the run's placement group.
 
-    Bundle ``r`` holds rank ``r`` of every agent's group (so the ranks of one group are
-    in different bundles, on different GPUs, as NCCL needs) and engine ``e`` of every
-    agent for ``e % ranks == r``: ``ceil(agents * gpus_per_rank + engines_r *
-    gpus_per_engine)`` whole GPUs, which Ray then shares out among them.
+    Bundle ``r < ranks_per_agent`` holds rank ``r`` of every agent's group (so the ranks
+    of one group are in different bundles, on different GPUs, as NCCL needs). With
+    ``colocate_engines`` it also holds engine ``e`` of every agent for ``e % ranks ==
+    r``; without, engine ``e`` of every agent has bundle ``ranks + e`` of its own. A
+    bundle has as many whole GPUs as its actors' shares add up to (rounded up), which
+    Ray then shares out among them.
     """
     world = config.ranks_per_agent
     bundles = []
     for rank in range(world):
-        engines = sum(1 for e in range(config.engines_per_agent) if e % world == rank)
+        engines = 0
+        if config.colocate_engines:
+            engines = sum(1 for e in range(config.engines_per_agent) if e % world == rank)
         need = agents * config.gpus_per_rank + agents * engines * config.gpus_per_engine
         bundles.append({"GPU": float(math.ceil(need - 1e-9))})
+    if not config.colocate_engines:
+        need = agents * config.gpus_per_engine
+        bundles += [{"GPU": float(math.ceil(need - 1e-9))}] * config.engines_per_agent
     return bundles
+
+
+def engine_bundle(config: Any, index: int) -> int:
+    """The placement bundle of each agent's engine ``index`` (see :func:`placement_bundles`)."""
+    if config.colocate_engines:
+        return index % config.ranks_per_agent
+    return config.ranks_per_agent + index
+
+
+def agents_at_once(setting: bool | str, group_gpus: Sequence[Sequence[str | None]]) -> bool:
+    """Whether the agents' groups should run their log-prob passes and updates at once.
+
+    Args:
+        setting: The config's ``agents_in_parallel`` (``True``, ``False`` or ``"auto"``).
+        group_gpus: Per agent, the GPUs of its group's ranks (``None`` on CPU); a group of
+            one rank may be given as ``[]`` (it runs no collectives).
+
+    ``"auto"`` is ``True`` unless two groups of several ranks share a GPU: one group's
+    collectives would spin there while the other's kernels hold the GPU.
+    """
+    if setting != "auto":
+        return bool(setting)
+    taken: set[str] = set()
+    for gpus in group_gpus:
+        mine = {g for g in gpus if g is not None} if len(gpus) > 1 else set()
+        if mine & taken:
+            return False
+        taken |= mine
+    return True
 
 
 class LearnerGroup:
@@ -446,11 +482,14 @@ class LearnerGroup:
         rank that dies fails the call at once, and the others' collectives fail after
         ``COLLECTIVE_TIMEOUT_S`` instead of hanging.
         """
+        return _import_ray().get(self.start(method, *args))[0]
+
+    def start(self, method: str, *args: Any) -> list[Any]:
+        """Start ``method`` on every rank; their references, rank 0's first. No wait."""
         ray = _import_ray()
         # Put once, read by every rank (instead of one copy per call).
         shared = [ray.put(a) if isinstance(a, (list, dict, PreparedRows)) else a for a in args]
-        calls = [getattr(handle, method).remote(*shared) for handle in self.ranks]
-        return ray.get(calls)[0]
+        return [getattr(handle, method).remote(*shared) for handle in self.ranks]
 
     def gpu_ids(self) -> list[list[Any]]:
         """The GPUs Ray gave each rank."""
@@ -826,6 +865,7 @@ class RayTrainer(Trainer):
         """Seconds of each step's weight sync (:meth:`after_update`)."""
         self._started: list[Any] = []  # groups and engine policies, to stop on close
         self._placement: Any = None
+        self._agents_at_once: bool | None = None  # agents_in_parallel "auto", once decided
 
     def setup(self) -> None:
         """Start or join Ray, start each trained agent's group, load the rollout copies."""
@@ -943,7 +983,7 @@ class RayTrainer(Trainer):
         settings = ray.put(config.to_dict())
         engines = []
         for index in range(config.engines_per_agent):
-            bundle = index % config.ranks_per_agent
+            bundle = engine_bundle(config, index)
             engine = (
                 ray.remote(RolloutEngine)
                 .options(**_actor_options(self._placement, bundle, config.gpus_per_engine))
@@ -1011,12 +1051,55 @@ class RayTrainer(Trainer):
         ref = learner.group.logprobs(rows, reference=True)
         return old, ref
 
+    def score_agents(
+        self, work: dict[str, tuple[Any, list[ActionSample]]]
+    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Every agent's log-prob passes, the groups at once when :meth:`agents_at_once`."""
+        if not self.agents_at_once():
+            return super().score_agents(work)
+        started = {}
+        for agent, (learner, samples) in work.items():
+            rows = token_rows(samples)
+            started[agent] = (
+                learner.group.start("logprobs", rows, False),
+                learner.group.start("logprobs", rows, True),
+            )
+        ray = _import_ray()
+        return {agent: (ray.get(old)[0], ray.get(ref)[0]) for agent, (old, ref) in started.items()}
+
     def update_agent(self, learner: Any, prep: PreparedRows, lr: float) -> dict[str, float]:
         """The agent's PPO pass, on its group."""
         light = dataclasses.replace(prep, samples=token_rows(prep.samples))
         return learner.group.update(
             light, step=self.step, lr=lr, kl_in_loss=not self.estimator.kl_in_reward
         )
+
+    def update_agents(
+        self, work: dict[str, tuple[Any, PreparedRows]], lr: float
+    ) -> dict[str, dict[str, float]]:
+        """Every agent's PPO pass, the groups at once when :meth:`agents_at_once`."""
+        if not self.agents_at_once():
+            return super().update_agents(work, lr)
+        ray = _import_ray()
+        started = {a: self._start_update(learner, prep, lr) for a, (learner, prep) in work.items()}
+        return {agent: ray.get(refs)[0] for agent, refs in started.items()}
+
+    def _start_update(self, learner: Any, prep: PreparedRows, lr: float) -> list[Any]:
+        light = dataclasses.replace(prep, samples=token_rows(prep.samples))
+        return learner.group.start("update", light, self.step, lr, not self.estimator.kl_in_reward)
+
+    def agents_at_once(self) -> bool:
+        """Whether the groups work at once (:func:`agents_at_once`, decided once per run)."""
+        if self._agents_at_once is None:
+            learners: dict[str, RemoteAgentLearner] = self.learners  # type: ignore[assignment]
+            groups = [learner.group for learner in learners.values()]
+            gpus = [group.gpus() if group.world > 1 else [] for group in groups]
+            self._agents_at_once = agents_at_once(self.config.agents_in_parallel, gpus)
+            logger.info(
+                "agents' log-prob passes and updates: %s",
+                "at once" if self._agents_at_once else "one agent after another",
+            )
+        return self._agents_at_once
 
     def after_update(self) -> None:
         """Load each agent's new weights into its rollout copy, as its ``weight_sync`` says.

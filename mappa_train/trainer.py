@@ -752,21 +752,14 @@ class Trainer:
         rewards = self._action_rewards(episodes)
 
         train_started = time.perf_counter()
-        prepared = {
-            agent: self._prepare(
-                [s for s in samples if s.agent == agent], rewards, self.learners[agent]
-            )
-            for agent in self.agents
-            if agent in self.learners
-        }
+        prepared = self._prepare(samples, rewards)
         self._advantages(prepared)
         _sync_device(self.device)
         logprob_s = time.perf_counter() - train_started
         metrics: dict[str, Any] = {"step": self.step + 1}
         lr = self.config.lr * self.lr_factor(self.step)
         tokens_trained = response_tokens_trained = 0
-        for agent, prep in prepared.items():
-            stats = self._update(self.learners[agent], prep, lr)
+        for agent, stats in self._update(prepared, lr).items():
             tokens_trained += int(stats.pop("tokens", 0))
             response_tokens_trained += int(stats.pop("response_tokens", 0))
             for key, value in stats.items():
@@ -842,27 +835,58 @@ class Trainer:
         return shard_logprobs(score, rows, config, pad_id=pad_id, device=self.device)
 
     def _prepare(
-        self, samples: list[ActionSample], rewards: dict[int, float | None], learner: AgentLearner
-    ) -> PreparedRows:
-        usable, cut, invalid = [], 0, 0
-        for sample in samples:
-            if not sample.response_ids or len(sample.logprobs) != len(sample.response_ids):
-                invalid += 1  # an untrainable generation (no exact ids)
-            elif sample.finish_reason == "length" and self.config.mask_truncated:
-                cut += 1
-            elif rewards.get(id(sample)) is None:
-                invalid += 1
-            else:
-                usable.append(sample)
-        if not usable:
-            empty = torch.zeros((0, 1))
-            return PreparedRows([], torch.zeros(0), empty, empty, empty, cut, invalid)
-        old, ref = self.score_actions(learner, usable)
-        mask = torch.zeros_like(old)
-        for i, sample in enumerate(usable):
-            mask[i, : len(sample.response_ids)] = 1.0
-        values = torch.tensor([float(rewards[id(s)]) for s in usable])
-        return PreparedRows(usable, values, old, ref, mask, cut, invalid)
+        self, samples: list[ActionSample], rewards: dict[int, float | None]
+    ) -> dict[str, PreparedRows]:
+        """Every trained agent's usable actions with their old and reference log-probs."""
+        usable: dict[str, list[ActionSample]] = {}
+        skipped: dict[str, tuple[int, int]] = {}
+        for agent in self.agents:
+            if agent not in self.learners:
+                continue
+            kept, cut, invalid = [], 0, 0
+            for sample in samples:
+                if sample.agent != agent:
+                    continue
+                if not sample.response_ids or len(sample.logprobs) != len(sample.response_ids):
+                    invalid += 1  # an untrainable generation (no exact ids)
+                elif sample.finish_reason == "length" and self.config.mask_truncated:
+                    cut += 1
+                elif rewards.get(id(sample)) is None:
+                    invalid += 1
+                else:
+                    kept.append(sample)
+            usable[agent] = kept
+            skipped[agent] = (cut, invalid)
+        scored = self.score_agents({a: (self.learners[a], s) for a, s in usable.items() if s})
+        prepared: dict[str, PreparedRows] = {}
+        for agent, kept in usable.items():
+            cut, invalid = skipped[agent]
+            if not kept:
+                empty = torch.zeros((0, 1))
+                prepared[agent] = PreparedRows(
+                    [], torch.zeros(0), empty, empty, empty, cut, invalid
+                )
+                continue
+            old, ref = scored[agent]
+            mask = torch.zeros_like(old)
+            for i, sample in enumerate(kept):
+                mask[i, : len(sample.response_ids)] = 1.0
+            values = torch.tensor([float(rewards[id(s)]) for s in kept])
+            prepared[agent] = PreparedRows(kept, values, old, ref, mask, cut, invalid)
+        return prepared
+
+    def score_agents(
+        self, work: dict[str, tuple[AgentLearner, list[ActionSample]]]
+    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Old and reference log-probs of each agent's usable actions (see :meth:`score_actions`).
+
+        One agent after another here; a subclass whose agents' learners can work at
+        once (separate processes) overrides this.
+
+        Args:
+            work: Per agent with usable actions, its learner and those actions.
+        """
+        return {agent: self.score_actions(learner, rows) for agent, (learner, rows) in work.items()}
 
     def score_actions(
         self, learner: AgentLearner, samples: Sequence[ActionSample]
@@ -925,18 +949,38 @@ class Trainer:
             prepared[agent].advantages = result.advantages.detach().to("cpu", torch.float32)
             prepared[agent].stats.update(result.stats)
 
-    def _update(self, learner: AgentLearner, prep: PreparedRows, lr: float) -> dict[str, float]:
-        stats: dict[str, float] = {
-            "actions": float(len(prep.samples)),
-            "masked_length": float(prep.masked_length),
-            "masked_invalid": float(prep.masked_invalid),
-            **prep.stats,
-        }
-        if not prep.samples:
-            return stats
-        stats["mean_reward"] = float(prep.rewards.mean())
-        stats.update(self.update_agent(learner, prep, lr))
+    def _update(self, prepared: dict[str, PreparedRows], lr: float) -> dict[str, dict[str, float]]:
+        """Every trained agent's update statistics (agents without actions are skipped)."""
+        stats: dict[str, dict[str, float]] = {}
+        for agent, prep in prepared.items():
+            stats[agent] = {
+                "actions": float(len(prep.samples)),
+                "masked_length": float(prep.masked_length),
+                "masked_invalid": float(prep.masked_invalid),
+                **prep.stats,
+            }
+            if prep.samples:
+                stats[agent]["mean_reward"] = float(prep.rewards.mean())
+        work = {a: (self.learners[a], p) for a, p in prepared.items() if p.samples}
+        for agent, update_stats in self.update_agents(work, lr).items():
+            stats[agent].update(update_stats)
         return stats
+
+    def update_agents(
+        self, work: dict[str, tuple[AgentLearner, PreparedRows]], lr: float
+    ) -> dict[str, dict[str, float]]:
+        """Each agent's PPO-clipped pass (see :meth:`update_agent`); their statistics.
+
+        One agent after another here; a subclass whose agents' learners can work at
+        once overrides this.
+
+        Args:
+            work: Per agent with usable actions, its learner and prepared rows.
+            lr: The step's learning rate.
+        """
+        return {
+            agent: self.update_agent(learner, prep, lr) for agent, (learner, prep) in work.items()
+        }
 
     def update_agent(
         self, learner: AgentLearner, prep: PreparedRows, lr: float

@@ -40,6 +40,21 @@ def test_bundles_hold_rank_r_of_every_agent_and_their_engines(tmp_path):
     assert placement_bundles(whole, 3) == [{"GPU": 3.0}]  # a GPU per rank by default
 
 
+def test_split_placement_gives_the_engines_bundles_of_their_own(tmp_path):
+    config = TrainConfig(ranks_per_agent=2, gpus_per_rank=0.3, engines_per_agent=2,
+                         gpus_per_engine=0.3, colocate_engines=False,
+                         output_dir=str(tmp_path))  # fmt: skip
+    # 3 agents: each rank bundle holds 3 ranks (0.9), each engine bundle 3 engines (0.9).
+    assert placement_bundles(config, 3) == [{"GPU": 1.0}] * 4
+    from mappa_train.ray_trainer import engine_bundle
+
+    assert [engine_bundle(config, e) for e in range(2)] == [2, 3]
+    colocated = TrainConfig(ranks_per_agent=2, gpus_per_rank=0.15, engines_per_agent=2,
+                            gpus_per_engine=0.15, output_dir=str(tmp_path))  # fmt: skip
+    assert placement_bundles(colocated, 3) == [{"GPU": 1.0}] * 2
+    assert [engine_bundle(colocated, e) for e in range(2)] == [0, 1]
+
+
 @pytest.fixture(scope="module")
 def ray_with_two_gpus():
     # Ray's GPU accounting without GPUs: the actors get GPU ids, and run on the CPU.
@@ -71,3 +86,23 @@ def test_a_placement_the_cluster_cannot_hold_is_refused_with_the_numbers(
     with pytest.raises(ValueError, match="need 6 GPUs, the cluster has 2"):
         trainer.setup()
     trainer.close()
+
+
+def _engine_gpu_ids(engine) -> list:
+    return ray.get(engine.__ray_call__.remote(lambda actor: ray.get_gpu_ids()))
+
+
+@pytest.mark.parametrize("colocate", [True, False], ids=["colocated", "split"])
+def test_engines_share_their_ranks_gpu_or_get_one_apart(tmp_path, ray_with_two_gpus, colocate):
+    # LetterPair: 2 agents, one rank and one engine each, at 0.25 GPU apiece.
+    config = _config(tmp_path, gpus_per_rank=0.25, engines_per_agent=1, gpus_per_engine=0.25,
+                     colocate_engines=colocate)  # fmt: skip
+    trainer = RayTrainer(config, LetterPairEnv, LetterPairEnv)
+    try:
+        trainer.setup()
+        for learner in trainer.learners.values():
+            ranks = {tuple(gpus) for gpus in learner.group.gpu_ids()}
+            engines = {tuple(_engine_gpu_ids(e)) for e in learner.policy.engines}
+            assert (ranks == engines) is colocate, (ranks, engines)
+    finally:
+        trainer.close()

@@ -75,7 +75,8 @@ def _assert_same_metrics(got, expected, agents=("writer",)):
         assert mine["rollout/response_tokens"] == theirs["rollout/response_tokens"]
 
 
-def test_learn_on_fixed_episodes_and_sync_match_one_process(tmp_path, local_ray):
+@pytest.mark.parametrize("at_once", [True, False], ids=["agents-at-once", "one-after-another"])
+def test_learn_on_fixed_episodes_and_sync_match_one_process(tmp_path, local_ray, at_once):
     # Two agents whitened together (normalize_scope: all): advantages span the groups.
     # lr 1e-3: Adam divides by sqrt(v) + 1e-8, so on weights whose gradient is near 0 a
     # float rounding difference (sums in another order) moves the weight by up to ~lr;
@@ -86,12 +87,18 @@ def test_learn_on_fixed_episodes_and_sync_match_one_process(tmp_path, local_ray)
     settings = {"normalize_scope": "all", "lr": 1e-3}
     single = _trainer(Trainer, _config(tmp_path / "single", model_dir, **settings), LetterPairEnv)
     sharded_config = _config(
-        tmp_path / "ray", model_dir, distributed="ray", ranks_per_agent=2, **settings
+        tmp_path / "ray",
+        model_dir,
+        distributed="ray",
+        ranks_per_agent=2,
+        agents_in_parallel=at_once,
+        **settings,
     )
     sharded = _trainer(RayTrainer, sharded_config, LetterPairEnv)
     single.setup()
     sharded.setup()
     try:
+        assert sharded.agents_at_once() is at_once
         # A checkpoint before any step leaves the optimizers as they are (torch would
         # build their state with a zero step, which Adam would count).
         sharded.save()
@@ -120,6 +127,74 @@ def test_learn_on_fixed_episodes_and_sync_match_one_process(tmp_path, local_ray)
     finally:
         single.close()
         sharded.close()
+
+
+class _RecordingGroup:
+    """A learner group that records when its calls start and when they are waited for."""
+
+    def __init__(self, agent, events):
+        self.agent, self.events, self.world = agent, events, 2
+
+    def start(self, method, *args):
+        self.events.append(("start", self.agent, method))
+        return [(self.agent, method)]
+
+    def _call(self, method):
+        self.events += [("start", self.agent, method), ("wait", self.agent, method)]
+        return torch.zeros(1, 1) if method == "logprobs" else {"loss": 0.0}
+
+    def logprobs(self, rows, *, reference):
+        return self._call("logprobs")
+
+    def update(self, prep, **options):
+        return self._call("update")
+
+
+@pytest.mark.parametrize("at_once", [True, False])
+def test_the_groups_work_at_once_only_when_told(tmp_path, monkeypatch, at_once):
+    import types
+
+    from mappa_train import ray_trainer
+    from mappa_train.ray_trainer import TokenRow
+    from mappa_train.update import PreparedRows
+
+    events = []
+
+    def fake_get(refs):
+        refs = refs if isinstance(refs, list) else [refs]
+        events.extend(("wait", agent, method) for agent, method in refs)
+        return [torch.zeros(1, 1) if method == "logprobs" else {"loss": 0.0} for _, method in refs]
+
+    monkeypatch.setattr(ray_trainer, "_import_ray", lambda: types.SimpleNamespace(get=fake_get))
+    config = _config(tmp_path, tiny_model_dir(tmp_path / "model"), distributed="ray",
+                     agents_in_parallel=at_once)  # fmt: skip
+    trainer = _trainer(RayTrainer, config, LetterPairEnv)
+    agents = ("writer", "editor")
+    learners = {a: types.SimpleNamespace(group=_RecordingGroup(a, events)) for a in agents}
+    sample = TokenRow(prompt_ids=[1], response_ids=[2])  # all the groups read of an action
+    trainer.score_agents({a: (learners[a], [sample]) for a in agents})
+    rows = PreparedRows([sample], torch.zeros(1), *[torch.zeros(1, 1)] * 3, 0, 0)
+    trainer.update_agents({a: (learners[a], rows) for a in agents}, lr=1e-3)
+    kinds = [kind for kind, _, _ in events]
+    if at_once:
+        # Both agents' passes start before any is waited for, then both updates.
+        assert kinds == ["start"] * 4 + ["wait"] * 4 + ["start"] * 2 + ["wait"] * 2
+    else:
+        assert kinds == ["start", "wait"] * 6
+    assert {agent for _, agent, _ in events} == set(agents)
+
+
+def test_agents_at_once_decides_from_the_groups_gpus():
+    from mappa_train.ray_trainer import agents_at_once
+
+    assert agents_at_once("auto", [["a", "b"], ["c", "d"]])  # apart
+    assert not agents_at_once("auto", [["a", "b"], ["b", "c"]])  # two groups on GPU b
+    assert agents_at_once("auto", [["a"], ["a"]])  # groups of one rank: no collectives
+    assert agents_at_once("auto", [[None, None], [None, None]])  # on CPU
+    assert agents_at_once(True, [["a", "b"], ["a", "b"]])
+    assert not agents_at_once(False, [["a", "b"], ["c", "d"]])
+    with pytest.raises(ValueError, match="agents_in_parallel must be true, false or 'auto'"):
+        TrainConfig(agents_in_parallel="sometimes")
 
 
 def test_the_config_picks_the_trainer_and_a_mismatch_is_refused(tmp_path):
