@@ -12,10 +12,21 @@ weight sync's seconds, peak memory (the driver's, and each actor's), and checks 
 the last step that every engine acts with its group's weights (checksums; parameter
 sums for vLLM engines).
 
+On several GPUs ``--gpus-per-rank`` and ``--gpus-per-engine`` set the shares and
+``--split`` gives the engines GPUs of their own (``colocate_engines: false``); the
+steady update's MFU is ``6 (B + H)`` FLOPs per trained token (``B`` the decoder's
+matmul parameters, ``H`` the head's, as in ``bench_train_gpu``; the recomputation of
+gradient checkpointing is not counted) over the update's seconds and ``--peak-tflops``
+times the GPUs used. Peak memory per GPU is nvidia-smi's (every process on it, CUDA
+contexts included), polled each second, beside each actor's own allocator peak.
+``--shape`` also takes the random-weight shapes of ``bench_train_gpu`` (``0.5b``,
+``1.5b``, ``4b``).
+
 Run:  python -m benchmarks.bench_distributed_gpu            # SmolLM2, one H200
       python -m benchmarks.bench_distributed_gpu --engines 0 # the driver acts itself
       python -m benchmarks.bench_distributed_gpu --rollout-engine vllm --no-single \
           --weight-sync object_store,cuda_ipc --name distributed_1gpu_vllm
+      python -m benchmarks.bench_distributed_gpu --agents-in-parallel true,false
 """
 
 from __future__ import annotations
@@ -24,13 +35,96 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from benchmarks._common import print_table, write_results
 from benchmarks.bench_step_gpu import steady_state, timed_steps
+from benchmarks.bench_train_gpu import SHAPES, parameter_counts, random_model_dir
+
+
+class GpuMemoryPoller:
+    """Peak memory used on each GPU while it runs, as nvidia-smi reports it.
+
+    nvidia-smi's figure counts every process on the GPU (CUDA contexts, NCCL buffers
+    and vLLM's reserved KV cache included), which the processes' own allocator peaks
+    do not. Without nvidia-smi (no GPU) it records nothing.
+
+    Args:
+        every_s: Seconds between two readings.
+    """
+
+    def __init__(self, every_s: float = 1.0) -> None:
+        self.every_s = every_s
+        self.peaks_mib: dict[str, float] = {}
+        """Per GPU UUID (as torch spells it, without nvidia-smi's ``GPU-``), peak MiB."""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def read(self) -> dict[str, float]:
+        """MiB used on each GPU now (empty without nvidia-smi)."""
+        if shutil.which("nvidia-smi") is None:
+            return {}
+        answer = subprocess.run(
+            ["nvidia-smi", "--query-gpu=uuid,memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        used = {}
+        for line in answer.stdout.splitlines():
+            uuid, _, mib = line.partition(",")
+            if mib.strip():
+                used[uuid.strip().removeprefix("GPU-")] = float(mib)
+        return used
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            for uuid, mib in self.read().items():
+                self.peaks_mib[uuid] = max(mib, self.peaks_mib.get(uuid, 0.0))
+            self._stop.wait(self.every_s)
+
+    def __enter__(self) -> GpuMemoryPoller:
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def _shape_only(system: str) -> Any:
+    """The model in ``system`` on the meta device: its shapes, no weights read."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(system))
+
+
+def flops_per_token(system: str) -> int:
+    """``6 (B + H)``: training FLOPs per token of the model in ``system``."""
+    body, head = parameter_counts(_shape_only(system))
+    return 6 * (body + head)
+
+
+def parameter_count(system: str) -> int:
+    """Parameters of the model in ``system`` (a tied head counted once)."""
+    return sum(p.numel() for p in _shape_only(system).parameters())
+
+
+def update_mfu(steady: dict[str, float], flops: int, gpus: int, peak_tflops: float) -> float | None:
+    """The steady update's model FLOPs utilization over ``gpus`` GPUs of ``peak_tflops``."""
+    if not steady.get("update_s") or gpus < 1:
+        return None
+    return flops * steady["train_tokens"] / steady["update_s"] / (gpus * peak_tflops * 1e12)
 
 
 def checksum(weights: dict[str, Any], dtype: Any = None) -> float:
@@ -71,7 +165,11 @@ def _config(args: argparse.Namespace, system: str, out: Path, **changes: Any) ->
         "tensorboard": False,
         "progress": False,
         "output_dir": str(out),
+        "train_agents": getattr(args, "train_agents", None) or None,
+        "compile_decode": not getattr(args, "eager_decode", False),
     }
+    if args.shape in SHAPES:
+        settings["lr"] = 1e-6  # random weights: the step's figures, not its learning
     settings.update(changes)
     return TrainConfig(**settings)
 
@@ -172,18 +270,29 @@ def compare_syncs(trainer: Any, modes: Sequence[str], repeats: int) -> dict[str,
 
 
 def _memory(trainer: Any) -> dict[str, Any]:
+    """Each actor's allocator peak (GiB) and GPU, per agent; their sum per GPU."""
     import ray
 
     from mappa_train.ray_trainer import EnginePolicy
 
     memory: dict[str, Any] = {}
+    by_gpu: dict[str, float] = {}
     for agent, learner in trainer.learners.items():
-        memory[agent] = {"ranks_gib": [round(b / 2**30, 2) for b in learner.group.peak_memory()]}
+        ranks = [b / 2**30 for b in learner.group.peak_memory()]
+        rank_gpus = learner.group.gpus()
+        memory[agent] = {"ranks_gib": [round(b, 2) for b in ranks], "rank_gpus": rank_gpus}
+        actors = list(zip(rank_gpus, ranks))
         if isinstance(learner.policy, EnginePolicy):
             engines = learner.policy.engines
-            memory[agent]["engines_gib"] = [
-                round(b / 2**30, 2) for b in ray.get([e.peak_memory.remote() for e in engines])
-            ]
+            peaks = [b / 2**30 for b in ray.get([e.peak_memory.remote() for e in engines])]
+            engine_gpus = ray.get([e.gpu.remote() for e in engines])
+            memory[agent]["engines_gib"] = [round(b, 2) for b in peaks]
+            memory[agent]["engine_gpus"] = engine_gpus
+            actors += list(zip(engine_gpus, peaks))
+        for gpu, gib in actors:
+            if gpu is not None:
+                by_gpu[gpu] = by_gpu.get(gpu, 0.0) + gib
+    memory["actors_sum_gib_by_gpu"] = {gpu: round(gib, 2) for gpu, gib in by_gpu.items()}
     return memory
 
 
@@ -216,6 +325,25 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "(of them, the run's own mode and object_store)",
     )
     parser.add_argument("--sync-repeats", type=int, default=5)
+    parser.add_argument(
+        "--gpus-per-rank", type=float, help="each rank's GPU share (default: one GPU shared)"
+    )
+    parser.add_argument("--gpus-per-engine", type=float, help="each engine's GPU share")
+    parser.add_argument(
+        "--split", action="store_true", help="engines on GPUs of their own (colocate_engines off)"
+    )
+    parser.add_argument(
+        "--agents-in-parallel",
+        default="auto",
+        help="comma-separated agents_in_parallel values (auto, true, false): a Ray run each",
+    )
+    parser.add_argument("--peak-tflops", type=float, default=796.0, help="bf16 peak per GPU")
+    parser.add_argument(
+        "--train-agents", default="", help="comma-separated agents to train (default: all)"
+    )
+    parser.add_argument(
+        "--eager-decode", action="store_true", help="HF engines decode eagerly (no compiling)"
+    )
     parser.add_argument("--schedule", choices=("ticks", "continuous"), default="ticks")
     parser.add_argument("--sandbox", default="jupyter", help="jupyter, or none (no kernels)")
     parser.add_argument("--dtype", default="auto")
@@ -225,6 +353,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.weight_sync.split(",") if m.strip()]
+    switches = {"auto": "auto", "true": True, "false": False}
+    parallel = [v.strip() for v in args.agents_in_parallel.split(",") if v.strip()]
+    if not parallel or any(v not in switches for v in parallel):
+        parser.error(f"--agents-in-parallel takes {sorted(switches)}, got {parallel}")
+    # One Ray run per (sync mode, agents_in_parallel); named by the mode alone when the
+    # latter has one value.
+    variants = [
+        (mode, value, mode if len(parallel) == 1 else f"{mode},agents_in_parallel={value}")
+        for mode in modes
+        for value in parallel
+    ]
 
     import ray
     import torch
@@ -233,11 +372,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from mappa_train.ray_trainer import RayTrainer
     from mappa_train.trainer import Trainer
 
-    system = str(resolve_model(args.shape))
     work = Path(tempfile.mkdtemp(prefix="mappa-bench-distributed-"))
-    # One GPU shared by 3 agents' ranks and engines: fractions that add up to at most 1.
+    if args.shape in SHAPES:
+        system = str(random_model_dir(args.shape, work / "model"))
+    else:
+        system = str(resolve_model(args.shape))
+    flops = flops_per_token(system)
+    # By default one GPU shared by 3 agents' ranks and engines: shares adding up to 0.9.
     actors = 3 * (args.ranks + args.engines)
     share = round(0.9 / actors, 3)
+    rank_share = args.gpus_per_rank or share
+    engine_share = args.gpus_per_engine or share
     alone: dict[str, Any] | None = None
     runs: dict[str, Any] = {}
     checks: dict[str, Any] = {}
@@ -246,6 +391,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             print("single process:")
             single = Trainer(_config(args, system, work / "single"))
             alone = _run(single, args.steps)
+            alone["mfu_update"] = update_mfu(
+                alone["steady_step"], flops, int(torch.cuda.is_available()), args.peak_tflops
+            )
             single.close()
             del single
             if torch.cuda.is_available():
@@ -253,29 +401,42 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         started_ray = not ray.is_initialized()
         if started_ray:
             ray.init(include_dashboard=False, log_to_driver=False)
-        for mode in modes:
+        gpus_used = int(ray.cluster_resources().get("GPU", 0))
+        for mode, at_once, key in variants:
             print(
-                f"ray ({mode}): {args.ranks} rank(s) and {args.engines} {args.rollout_engine} "
-                f"engine(s) per agent, {share} GPU each"
+                f"ray ({key}): {args.ranks} rank(s) at {rank_share} GPU and {args.engines} "
+                f"{args.rollout_engine} engine(s) at {engine_share} GPU per agent"
+                + (", engines apart" if args.split else "")
             )
             config = _config(
                 args,
                 system,
-                work / f"ray-{mode}",
+                work / f"ray-{len(runs)}",
                 distributed="ray",
                 ranks_per_agent=args.ranks,
                 engines_per_agent=args.engines,
-                gpus_per_rank=share,
-                gpus_per_engine=share,
+                gpus_per_rank=rank_share,
+                gpus_per_engine=engine_share,
+                colocate_engines=not args.split,
+                agents_in_parallel=switches[at_once],
                 weight_sync=mode,
                 rollout_engine=args.rollout_engine,
                 vllm_options=json.loads(args.vllm_options),
             )
             trainer = RayTrainer(config)
+            poller = GpuMemoryPoller()
             try:
-                run = _run(trainer, args.steps)
+                with poller:
+                    run = _run(trainer, args.steps)
+                run["agents_at_once"] = trainer.agents_at_once()
+                run["mfu_update"] = update_mfu(
+                    run["steady_step"], flops, gpus_used, args.peak_tflops
+                )
+                run["gpu_peak_used_gib"] = {
+                    gpu: round(mib / 1024, 2) for gpu, mib in poller.peaks_mib.items()
+                }
                 # Before the comparison: the last sync was the run's own mode's.
-                checks[mode] = _weights_checked(trainer, system)
+                checks[key] = _weights_checked(trainer, system)
                 # The run prepared the mode it resolved to; the object store needs nothing.
                 ready = {"object_store"} | {
                     learner.weight_sync for learner in trainer.learners.values()
@@ -289,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             sync = sorted(trainer.sync_seconds)
             run["sync_s"] = [round(t, 3) for t in trainer.sync_seconds]
             run["sync_s_median"] = round(sync[len(sync) // 2], 3) if sync else None
-            runs[mode] = run
+            runs[key] = run
         if started_ray:
             ray.shutdown()
     finally:
@@ -303,8 +464,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     summary = {
         "shape": args.shape,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "gpus": torch.cuda.device_count(),
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
-        "gpu_share_per_actor": share,
+        "gpu_share_per_rank": rank_share,
+        "gpu_share_per_engine": engine_share,
+        "flops_per_trained_token": flops,
         "single_process": alone,
         "ray": runs,
         "ray_vs_single_step": {mode: _ratio(run) for mode, run in runs.items()},
@@ -321,15 +485,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         ("  update s", "update_s"),
         ("  other s", "other_s"),
         ("weight sync s (median)", "sync_s_median"),
+        ("update MFU", "mfu_update"),
         ("driver peak GiB", "driver_peak_gib"),
     ):
         row: dict[str, Any] = {"what": what}
-        for column, run in (("single", alone), *((f"ray {m}", runs[m]) for m in modes)):
+        for column, run in (("single", alone), *((f"ray {k}", runs[k]) for k in runs)):
             if run is None:
                 continue
             row[column] = run[key] if key in run else run["steady_step"].get(key)
         rows.append(row)
-    print_table(rows, title=f"{args.shape}: single process vs Ray on one device")
+    print_table(rows, title=f"{args.shape}: single process vs Ray on this machine")
     for mode, by_agent in checks.items():
         equal = all(c["equal"] for c in by_agent.values())
         print(f"ray {mode}: engine weights equal to their group's: {equal}")

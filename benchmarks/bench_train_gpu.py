@@ -53,6 +53,14 @@ SHAPES = {
         "num_attention_heads": 12,
         "num_key_value_heads": 2,
     },
+    # 4.0B parameters with the untied 151,936-token head (3.3B in the decoder's matmuls).
+    "4b": {
+        "hidden_size": 2560,
+        "intermediate_size": 9728,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 20,
+        "num_key_value_heads": 4,
+    },
 }
 VOCAB = 151_936
 CHAT_TEMPLATE = (

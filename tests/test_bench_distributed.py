@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -30,24 +31,65 @@ def test_bench_distributed_runs_both_trainers_and_checks_the_engines(tmp_path):
         [
             "--shape", str(model), "--steps", "2", "--prompts", "2", "--samples", "2",
             "--max-new-tokens", "8", "--sandbox", "none", "--engines", "1",
-            "--weight-sync", "object_store,broadcast", "--out", str(out), "--name", "dist_tiny",
+            "--weight-sync", "broadcast", "--agents-in-parallel", "true,false",
+            "--out", str(out), "--name", "dist_tiny",
             "--compare-syncs", "broadcast,object_store", "--sync-repeats", "2",
         ]
     )  # fmt: skip
     written = json.loads((out / "dist_tiny.json").read_text())
     assert written["weights_checked"] == summary["weights_checked"]
-    assert set(summary["ray"]) == set(summary["weights_checked"]) == {"object_store", "broadcast"}
-    for mode, by_agent in summary["weights_checked"].items():
+    keys = {"broadcast,agents_in_parallel=true", "broadcast,agents_in_parallel=false"}
+    assert set(summary["ray"]) == set(summary["weights_checked"]) == keys
+    for by_agent in summary["weights_checked"].values():
         assert set(by_agent) == {"problem_solver", "code_executor", "verifier"}
-        assert all(check["weight_sync"] == mode for check in by_agent.values())
+        assert all(check["weight_sync"] == "broadcast" for check in by_agent.values())
         assert all(check["equal"] for check in by_agent.values())
     for run in (summary["single_process"], *summary["ray"].values()):
         assert len(run["steps"]) == 2
         assert run["steady_step"]["step_s"] > 0
-    for mode, run in summary["ray"].items():
+        assert run["mfu_update"] is None  # no GPU: no MFU
+    assert summary["flops_per_trained_token"] > 0
+    for key, run in summary["ray"].items():
+        assert run["agents_at_once"] is key.endswith("=true")
         assert len(run["sync_s"]) == 2
         assert run["sync_s_median"] is not None
-        assert summary["ray_vs_single_step"][mode] > 0
+        assert summary["ray_vs_single_step"][key] > 0
         compared = run["syncs_compared_s"]
-        assert set(compared) == {mode, "object_store"}
+        assert set(compared) == {"broadcast", "object_store"}
         assert all(len(times) == 2 and min(times) > 0 for times in compared.values())
+        assert set(run["memory"]) == {
+            "problem_solver", "code_executor", "verifier", "actors_sum_gib_by_gpu"
+        }  # fmt: skip
+
+
+def test_update_mfu_counts_the_trained_tokens_over_the_gpus_peak():
+    from benchmarks.bench_distributed_gpu import update_mfu
+
+    steady = {"train_tokens": 1000.0, "update_s": 2.0}
+    # 6e9 FLOPs per token x 1000 tokens / 2 s = 3e12 FLOP/s, over 2 GPUs of 1.5e12.
+    assert update_mfu(steady, 6 * 10**9, 2, 1.5) == pytest.approx(1.0)
+    assert update_mfu({"train_tokens": 1.0, "update_s": 0.0}, 6, 1, 1.0) is None
+
+
+def test_the_gpu_poller_reads_nvidia_smi_and_keeps_each_gpus_peak(tmp_path, monkeypatch):
+    from benchmarks.bench_distributed_gpu import GpuMemoryPoller
+
+    readings = tmp_path / "readings"
+    readings.write_text("GPU-aaaa, 100\nGPU-bbbb, 7\n")
+    fake = tmp_path / "nvidia-smi"
+    # Prints the readings file, then lowers the first GPU's figure for the next read.
+    fake.write_text(f"#!/bin/sh\ncat {readings}\necho 'GPU-aaaa, 40' > {readings}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    poller = GpuMemoryPoller(every_s=0.01)
+    assert poller.read() == {"aaaa": 100.0, "bbbb": 7.0}
+    assert poller.read() == {"aaaa": 40.0}
+    with poller:
+        import time
+
+        time.sleep(0.2)
+    assert poller.peaks_mib == {"aaaa": 40.0}
+    readings.write_text("GPU-aaaa, 100\n")
+    with GpuMemoryPoller(every_s=0.01) as again:
+        time.sleep(0.2)
+    assert again.peaks_mib == {"aaaa": 100.0}  # the peak, not the later 40

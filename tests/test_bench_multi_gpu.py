@@ -1,0 +1,106 @@
+"""``benchmarks.bench_multi_gpu`` on CPU with a tiny model: its layouts, checks and files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("ray")
+
+from benchmarks.bench_multi_gpu import (
+    layout,
+    learner_gib_per_gpu,
+    main,
+    scale_run,
+    scaling_efficiency,
+    within,
+)
+from mappa_agents.tiny_models import tiny_model_dir
+
+
+def test_layouts_put_a_bundle_on_each_gpu_and_split_needs_two():
+    colocated = layout("colocated", 4)
+    assert (colocated["ranks"], colocated["engines"], colocated["split"]) == (4, 4, False)
+    # 3 agents' rank and engine on each GPU: 6 x 0.15 = 0.9 of it.
+    assert colocated["gpus_per_rank"] == colocated["gpus_per_engine"] == 0.15
+    split = layout("split", 8)
+    assert (split["ranks"], split["engines"], split["split"]) == (4, 4, True)
+    assert split["gpus_per_rank"] == 0.3  # 3 agents' ranks on each of the first 4 GPUs
+    with pytest.raises(ValueError, match="split placement needs 2 or more GPUs"):
+        layout("split", 1)
+    with pytest.raises(ValueError, match="placement must be one of"):
+        layout("spread", 2)
+
+
+def test_the_figures_behind_the_skips_the_checks_and_the_efficiency():
+    # 4.03B parameters, 3 agents, 18 bytes each, over 2 ranks: 101 GiB per rank's GPU.
+    assert learner_gib_per_gpu(4_034_056_704, 2) == pytest.approx(101.44, abs=0.01)
+    assert within(1.0, 1.019, rtol=0.02, atol=0.0)
+    assert not within(1.0, 1.021, rtol=0.02, atol=0.0)
+    assert within(0.0, 5e-4, rtol=0.02, atol=1e-3)  # a loss near 0: the absolute part
+    # 2 GPUs: 10 s; 4 GPUs: 6 s (2 x 10 / (4 x 6) = 0.833); 8: 2.5 s (perfect).
+    assert scaling_efficiency([(4, 6.0), (2, 10.0), (8, 2.5)]) == {2: 1.0, 4: 0.833, 8: 1.0}
+    assert scaling_efficiency([]) == {}
+
+
+def _scale_args(**changes) -> argparse.Namespace:
+    settings = {
+        "steps": 1, "prompts": 2, "samples": 2, "max_new_tokens": 8,
+        "micro_batch_tokens": 4096, "sandbox": "none", "rollout_engine": "hf",
+        "vllm_options": "{}", "schedule": "ticks", "peak_tflops": 796.0,
+        "run_timeout": 300.0, "parameters": 0, "gpu_memory_gib": 0.0, "train_agents": "",
+    }  # fmt: skip
+    settings.update(changes)
+    return argparse.Namespace(**settings)
+
+
+def test_a_layout_that_cannot_fit_is_skipped_and_a_failed_run_is_recorded(tmp_path):
+    big = _scale_args(parameters=4_000_000_000, gpu_memory_gib=139.0)
+    skipped = scale_run(big, "unused", "split", 2, tmp_path)  # 3 agents' 4B state on 1 GPU
+    assert "201 GiB on each rank's GPU" in skipped["skipped"]
+    assert not list(tmp_path.iterdir())  # nothing ran
+    failed = scale_run(_scale_args(), str(tmp_path / "no-model"), "colocated", 1, tmp_path)
+    assert failed["failed"] == "exit code 1"
+    assert any("no-model" in line for line in failed["log_tail"])
+
+
+def test_both_parts_run_and_write_the_results_and_the_plot(tmp_path):
+    model = tiny_model_dir(tmp_path / "model")
+    out = tmp_path / "out"
+    summary = main(
+        [
+            "--equality-shape", str(model), "--equality-steps", "1", "--shape", str(model),
+            "--gpu-counts", "2", "--placements", "split", "--steps", "1", "--prompts", "2",
+            "--samples", "2", "--max-new-tokens", "8", "--rollout-engine", "hf",
+            "--schedule", "ticks", "--out", str(out), "--name", "multi_tiny",
+            # One trained agent (the others act frozen): 2 rank actors, not 6.
+            "--train-agents", "problem_solver",
+        ]
+    )  # fmt: skip
+    written = json.loads((out / "multi_tiny.json").read_text())
+    assert written["equality"] == json.loads(json.dumps(summary["equality"]))
+    equality = summary["equality"]
+    # One step: the tiny model's rewards are all equal here, and from the second step on
+    # whitening scales the KL terms' float32 differences up in the loss (not a mismatch).
+    assert [s["step"] for s in equality["steps"]] == [1]
+    for step in equality["steps"]:
+        assert set(step["agents"]) == set(step["reward_spread"]) == {"problem_solver"}
+        for compared in step["agents"].values():
+            assert set(compared) == {"loss", "grad_norm"}
+            assert all(c["equal"] for c in compared.values())
+    assert equality["equal"]
+    assert equality["max_abs_difference"]["grad_norm"] < 1e-3  # float32 on the CPU
+    (run,) = summary["scale"]["runs"]
+    assert (run["placement"], run["gpus"], run["ranks"], run["engines"]) == ("split", 2, 1, 1)
+    assert run["gpus_per_rank"] == 0.9  # one trained agent: the whole 0.9 of a GPU
+    assert "failed" not in run, run.get("log_tail")
+    assert run["steady_step"]["step_s"] > 0
+    assert run["weight_sync"] == ["object_store"]  # on the CPU
+    assert run["engines_hold_group_weights"]
+    assert summary["scale"]["scaling_efficiency"]["split"]["step"] == {2: 1.0}
+    assert (out / "multi_tiny-runs" / "split_2gpu.json").exists()
+    assert (out / "multi_tiny.png").stat().st_size > 0
