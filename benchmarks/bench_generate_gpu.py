@@ -1,7 +1,7 @@
 """Where rollout time goes: ``HFPolicy.generate`` against bare ``model.generate`` variants.
 
 Rollouts are most of a training step on a GPU (see ``bench_update_gpu``). This times one
-batch of sampled responses on a random-weight Qwen2 shape (or a model directory) four
+batch of sampled responses on a random-weight shape (or a model directory) four
 ways, side by side in one process:
 
 - ``policy``: ``HFPolicy.generate`` as the trainer calls it (chat template, left

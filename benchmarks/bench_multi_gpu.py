@@ -227,6 +227,8 @@ def scale_run(
     ]  # fmt: skip
     if args.train_agents:
         command += ["--train-agents", args.train_agents]
+    if args.eager_decode:
+        command.append("--eager-decode")
     if plan["split"]:
         command.append("--split")
     env = dict(os.environ)
@@ -328,6 +330,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--micro-batch-tokens", type=int, default=16384)
     parser.add_argument("--rollout-engine", choices=("hf", "vllm"), default="vllm")
     parser.add_argument("--vllm-options", default="{}")
+    parser.add_argument(
+        "--eager-decode", action="store_true",
+        help="HF engines decode eagerly (compiling takes minutes in a short run's first step)",
+    )  # fmt: skip
     parser.add_argument("--schedule", choices=("ticks", "continuous"), default="continuous")
     parser.add_argument("--sandbox", default="none", help="none (random models write no code)")
     parser.add_argument("--peak-tflops", type=float, default=796.0, help="bf16 peak per GPU")
@@ -422,7 +428,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     "note": r.get("skipped") or r.get("failed") or "",
                 }
             )
-        print_table(rows, title=f"{args.shape}, 3 agents: placements and GPU counts")
+        trained = args.train_agents or f"{AGENTS} agents"
+        print_table(rows, title=f"{args.shape}, {trained}: placements and GPU counts")
         print("scaling efficiency:", json.dumps(summary["scale"]["scaling_efficiency"]))
     return summary
 

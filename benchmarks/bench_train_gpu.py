@@ -2,8 +2,9 @@
 
 Trains MathChat-v0's three agents (separate weights, separate frozen references) for a
 few steps and reads the trainer's own per-step timings. Models are either random
-weights at real shapes (``0.5b``, ``1.5b``: Qwen2-style, 151,936-token vocabulary) with a
-word-level tokenizer covering the whole vocabulary, or a real model directory.
+weights at real shapes (``0.5b``, ``1.5b``, ``4b``: Qwen2's sizes and 151,936-token
+vocabulary in a Llama architecture, i.e. without Qwen2's q/k/v biases) with a word-level
+tokenizer covering the whole vocabulary, or a real model directory.
 
 MFU is against the bf16 peak given by ``--peak-tflops`` (796 measured on an H200), with
 ``B`` the decoder's matmul parameters (the input embedding is a lookup) and ``H`` the
@@ -88,11 +89,18 @@ def word_level_tokenizer(vocab_size: int):
 
 
 def random_model_dir(shape: str, directory: Path) -> Path:
+    """A random-weight model of ``SHAPES[shape]`` and its word-level tokenizer, in ``directory``.
+
+    Llama, not Qwen2: transformers 5 loads a ``qwen2`` directory's tokenizer as
+    ``Qwen2Tokenizer`` whatever class its ``tokenizer_config.json`` names (qwen2 is on
+    its list of models whose hub files name the wrong class), and that class reads this
+    word-level vocabulary as nothing at all.
+    """
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = word_level_tokenizer(VOCAB)
-    config = Qwen2Config(
+    config = LlamaConfig(
         vocab_size=VOCAB,
         max_position_embeddings=4096,
         tie_word_embeddings=False,
@@ -102,7 +110,7 @@ def random_model_dir(shape: str, directory: Path) -> Path:
         **SHAPES[shape],
     )
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     check_tokenizer_round_trip(tokenizer, directory)

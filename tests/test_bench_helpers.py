@@ -10,7 +10,9 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from benchmarks.bench_train_gpu import (
+    SHAPES,
     check_tokenizer_round_trip,
+    random_model_dir,
     word_level_tokenizer,
 )
 
@@ -27,3 +29,13 @@ def test_word_level_tokenizer_round_trip_is_checked(tmp_path):
     saved.write_text(json.dumps(data))
     with pytest.raises(RuntimeError, match="without real prompts"):
         check_tokenizer_round_trip(tokenizer, tmp_path)
+
+
+def test_a_random_model_directory_reads_its_prompts(tmp_path, monkeypatch):
+    # The model's config.json beside the tokenizer decides which tokenizer class
+    # AutoTokenizer picks: with a qwen2 config, transformers 5 read every prompt as [].
+    tiny = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "num_key_value_heads": 1}  # fmt: skip
+    monkeypatch.setitem(SHAPES, "tiny", tiny)
+    directory = random_model_dir("tiny", tmp_path / "model")  # raises if it reads them wrongly
+    assert (directory / "config.json").exists()

@@ -53,6 +53,7 @@ def _scale_args(**changes) -> argparse.Namespace:
         "micro_batch_tokens": 4096, "sandbox": "none", "rollout_engine": "hf",
         "vllm_options": "{}", "schedule": "ticks", "peak_tflops": 796.0,
         "run_timeout": 300.0, "parameters": 0, "gpu_memory_gib": 0.0, "train_agents": "",
+        "eager_decode": False,
     }  # fmt: skip
     settings.update(changes)
     return argparse.Namespace(**settings)
@@ -78,7 +79,7 @@ def test_both_parts_run_and_write_the_results_and_the_plot(tmp_path):
             "--samples", "2", "--max-new-tokens", "8", "--rollout-engine", "hf",
             "--schedule", "ticks", "--out", str(out), "--name", "multi_tiny",
             # One trained agent (the others act frozen): 2 rank actors, not 6.
-            "--train-agents", "problem_solver",
+            "--train-agents", "problem_solver", "--eager-decode",
         ]
     )  # fmt: skip
     written = json.loads((out / "multi_tiny.json").read_text())
@@ -102,5 +103,7 @@ def test_both_parts_run_and_write_the_results_and_the_plot(tmp_path):
     assert run["weight_sync"] == ["object_store"]  # on the CPU
     assert run["engines_hold_group_weights"]
     assert summary["scale"]["scaling_efficiency"]["split"]["step"] == {2: 1.0}
-    assert (out / "multi_tiny-runs" / "split_2gpu.json").exists()
+    passed_on = json.loads((out / "multi_tiny-runs" / "split_2gpu.json").read_text())["settings"]
+    assert passed_on["eager_decode"]
+    assert passed_on["train_agents"] == "problem_solver"
     assert (out / "multi_tiny.png").stat().st_size > 0
