@@ -46,6 +46,9 @@ from benchmarks._common import print_table, write_results
 from benchmarks.bench_step_gpu import steady_state, timed_steps
 from benchmarks.bench_train_gpu import SHAPES, parameter_counts, random_model_dir
 
+#: The command line's spelling of the trainer's three-valued switches.
+SWITCHES: dict[str, bool | str] = {"auto": "auto", "true": True, "false": False}
+
 
 class GpuMemoryPoller:
     """Peak memory used on each GPU while it runs, as nvidia-smi reports it.
@@ -159,7 +162,8 @@ def _config(args: argparse.Namespace, system: str, out: Path, **changes: Any) ->
         "max_new_tokens": args.max_new_tokens,
         "mask_truncated": False,
         "micro_batch_tokens": args.micro_batch_tokens,
-        "gradient_checkpointing": False,
+        # Off unless asked: the figures then time the update without recomputation.
+        "gradient_checkpointing": SWITCHES[getattr(args, "gradient_checkpointing", "false")],
         "dtype": args.dtype,
         "save_every": 0,
         "tensorboard": False,
@@ -344,6 +348,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--eager-decode", action="store_true", help="HF engines decode eagerly (no compiling)"
     )
+    parser.add_argument(
+        "--gradient-checkpointing", choices=sorted(SWITCHES), default="false",
+        help="the trainers' gradient_checkpointing (the Ray learners take auto as true); "
+        "MFU counts the model's FLOPs only, not the recomputed forward",
+    )  # fmt: skip
     parser.add_argument("--schedule", choices=("ticks", "continuous"), default="ticks")
     parser.add_argument("--sandbox", default="jupyter", help="jupyter, or none (no kernels)")
     parser.add_argument("--dtype", default="auto")
@@ -353,10 +362,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.weight_sync.split(",") if m.strip()]
-    switches = {"auto": "auto", "true": True, "false": False}
     parallel = [v.strip() for v in args.agents_in_parallel.split(",") if v.strip()]
-    if not parallel or any(v not in switches for v in parallel):
-        parser.error(f"--agents-in-parallel takes {sorted(switches)}, got {parallel}")
+    if not parallel or any(v not in SWITCHES for v in parallel):
+        parser.error(f"--agents-in-parallel takes {sorted(SWITCHES)}, got {parallel}")
     # One Ray run per (sync mode, agents_in_parallel); named by the mode alone when the
     # latter has one value.
     variants = [
@@ -418,7 +426,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 gpus_per_rank=rank_share,
                 gpus_per_engine=engine_share,
                 colocate_engines=not args.split,
-                agents_in_parallel=switches[at_once],
+                agents_in_parallel=SWITCHES[at_once],
                 weight_sync=mode,
                 rollout_engine=args.rollout_engine,
                 vllm_options=json.loads(args.vllm_options),

@@ -18,9 +18,12 @@ Parts (``--parts``, comma-separated; both by default):
   process of its own that sees only the first N GPUs. ``colocated``: every GPU holds
   rank ``r`` and engine ``r`` of every agent (weights by CUDA IPC); ``split``: the
   ranks on the first half of the GPUs, the engines on the other half (weights by NCCL
-  broadcast). A layout whose sharded learner state (18 bytes per parameter per agent:
-  masters, gradients, Adam, the bf16 reference) would not fit in 90% of a GPU is
-  skipped with that figure; a run that fails is recorded with the end of its log.
+  broadcast). The learners recompute activations (``--gradient-checkpointing``, on
+  by default: at 4B, float32 masters and a micro-batch's activations did not fit one
+  H200 together). A layout whose planned memory on some GPU (:func:`memory_plan`: the
+  sharded learner state, the ranks' activations, the engines) exceeds 90% of it is
+  skipped with the plan (``--no-memory-check`` runs it anyway); a run that fails is
+  recorded with the end of its log.
   Scaling efficiency of a placement at N GPUs: ``(T_n0 * n0) / (T_N * N)`` with ``T``
   the steady step (and the steady update) and ``n0`` its smallest measured count.
 
@@ -29,6 +32,9 @@ Writes ``<name>.json``, the runs' own JSON files and logs under ``<name>-runs/``
 
 Run:  python -m benchmarks.bench_multi_gpu                        # all GPUs it sees
       python -m benchmarks.bench_multi_gpu --parts scale --gpu-counts 4,8
+      # 3 agents at 4B need 4 GPUs (memory_plan): a scaling series from 2 GPUs at 1.5B
+      python -m benchmarks.bench_multi_gpu --parts scale --shape 1.5b \\
+          --name distributed_multi_gpu_1.5b
 """
 
 from __future__ import annotations
@@ -85,6 +91,58 @@ def layout(placement: str, gpus: int, agents: int = AGENTS) -> dict[str, Any]:
 def learner_gib_per_gpu(parameters: int, ranks: int, agents: int = AGENTS) -> float:
     """GiB of every agent's sharded learner state on one rank's GPU (activations aside)."""
     return agents * parameters * LEARNER_BYTES_PER_PARAMETER / ranks / 2**30
+
+
+def memory_plan(
+    plan: dict[str, Any],
+    parameters: int,
+    model_config: Any,
+    *,
+    agents: int,
+    tokens: int,
+    checkpointing: bool,
+    rollout_engine: str,
+    gpu_gib: float,
+    vllm_options: dict[str, Any] | None = None,
+) -> dict[str, float]:
+    """GiB planned on the busiest GPU of a :func:`layout`, by what takes it.
+
+    - ``learner``: every agent's sharded learner state on a rank's GPU
+      (:func:`learner_gib_per_gpu`);
+    - ``activations``: one micro-batch of ``tokens`` per agent's rank on that GPU
+      (:func:`mappa_train.memory.activation_bytes`; with checkpointing each layer's
+      input plus one layer recomputed). Counted for every agent, also when the agents
+      take turns: each rank's allocator keeps what it reserved;
+    - ``engines``: every agent's engine on an engine's GPU: vLLM's
+      ``gpu_memory_utilization`` of the GPU (weights and KV cache; by default 0.9 of
+      its share, as the trainer sets it), an HF engine's bf16 weights.
+
+    ``per_gpu`` is their sum where ranks and engines share GPUs (colocated), else the
+    larger side.
+    """
+    from mappa_train.memory import GIB, activation_bytes
+
+    full = activation_bytes(tokens, model_config, 2)
+    layers = int(model_config.num_hidden_layers)
+    kept = tokens * layers * int(model_config.hidden_size) * 2 + full // layers
+    activations = agents * (kept if checkpointing else full) / GIB
+    learner = learner_gib_per_gpu(parameters, plan["ranks"], agents)
+    if rollout_engine == "vllm":
+        share = (vllm_options or {}).get(
+            "gpu_memory_utilization", 0.9 * min(1.0, plan["gpus_per_engine"])
+        )
+        engine = share * gpu_gib
+    else:
+        engine = 2 * parameters / GIB
+    engines = agents * engine
+    rank_side = learner + activations
+    per_gpu = max(rank_side, engines) if plan["split"] else rank_side + engines
+    return {
+        "learner": round(learner, 1),
+        "activations": round(activations, 1),
+        "engines": round(engines, 1),
+        "per_gpu": round(per_gpu, 1),
+    }
 
 
 def within(single: float, ray: float, rtol: float, atol: float) -> bool:
@@ -204,12 +262,19 @@ def scale_run(
     name = f"{placement}_{gpus}gpu"
     result: dict[str, Any] = {"placement": placement, "gpus": gpus, **plan}
     if args.parameters and args.gpu_memory_gib:
-        need = learner_gib_per_gpu(args.parameters, plan["ranks"], agents)
-        result["learner_state_gib_per_rank_gpu"] = round(need, 1)
-        if need > 0.9 * args.gpu_memory_gib:
+        planned = memory_plan(
+            plan, args.parameters, args.model_config, agents=agents,
+            tokens=args.micro_batch_tokens, checkpointing=args.gradient_checkpointing != "false",
+            rollout_engine=args.rollout_engine, gpu_gib=args.gpu_memory_gib,
+            vllm_options=json.loads(args.vllm_options),
+        )  # fmt: skip
+        result["memory_plan_gib"] = planned
+        if planned["per_gpu"] > 0.9 * args.gpu_memory_gib and args.memory_check:
             result["skipped"] = (
-                f"the sharded learner state would take {need:.0f} GiB on each rank's GPU, "
-                f"more than 90% of its {args.gpu_memory_gib:.0f} GiB"
+                f"planned {planned['per_gpu']:.0f} GiB on its busiest GPU (learner "
+                f"{planned['learner']:.0f}, activations {planned['activations']:.0f}, engines "
+                f"{planned['engines']:.0f}), more than 90% of its {args.gpu_memory_gib:.0f} "
+                "GiB; --no-memory-check runs it anyway"
             )
             print(f"{name}: skipped: {result['skipped']}")
             return result
@@ -229,6 +294,7 @@ def scale_run(
         command += ["--train-agents", args.train_agents]
     if args.eager_decode:
         command.append("--eager-decode")
+    command += ["--gradient-checkpointing", args.gradient_checkpointing]
     if plan["split"]:
         command.append("--split")
     env = dict(os.environ)
@@ -334,6 +400,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "--eager-decode", action="store_true",
         help="HF engines decode eagerly (compiling takes minutes in a short run's first step)",
     )  # fmt: skip
+    parser.add_argument(
+        "--gradient-checkpointing", choices=("auto", "true", "false"), default="true",
+        help="scale: the learners' gradient_checkpointing (the Ray learners take auto as true)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-memory-check", dest="memory_check", action="store_false",
+        help="scale: run layouts whose planned memory exceeds 90%% of a GPU",
+    )  # fmt: skip
     parser.add_argument("--schedule", choices=("ticks", "continuous"), default="continuous")
     parser.add_argument("--sandbox", default="none", help="none (random models write no code)")
     parser.add_argument("--peak-tflops", type=float, default=796.0, help="bf16 peak per GPU")
@@ -366,6 +440,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             summary["equality"] = equality(args, work / "equality")
         if "scale" in parts:
             import torch
+            from transformers import AutoConfig
 
             from benchmarks.bench_distributed_gpu import parameter_count
             from mappa_agents.models import resolve_model
@@ -376,6 +451,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 else str(resolve_model(args.shape))
             )
             args.parameters = parameter_count(system)
+            args.model_config = AutoConfig.from_pretrained(system)
             args.gpu_memory_gib = (
                 torch.cuda.get_device_properties(0).total_memory / 2**30 if visible else 0.0
             )
@@ -403,7 +479,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 plot_scaling(runs, out / f"{args.name}.png")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    for key in ("parameters", "gpu_memory_gib"):
+    for key in ("parameters", "gpu_memory_gib", "model_config"):
         summary["settings"].pop(key, None)
     write_results(args.name, summary, out)
     if "equality" in summary:
@@ -424,6 +500,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     "update s": steady.get("update_s"),
                     "update MFU": r.get("mfu_update"),
                     "sync s": r.get("sync_s_median"),
+                    "planned GiB/GPU": r.get("memory_plan_gib", {}).get("per_gpu"),
                     "peak GiB/GPU": max(peaks) if peaks else None,
                     "note": r.get("skipped") or r.get("failed") or "",
                 }

@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("ray")
 
-from benchmarks.bench_distributed_gpu import checksum, main
+from benchmarks.bench_distributed_gpu import _config, checksum, main
 from mappa_agents.tiny_models import tiny_model_dir
 
 
@@ -22,6 +22,18 @@ def test_checksum_compares_after_rounding_to_the_acting_dtype():
     acting = {"w": master["w"].to(torch.bfloat16)}
     assert checksum(master) != checksum(acting)  # bf16 drops the 2**-12
     assert checksum(master, torch.bfloat16) == checksum(acting)
+
+
+@pytest.mark.parametrize(("flag", "value"), [("false", False), ("true", True), ("auto", "auto")])
+def test_the_checkpointing_flag_reaches_the_trainers(tmp_path, flag, value):
+    import argparse
+
+    settings = argparse.Namespace(
+        shape="smollm2-135m", steps=1, prompts=2, samples=2, max_new_tokens=8,
+        micro_batch_tokens=4096, schedule="ticks", sandbox="none", dtype="auto",
+        gradient_checkpointing=flag,
+    )  # fmt: skip
+    assert _config(settings, "unused", tmp_path).gradient_checkpointing == value
 
 
 def test_bench_distributed_runs_both_trainers_and_checks_the_engines(tmp_path):

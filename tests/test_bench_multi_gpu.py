@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,6 +16,7 @@ from benchmarks.bench_multi_gpu import (
     layout,
     learner_gib_per_gpu,
     main,
+    memory_plan,
     scale_run,
     scaling_efficiency,
     within,
@@ -47,22 +49,79 @@ def test_the_figures_behind_the_skips_the_checks_and_the_efficiency():
     assert scaling_efficiency([]) == {}
 
 
+SHAPE_4B = SimpleNamespace(hidden_size=2560, num_hidden_layers=36, intermediate_size=9728)
+SHAPE_1_5B = SimpleNamespace(hidden_size=1536, num_hidden_layers=28, intermediate_size=8960)
+
+
+def test_the_memory_plan_counts_learners_activations_and_engines():
+    # 4e9 parameters, 3 agents, split over 2 GPUs: 3 x 4e9 x 18 B = 201.2 GiB of state on
+    # the ranks' GPU; checkpointed activations of 16,384 tokens: 36 layer inputs of
+    # 2,560 values plus one layer's 10 h + 4 i values per token, 4.78 GiB per rank.
+    split = memory_plan(
+        layout("split", 2), 4_000_000_000, SHAPE_4B, agents=3, tokens=16384,
+        checkpointing=True, rollout_engine="hf", gpu_gib=139.8,
+    )  # fmt: skip
+    assert split == {"learner": 201.2, "activations": 14.3, "engines": 22.4, "per_gpu": 215.5}
+    # Without checkpointing the same ranks would keep 70.9 GiB of activations each.
+    eager = memory_plan(
+        layout("split", 2), 4_000_000_000, SHAPE_4B, agents=3, tokens=16384,
+        checkpointing=False, rollout_engine="hf", gpu_gib=139.8,
+    )  # fmt: skip
+    assert eager["activations"] == pytest.approx(3 * 70.87, abs=0.1)
+    # Colocated vLLM engines take 0.9 of their share each, next to the ranks.
+    colocated = memory_plan(
+        layout("colocated", 4), 4_000_000_000, SHAPE_4B, agents=3, tokens=16384,
+        checkpointing=True, rollout_engine="vllm", gpu_gib=100.0,
+    )  # fmt: skip
+    assert colocated["engines"] == pytest.approx(3 * 0.9 * 0.15 * 100.0, abs=0.1)
+    assert colocated["per_gpu"] == pytest.approx(
+        colocated["learner"] + colocated["activations"] + colocated["engines"], abs=0.2
+    )
+    given = memory_plan(
+        layout("colocated", 4), 4_000_000_000, SHAPE_4B, agents=3, tokens=16384,
+        checkpointing=True, rollout_engine="vllm", gpu_gib=100.0,
+        vllm_options={"gpu_memory_utilization": 0.05},
+    )  # fmt: skip
+    assert given["engines"] == pytest.approx(15.0)
+
+
+def test_the_plan_skips_what_did_not_fit_one_h200_and_runs_what_did():
+    # On one H200 (139.8 GiB), HF engines, 8,192-token micro-batches, no checkpointing:
+    # three 1.78B agents ran out of memory there; one 4.03B agent ran (peak 139.1 GiB).
+    three = _scale_args(
+        parameters=1_777_088_000, gpu_memory_gib=139.8, gradient_checkpointing="false",
+        micro_batch_tokens=8192, model_config=SHAPE_1_5B,
+    )  # fmt: skip
+    assert "skipped" in scale_run(three, "unused", "colocated", 1, None)
+    one = _scale_args(
+        parameters=4_033_927_680, gpu_memory_gib=139.8, gradient_checkpointing="false",
+        micro_batch_tokens=8192, train_agents="problem_solver",
+    )  # fmt: skip
+    plan = memory_plan(
+        layout("colocated", 1, agents=1), one.parameters, SHAPE_4B, agents=1, tokens=8192,
+        checkpointing=False, rollout_engine="hf", gpu_gib=139.8,
+    )  # fmt: skip
+    assert plan["per_gpu"] < 0.9 * 139.8
+
+
 def _scale_args(**changes) -> argparse.Namespace:
     settings = {
         "steps": 1, "prompts": 2, "samples": 2, "max_new_tokens": 8,
         "micro_batch_tokens": 4096, "sandbox": "none", "rollout_engine": "hf",
         "vllm_options": "{}", "schedule": "ticks", "peak_tflops": 796.0,
         "run_timeout": 300.0, "parameters": 0, "gpu_memory_gib": 0.0, "train_agents": "",
-        "eager_decode": False,
+        "eager_decode": False, "gradient_checkpointing": "true", "memory_check": True,
+        "model_config": SHAPE_4B,
     }  # fmt: skip
     settings.update(changes)
     return argparse.Namespace(**settings)
 
 
 def test_a_layout_that_cannot_fit_is_skipped_and_a_failed_run_is_recorded(tmp_path):
-    big = _scale_args(parameters=4_000_000_000, gpu_memory_gib=139.0)
+    big = _scale_args(parameters=4_000_000_000, gpu_memory_gib=139.0, micro_batch_tokens=16384)
     skipped = scale_run(big, "unused", "split", 2, tmp_path)  # 3 agents' 4B state on 1 GPU
-    assert "201 GiB on each rank's GPU" in skipped["skipped"]
+    assert "planned 216 GiB on its busiest GPU (learner 201, activations 14," in skipped["skipped"]
+    assert skipped["memory_plan_gib"]["per_gpu"] == 215.5
     assert not list(tmp_path.iterdir())  # nothing ran
     failed = scale_run(_scale_args(), str(tmp_path / "no-model"), "colocated", 1, tmp_path)
     assert failed["failed"] == "exit code 1"
