@@ -280,7 +280,7 @@ class TrainConfig:
     """Most MiB of weights (in the engines' dtype) sent at once by ``cuda_ipc`` and
     ``broadcast``: each rank that sends, and each receiving engine, holds one buffer of
     this size (smaller when the whole model fits); a vLLM engine also keeps copies of a
-    sync's earlier buckets until it reloads."""
+    sync's earlier buckets in host memory until it reloads."""
 
     ray_address: str | None = None
     """Ray cluster to join (``"auto"``: the one this machine runs; an address such as

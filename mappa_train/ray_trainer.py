@@ -699,7 +699,9 @@ class RolloutEngine:
 
         An HF model copies them into its weights at once. A vLLM engine reloads once
         per sync, with every bucket (its in-place reload processes the whole model), so
-        it keeps copies of the buckets before the last one.
+        it keeps copies of the buckets before the last one, in host memory: on its GPU
+        they would take up to one more copy of the model beside the engine's weights and
+        KV cache. vLLM's weight loaders copy host tensors in, as when loading a checkpoint.
         """
         if not self._vllm:
             for name, tensor in tensors:
@@ -707,7 +709,7 @@ class RolloutEngine:
             return
         last = index == len(self._buckets) - 1
         if not last:
-            self._received += [(name, tensor.clone()) for name, tensor in tensors]
+            self._received += [(name, tensor.to("cpu", copy=True)) for name, tensor in tensors]
             return
         received, self._received = self._received, []
         self.policy.load_weights(received + tensors)

@@ -18,8 +18,8 @@ Whichever way, the weights travel as *buckets*: the state dict's tensors laid ou
 to back (each at a 64-byte aligned offset) in one flat byte buffer of at most
 ``weight_sync_bucket_mb``, so a sending rank and an HF engine need one bucket of extra
 memory, not a whole model, and each bucket is one copy or one collective. (A vLLM
-engine keeps copies of a sync's buckets before the last one until it reloads: with a
-model larger than a bucket it holds up to one more copy of the model meanwhile.) The
+engine keeps copies of a sync's buckets before the last one in host memory until it
+reloads: with a model larger than a bucket, up to one more copy of the model.) The
 layout is computed once (the names, shapes and dtypes do not change during a run) and
 shared by both sides.
 """

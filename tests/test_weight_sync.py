@@ -77,6 +77,48 @@ def test_pack_then_unpack_gives_the_tensors_rounded_to_the_slot_dtype():
 
 
 @pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"),
+        ),
+    ],
+)
+def test_a_vllm_engine_reloads_once_with_every_bucket_as_received(device):
+    from mappa_train.ray_trainer import RolloutEngine
+
+    class RecordingPolicy:
+        def __init__(self):
+            self.loads = []
+
+        def load_weights(self, weights):
+            self.loads.append({name: tensor.clone() for name, tensor in weights})
+
+    state = _state()
+    buckets = weight_sync.plan_buckets(_specs(state, torch.float32), bucket_bytes=128)
+    assert len(buckets) >= 2
+    engine = RolloutEngine.__new__(RolloutEngine)  # the receiving half, without a model
+    engine._vllm, engine._buckets, engine._received = True, buckets, []
+    engine.policy = RecordingPolicy()
+    size = max(weight_sync.bucket_size(b) for b in buckets)
+    buffer = torch.empty(size, dtype=torch.uint8, device=device)
+    for index, slots in enumerate(buckets):
+        weight_sync.pack_bucket(buffer, slots, {k: v.to(device) for k, v in state.items()})
+        engine._take(index, weight_sync.unpack_bucket(buffer, slots))
+        # The next bucket reuses the buffer: what the engine kept must be its own copy,
+        # in host memory (on a GPU the copies would sit beside the engine's KV cache).
+        assert all(t.device.type == "cpu" for _, t in engine._received)
+        buffer.fill_(0xFF)
+    (loaded,) = engine.policy.loads  # one reload per sync
+    assert set(loaded) == set(state)
+    for name, tensor in state.items():
+        torch.testing.assert_close(loaded[name].cpu(), tensor, rtol=0, atol=0)
+    assert engine._received == []
+
+
+@pytest.mark.parametrize(
     ("mode", "ranks", "engines", "expected"),
     [
         ("auto", [None, None], [None], ("object_store", [0])),  # CPU
