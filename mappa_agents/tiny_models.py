@@ -123,6 +123,7 @@ def build_tiny_model(
     num_layers: int = 2,
     initializer_range: float = 0.2,
     max_positions: int = 1024,
+    tie_embeddings: bool = False,
 ) -> PreTrainedModel:
     """A random causal LM sized for ``tokenizer``, in float32 and eval mode.
 
@@ -136,6 +137,7 @@ def build_tiny_model(
             usual 0.02 so that next-token distributions are peaked and greedy decoding
             has no near-ties that float noise could flip.
         max_positions: Longest sequence (prompt and response) the model takes.
+        tie_embeddings: The output head reuses the input embedding (as SmolLM2's does).
 
     Returns:
         The model.
@@ -149,7 +151,7 @@ def build_tiny_model(
         "num_key_value_heads": 2,
         "max_position_embeddings": max_positions,
         "initializer_range": initializer_range,
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": tie_embeddings,
         "pad_token_id": tokenizer.pad_token_id,
         "eos_token_id": tokenizer.eos_token_id,
         "bos_token_id": None,

@@ -257,7 +257,8 @@ class LearnerRank:
         tensors'), so none has to wait for rank 0's.
         """
         target = getattr(torch, dtype)
-        state = self._sharded_state()
+        # A tied head is the embedding under a second name: the engines tie it too.
+        state = weight_sync.without_tied_copies(self._sharded_state(), self.learner.model)
         self._buckets = weight_sync.plan_buckets(
             (
                 (name, tuple(t.shape), target if t.is_floating_point() else t.dtype)

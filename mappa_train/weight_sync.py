@@ -30,11 +30,13 @@ import datetime
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from mappa_train.config import WEIGHT_SYNC_MODES
+
+T = TypeVar("T")
 
 #: Byte alignment of every tensor in a bucket (any dtype's element size divides it).
 ALIGNMENT = 64
@@ -87,6 +89,21 @@ def plan_buckets(
     if current:
         buckets.append(current)
     return buckets
+
+
+def without_tied_copies(state: Mapping[str, T], model: torch.nn.Module) -> dict[str, T]:
+    """``state`` without the second names of tied weights, in its order.
+
+    A model whose output head reuses its input embedding lists that one tensor under
+    both names in its state dict; sending it once is enough, since every engine builds
+    the same model and ties it the same way. Which names are copies is read from the
+    model's structure (the names ``named_parameters`` lists only when asked to keep
+    duplicates), so every rank of a group drops the same ones, and a name that is no
+    such copy is always kept.
+    """
+    every = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    copies = every - {name for name, _ in model.named_parameters()}
+    return {name: value for name, value in state.items() if name not in copies}
 
 
 def bucket_size(slots: Sequence[Slot]) -> int:

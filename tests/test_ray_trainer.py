@@ -281,13 +281,20 @@ def test_a_group_resumes_a_bf16_run_on_its_float32_masters(tmp_path, local_ray):
 
 
 @pytest.mark.parametrize(
-    ("sync", "used"),
-    [("auto", "object_store"), ("broadcast", "broadcast")],
+    ("sync", "used", "tied"),
+    # Buckets with a tied head (as SmolLM2's): sent once under the embedding's name.
+    [("auto", "object_store", False), ("broadcast", "broadcast", True)],
 )
-def test_rollout_engines_as_actors_get_the_weights_and_train_alike(tmp_path, local_ray, sync, used):
+def test_rollout_engines_as_actors_get_the_weights_and_train_alike(
+    tmp_path, local_ray, sync, used, tied
+):
+    from mappa_agents.tiny_models import build_tiny_model, build_tiny_tokenizer
     from mappa_train.ray_trainer import EnginePolicy
 
-    model_dir = tiny_model_dir(tmp_path / "model")
+    model_dir = tmp_path / "model"
+    tokenizer = build_tiny_tokenizer()
+    build_tiny_model(tokenizer, tie_embeddings=tied).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
     straight = _trainer(Trainer, _config(tmp_path / "straight", model_dir))
     straight.train()
     config = _config(
@@ -302,6 +309,10 @@ def test_rollout_engines_as_actors_get_the_weights_and_train_alike(tmp_path, loc
         assert isinstance(learner.policy, EnginePolicy)
         assert learner.model is None  # no copy in the driver: the engines act
         assert learner.weight_sync == used
+        if used == "broadcast":
+            plan = learner.group.plan_sync("float32", int(0.05 * 2**20))  # the run's plan again
+            sent = {slot.name for bucket in plan for slot in bucket}
+            assert ("lm_head.weight" in sent) is not tied
         trained = learner.group.weights()
         for engine in learner.policy.engines:
             acting = ray.get(engine.weights.remote())

@@ -76,6 +76,18 @@ def test_pack_then_unpack_gives_the_tensors_rounded_to_the_slot_dtype():
     assert float(got["embed.weight"].abs().sum()) == 0.0
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_tied_head_is_planned_once_under_the_embeddings_name(tied):
+    from mappa_agents.tiny_models import build_tiny_model, build_tiny_tokenizer
+
+    model = build_tiny_model(build_tiny_tokenizer(), tie_embeddings=tied)
+    state = model.state_dict()
+    assert "lm_head.weight" in state  # listed under both names when tied
+    kept = weight_sync.without_tied_copies(state, model)
+    assert list(kept) == [name for name in state if not (tied and name == "lm_head.weight")]
+    assert all(kept[name] is state[name] for name in kept)
+
+
 @pytest.mark.parametrize(
     "device",
     [
