@@ -312,6 +312,10 @@ class LearnerRank:
                 ray.get([engine.load_shared_bucket.remote(index) for engine in engines])
             if broadcast:
                 weight_sync.broadcast(self._channel, packed)
+        if broadcast and self._send_buffer is not None and self._send_buffer.is_cuda:
+            # NCCL's wait orders the stream, not the host: return once the last bucket
+            # is out, so the sync's seconds are its own and a failed one fails here.
+            torch.cuda.current_stream().synchronize()
 
     def optimizer_state(self) -> dict[str, Any] | None:
         """AdamW's whole state, keyed by parameter name (rank 0; others ``None``)."""
@@ -694,6 +698,8 @@ class RolloutEngine:
             part = received[: weight_sync.bucket_size(slots)]
             weight_sync.broadcast(self._channel, part)
             self._take(index, weight_sync.unpack_bucket(received, slots))
+        if received.is_cuda:  # as on rank 0: done when it returns
+            torch.cuda.current_stream().synchronize()
 
     def _take(self, index: int, tensors: list[tuple[str, torch.Tensor]]) -> None:
         """Act with a bucket's tensors (views into a buffer that is reused after this).

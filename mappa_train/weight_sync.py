@@ -233,7 +233,11 @@ def open_channel(address: str, rank: int, world: int, backend: str, timeout_s: f
 
 
 def broadcast(channel: Any, tensor: torch.Tensor) -> None:
-    """Broadcast ``tensor`` from the channel's rank 0 into every member's (blocking)."""
+    """Broadcast ``tensor`` from the channel's rank 0 into every member's.
+
+    Returns once what follows on this device is ordered after it: gloo blocks the
+    host, NCCL the current CUDA stream (synchronize it to wait for the data itself).
+    """
     import torch.distributed as dist
 
     options = dist.BroadcastOptions()
