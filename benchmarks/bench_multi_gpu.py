@@ -113,6 +113,11 @@ def memory_plan(
       (:func:`mappa_train.memory.activation_bytes`; with checkpointing each layer's
       input plus one layer recomputed). Counted for every agent, also when the agents
       take turns: each rank's allocator keeps what it reserved;
+    - ``optimizer_step``: AdamW's step (foreach, as on a GPU by default) allocates the
+      square roots of all of a rank's second moments at once, 4 bytes per sharded
+      parameter (the three 1.5B agents on one H200 ran out of memory there). It comes
+      after the backward pass, in memory the rank's allocator freed from the
+      activations, so the larger of the two counts;
     - ``engines``: every agent's engine on an engine's GPU: vLLM's
       ``gpu_memory_utilization`` of the GPU (weights and KV cache; by default 0.9 of
       its share, as the trainer sets it), an HF engine's bf16 weights.
@@ -135,11 +140,13 @@ def memory_plan(
     else:
         engine = 2 * parameters / GIB
     engines = agents * engine
-    rank_side = learner + activations
+    optimizer_step = agents * parameters * 4 / plan["ranks"] / GIB
+    rank_side = learner + max(activations, optimizer_step)
     per_gpu = max(rank_side, engines) if plan["split"] else rank_side + engines
     return {
         "learner": round(learner, 1),
         "activations": round(activations, 1),
+        "optimizer_step": round(optimizer_step, 1),
         "engines": round(engines, 1),
         "per_gpu": round(per_gpu, 1),
     }
@@ -272,7 +279,8 @@ def scale_run(
         if planned["per_gpu"] > 0.9 * args.gpu_memory_gib and args.memory_check:
             result["skipped"] = (
                 f"planned {planned['per_gpu']:.0f} GiB on its busiest GPU (learner "
-                f"{planned['learner']:.0f}, activations {planned['activations']:.0f}, engines "
+                f"{planned['learner']:.0f}, activations {planned['activations']:.0f} or "
+                f"optimizer step {planned['optimizer_step']:.0f}, engines "
                 f"{planned['engines']:.0f}), more than 90% of its {args.gpu_memory_gib:.0f} "
                 "GiB; --no-memory-check runs it anyway"
             )

@@ -56,12 +56,16 @@ SHAPE_1_5B = SimpleNamespace(hidden_size=1536, num_hidden_layers=28, intermediat
 def test_the_memory_plan_counts_learners_activations_and_engines():
     # 4e9 parameters, 3 agents, split over 2 GPUs: 3 x 4e9 x 18 B = 201.2 GiB of state on
     # the ranks' GPU; checkpointed activations of 16,384 tokens: 36 layer inputs of
-    # 2,560 values plus one layer's 10 h + 4 i values per token, 4.78 GiB per rank.
+    # 2,560 values plus one layer's 10 h + 4 i values per token, 4.78 GiB per rank; the
+    # optimizer step's temporaries, 3 x 4e9 x 4 B = 44.7 GiB, are the larger.
     split = memory_plan(
         layout("split", 2), 4_000_000_000, SHAPE_4B, agents=3, tokens=16384,
         checkpointing=True, rollout_engine="hf", gpu_gib=139.8,
     )  # fmt: skip
-    assert split == {"learner": 201.2, "activations": 14.3, "engines": 22.4, "per_gpu": 215.5}
+    assert split == {
+        "learner": 201.2, "activations": 14.3, "optimizer_step": 44.7, "engines": 22.4,
+        "per_gpu": 245.9,
+    }  # fmt: skip
     # Without checkpointing the same ranks would keep 70.9 GiB of activations each.
     eager = memory_plan(
         layout("split", 2), 4_000_000_000, SHAPE_4B, agents=3, tokens=16384,
@@ -74,6 +78,7 @@ def test_the_memory_plan_counts_learners_activations_and_engines():
         checkpointing=True, rollout_engine="vllm", gpu_gib=100.0,
     )  # fmt: skip
     assert colocated["engines"] == pytest.approx(3 * 0.9 * 0.15 * 100.0, abs=0.1)
+    assert colocated["activations"] > colocated["optimizer_step"]  # 4 ranks share the state
     assert colocated["per_gpu"] == pytest.approx(
         colocated["learner"] + colocated["activations"] + colocated["engines"], abs=0.2
     )
@@ -120,8 +125,11 @@ def _scale_args(**changes) -> argparse.Namespace:
 def test_a_layout_that_cannot_fit_is_skipped_and_a_failed_run_is_recorded(tmp_path):
     big = _scale_args(parameters=4_000_000_000, gpu_memory_gib=139.0, micro_batch_tokens=16384)
     skipped = scale_run(big, "unused", "split", 2, tmp_path)  # 3 agents' 4B state on 1 GPU
-    assert "planned 216 GiB on its busiest GPU (learner 201, activations 14," in skipped["skipped"]
-    assert skipped["memory_plan_gib"]["per_gpu"] == 215.5
+    assert (
+        "planned 246 GiB on its busiest GPU (learner 201, activations 14 or optimizer step 45,"
+        in skipped["skipped"]
+    )
+    assert skipped["memory_plan_gib"]["per_gpu"] == 245.9
     assert not list(tmp_path.iterdir())  # nothing ran
     failed = scale_run(_scale_args(), str(tmp_path / "no-model"), "colocated", 1, tmp_path)
     assert failed["failed"] == "exit code 1"
