@@ -163,7 +163,7 @@ def _config(args: argparse.Namespace, system: str, out: Path, **changes: Any) ->
         "mask_truncated": False,
         "micro_batch_tokens": args.micro_batch_tokens,
         # Off unless asked: the figures then time the update without recomputation.
-        "gradient_checkpointing": SWITCHES[getattr(args, "gradient_checkpointing", "false")],
+        "gradient_checkpointing": SWITCHES[args.gradient_checkpointing],
         "dtype": args.dtype,
         "save_every": 0,
         "tensorboard": False,

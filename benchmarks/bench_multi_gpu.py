@@ -19,11 +19,12 @@ Parts (``--parts``, comma-separated; both by default):
   rank ``r`` and engine ``r`` of every agent (weights by CUDA IPC); ``split``: the
   ranks on the first half of the GPUs, the engines on the other half (weights by NCCL
   broadcast). The learners recompute activations (``--gradient-checkpointing``, on
-  by default: at 4B, float32 masters and a micro-batch's activations did not fit one
-  H200 together). A layout whose planned memory on some GPU (:func:`memory_plan`: the
-  sharded learner state, the ranks' activations, the engines) exceeds 90% of it is
-  skipped with the plan (``--no-memory-check`` runs it anyway); a run that fails is
-  recorded with the end of its log.
+  by default, as the Ray learners' ``auto`` is: at 4B a 16,384-token micro-batch keeps
+  71 GiB of activations per rank otherwise, by :func:`mappa_train.memory.activation_bytes`).
+  A layout whose planned memory on some GPU (:func:`memory_plan`: the sharded learner
+  state, the ranks' activations or AdamW's step temporaries, the engines) exceeds 90% of
+  it is skipped with the plan (``--no-memory-check`` runs it anyway); a run that fails
+  is recorded with the end of its log.
   Scaling efficiency of a placement at N GPUs: ``(T_n0 * n0) / (T_N * N)`` with ``T``
   the steady step (and the steady update) and ``n0`` its smallest measured count.
 
@@ -51,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import parse_variants, print_table, write_results
+from benchmarks.bench_distributed_gpu import SWITCHES
 from benchmarks.bench_train_gpu import SHAPES, random_model_dir
 
 PLACEMENTS = ("colocated", "split")
@@ -127,10 +129,7 @@ def memory_plan(
     """
     from mappa_train.memory import GIB, activation_bytes
 
-    full = activation_bytes(tokens, model_config, 2)
-    layers = int(model_config.num_hidden_layers)
-    kept = tokens * layers * int(model_config.hidden_size) * 2 + full // layers
-    activations = agents * (kept if checkpointing else full) / GIB
+    activations = agents * activation_bytes(tokens, model_config, 2, checkpointing) / GIB
     learner = learner_gib_per_gpu(parameters, plan["ranks"], agents)
     if rollout_engine == "vllm":
         share = (vllm_options or {}).get(
@@ -188,7 +187,7 @@ def equality(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         shape=args.equality_shape, steps=args.equality_steps, prompts=args.prompts,
         samples=args.samples, max_new_tokens=args.max_new_tokens,
         micro_batch_tokens=args.micro_batch_tokens, schedule="ticks", sandbox=args.sandbox,
-        dtype="auto", train_agents=args.train_agents,
+        dtype="auto", train_agents=args.train_agents, gradient_checkpointing="false",
     )  # fmt: skip
     single = Trainer(_config(settings, system, work / "single"))
     # Rank r of every agent in bundle r: 3 x 0.3 of one GPU; the driver acts itself.
@@ -409,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="HF engines decode eagerly (compiling takes minutes in a short run's first step)",
     )  # fmt: skip
     parser.add_argument(
-        "--gradient-checkpointing", choices=("auto", "true", "false"), default="true",
+        "--gradient-checkpointing", choices=sorted(SWITCHES), default="true",
         help="scale: the learners' gradient_checkpointing (the Ray learners take auto as true)",
     )  # fmt: skip
     parser.add_argument(

@@ -2,8 +2,9 @@
 
 Trains MathChat-v0's three agents (separate weights, separate frozen references) for a
 few steps and reads the trainer's own per-step timings. Models are either random
-weights at real shapes (``0.5b``, ``1.5b``, ``4b``: Qwen2's sizes and 151,936-token
-vocabulary in a Llama architecture, i.e. without Qwen2's q/k/v biases) with a word-level
+weights at real shapes (``0.5b``, ``1.5b``: Qwen2's sizes; ``4b``: a 4.0B shape of the
+same family; all with Qwen2's 151,936-token vocabulary in a Llama architecture, i.e.
+without Qwen2's q/k/v biases) with a word-level
 tokenizer covering the whole vocabulary, or a real model directory.
 
 MFU is against the bf16 peak given by ``--peak-tflops`` (796 measured on an H200), with

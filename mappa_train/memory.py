@@ -97,7 +97,9 @@ def check_fits(estimate: int, available: int, *, lora: bool, master_weights: boo
     return message
 
 
-def activation_bytes(tokens: int, model_config: Any, dtype_bytes: int) -> int:
+def activation_bytes(
+    tokens: int, model_config: Any, dtype_bytes: int, checkpointing: bool = False
+) -> int:
     """Activations a decoder keeps for its backward pass over ``tokens`` tokens (an estimate).
 
     Per token and layer of a Llama-style block (fused attention, a gated MLP), about
@@ -107,13 +109,17 @@ def activation_bytes(tokens: int, model_config: Any, dtype_bytes: int) -> int:
 
         tokens * layers * (10 h + 4 i) * dtype_bytes
 
-    With activation checkpointing a layer keeps only its input, ``h`` values.
+    With activation checkpointing a layer keeps only its input, ``h`` values, and one
+    layer at a time holds its whole activations again while it is recomputed::
+
+        tokens * (layers * h + 10 h + 4 i) * dtype_bytes
 
     Args:
         tokens: Padded tokens of the micro-batch (rows x longest row).
         model_config: The model's transformers config (``hidden_size``,
             ``num_hidden_layers``; ``intermediate_size``, else ``4 h``).
         dtype_bytes: Bytes per activation value (2 for bf16).
+        checkpointing: The model recomputes its activations in the backward pass.
 
     Returns:
         The estimate in bytes.
@@ -121,7 +127,10 @@ def activation_bytes(tokens: int, model_config: Any, dtype_bytes: int) -> int:
     hidden = int(model_config.hidden_size)
     layers = int(model_config.num_hidden_layers)
     intermediate = int(getattr(model_config, "intermediate_size", None) or 4 * hidden)
-    return tokens * layers * (10 * hidden + 4 * intermediate) * dtype_bytes
+    layer = 10 * hidden + 4 * intermediate
+    if checkpointing:
+        return tokens * (layers * hidden + layer) * dtype_bytes
+    return tokens * layers * layer * dtype_bytes
 
 
 CHECKPOINTING_MEMORY_SHARE = 0.5

@@ -312,7 +312,7 @@ class LearnerRank:
                 ray.get([engine.load_shared_bucket.remote(index) for engine in engines])
             if broadcast:
                 weight_sync.broadcast(self._channel, packed)
-        if broadcast and self._send_buffer is not None and self._send_buffer.is_cuda:
+        if broadcast and self._buffer().is_cuda:
             # NCCL's wait orders the stream, not the host: return once the last bucket
             # is out, so the sync's seconds are its own and a failed one fails here.
             torch.cuda.current_stream().synchronize()

@@ -98,15 +98,11 @@ def test_the_plan_skips_what_did_not_fit_one_h200_and_runs_what_did():
         micro_batch_tokens=8192, model_config=SHAPE_1_5B,
     )  # fmt: skip
     assert "skipped" in scale_run(three, "unused", "colocated", 1, None)
-    one = _scale_args(
-        parameters=4_033_927_680, gpu_memory_gib=139.8, gradient_checkpointing="false",
-        micro_batch_tokens=8192, train_agents="problem_solver",
-    )  # fmt: skip
     plan = memory_plan(
-        layout("colocated", 1, agents=1), one.parameters, SHAPE_4B, agents=1, tokens=8192,
+        layout("colocated", 1, agents=1), 4_033_927_680, SHAPE_4B, agents=1, tokens=8192,
         checkpointing=False, rollout_engine="hf", gpu_gib=139.8,
     )  # fmt: skip
-    assert plan["per_gpu"] < 0.9 * 139.8
+    assert plan["per_gpu"] < 0.9 * 139.8  # scale_run would start it
 
 
 def _scale_args(**changes) -> argparse.Namespace:

@@ -79,6 +79,9 @@ def test_activation_estimate_by_hand():
     per_token = 30 * (10 * 576 + 4 * 1536) * 2
     assert per_token == 714_240
     assert activation_bytes(16_384, smol, 2) == 16_384 * per_token  # ~10.9 GiB
+    # Checkpointed: every layer's input (h values) and one layer recomputed at a time.
+    kept = (30 * 576 + 10 * 576 + 4 * 1536) * 2
+    assert activation_bytes(16_384, smol, 2, checkpointing=True) == 16_384 * kept  # ~0.9 GiB
     no_mlp_size = SimpleNamespace(hidden_size=8, num_hidden_layers=2)  # i defaults to 4h
     assert activation_bytes(1, no_mlp_size, 4) == 2 * (80 + 128) * 4
     assert not needs_checkpointing(50, free=100)  # fits in half the free memory

@@ -289,7 +289,7 @@ def test_rollout_engines_as_actors_get_the_weights_and_train_alike(
     tmp_path, local_ray, sync, used, tied
 ):
     from mappa_agents.tiny_models import build_tiny_model, build_tiny_tokenizer
-    from mappa_train.ray_trainer import EnginePolicy
+    from mappa_train.ray_trainer import EnginePolicy, _acting_dtype
 
     model_dir = tmp_path / "model"
     tokenizer = build_tiny_tokenizer()
@@ -310,7 +310,10 @@ def test_rollout_engines_as_actors_get_the_weights_and_train_alike(
         assert learner.model is None  # no copy in the driver: the engines act
         assert learner.weight_sync == used
         if used == "broadcast":
-            plan = learner.group.plan_sync("float32", int(0.05 * 2**20))  # the run's plan again
+            # The run's own plan again (same dtype and bucket size: ranks keep the same).
+            plan = learner.group.plan_sync(
+                _acting_dtype(learner), int(config.weight_sync_bucket_mb * 2**20)
+            )
             sent = {slot.name for bucket in plan for slot in bucket}
             assert ("lm_head.weight" in sent) is not tied
         trained = learner.group.weights()

@@ -120,7 +120,8 @@ def test_a_vllm_engine_reloads_once_with_every_bucket_as_received(device):
         weight_sync.pack_bucket(buffer, slots, {k: v.to(device) for k, v in state.items()})
         engine._take(index, weight_sync.unpack_bucket(buffer, slots))
         # The next bucket reuses the buffer: what the engine kept must be its own copy,
-        # in host memory (on a GPU the copies would sit beside the engine's KV cache).
+        # in host memory (on a GPU the copies would sit beside the engine's KV cache;
+        # only the cuda case can tell a host copy from a clone).
         assert all(t.device.type == "cpu" for _, t in engine._received)
         buffer.fill_(0xFF)
     (loaded,) = engine.policy.loads  # one reload per sync
