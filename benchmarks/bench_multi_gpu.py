@@ -29,7 +29,9 @@ Parts (``--parts``, comma-separated; both by default):
   the steady step (and the steady update) and ``n0`` its smallest measured count.
 
 Writes ``<name>.json``, the runs' own JSON files and logs under ``<name>-runs/``, and
-``<name>.png`` (step time and update MFU against GPUs).
+``<name>.png`` (step time and update MFU against GPUs). ``--resume`` reuses the runs
+that an earlier call with the same settings finished there, so a long series can be
+cut short and completed later, or split over calls of a few GPU counts each.
 
 Run:  python -m benchmarks.bench_multi_gpu                        # all GPUs it sees
       python -m benchmarks.bench_multi_gpu --parts scale --gpu-counts 4,8
@@ -304,6 +306,17 @@ def scale_run(
     command += ["--gradient-checkpointing", args.gradient_checkpointing]
     if plan["split"]:
         command.append("--split")
+    done, record = runs_dir / f"{name}.json", runs_dir / f"{name}.command.json"
+    # The run as asked for, with the random model's temporary directory named by its
+    # shape (its weights are seeded, so the same shape is the same model).
+    asked = [args.shape if part == system else part for part in command[3:]]
+    if args.resume and done.exists() and record.exists():
+        if json.loads(record.read_text()) == asked:
+            print(f"{name}: {done.name} is there from an earlier call (--resume): reused")
+            return _read_run(result, done)
+        print(f"{name}: {done.name} is from other settings: running again")
+    done.unlink(missing_ok=True)  # a run that fails now must not leave an older result
+    record.write_text(json.dumps(asked))
     env = dict(os.environ)
     if _visible_gpus():
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus))
@@ -323,7 +336,12 @@ def scale_run(
         result["log_tail"] = tail
         print(f"{name}: failed ({result['failed']}); the end of its log:\n" + "\n".join(tail))
         return result
-    data = json.loads((runs_dir / f"{name}.json").read_text())
+    return _read_run(result, done)
+
+
+def _read_run(result: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``result`` with the figures of a :mod:`benchmarks.bench_distributed_gpu` run's JSON."""
+    data = json.loads(path.read_text())
     run = next(iter(data["ray"].values()))
     steady = run["steady_step"]
     result.update(
@@ -422,6 +440,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "--train-agents", default="", help="comma-separated agents to train (default: all 3)"
     )
     parser.add_argument("--run-timeout", type=float, default=3000.0, help="seconds per run")
+    parser.add_argument(
+        "--resume", action="store_true",
+        help="scale: reuse the runs an earlier call with the same settings finished in "
+        "<name>-runs/ (a call cut short, or one machine's share of the counts)",
+    )  # fmt: skip
     parser.add_argument("--name", default="distributed_multi_gpu")
     parser.add_argument(
         "--out", default=os.environ.get("OUT", str(Path("benchmarks") / "results" / "gpu"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 from types import SimpleNamespace
 
 import pytest
@@ -112,6 +113,7 @@ def _scale_args(**changes) -> argparse.Namespace:
         "vllm_options": "{}", "schedule": "ticks", "peak_tflops": 796.0,
         "run_timeout": 300.0, "parameters": 0, "gpu_memory_gib": 0.0, "train_agents": "",
         "eager_decode": False, "gradient_checkpointing": "true", "memory_check": True,
+        "resume": False, "shape": "tiny",
         "model_config": SHAPE_4B,
     }  # fmt: skip
     settings.update(changes)
@@ -170,3 +172,39 @@ def test_both_parts_run_and_write_the_results_and_the_plot(tmp_path):
     assert passed_on["eager_decode"]
     assert passed_on["train_agents"] == "problem_solver"
     assert (out / "multi_tiny.png").stat().st_size > 0
+
+
+def test_resume_reuses_finished_runs_of_the_same_settings_only(tmp_path, monkeypatch):
+    import benchmarks.bench_multi_gpu as bench
+
+    model = tiny_model_dir(tmp_path / "model")
+    out = tmp_path / "out"
+
+    def call(*extra):
+        return main(
+            [
+                "--parts", "scale", "--shape", str(model), "--gpu-counts", "1",
+                "--placements", "colocated", "--steps", "1", "--prompts", "2",
+                "--samples", "2", "--max-new-tokens", "8", "--rollout-engine", "hf",
+                "--schedule", "ticks", "--out", str(out), "--name", "resumed",
+                "--train-agents", "problem_solver", "--resume", *extra,
+            ]
+        )  # fmt: skip
+
+    (first,) = call()["scale"]["runs"]
+    assert first["steady_step"]["step_s"] > 0
+
+    started = []
+
+    def no_run(command, **kwargs):
+        started.append(command)
+        return subprocess.CompletedProcess(command, 1)
+
+    monkeypatch.setattr(bench.subprocess, "run", no_run)
+    (again,) = call()["scale"]["runs"]
+    assert started == []  # nothing ran: the finished run was read back
+    assert again == json.loads(json.dumps(first))
+    (changed,) = call("--max-new-tokens", "9")["scale"]["runs"]
+    assert len(started) == 1  # other settings: run again (here it fails at once)
+    assert changed["failed"] == "exit code 1"
+    assert not (out / "resumed-runs" / "colocated_1gpu.json").exists()  # not the old one
