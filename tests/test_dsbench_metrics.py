@@ -300,6 +300,24 @@ def test_constant_prediction_correlation_counts_as_zero():
     assert score.value == 0.0
 
 
+@pytest.mark.parametrize("metric", ["f1", "jaccard_score", "accuracy", "f1_macro"])
+def test_no_constant_label_counts_as_skill(metric):
+    # 1 in 4 rows positive: a constant "1" has F1 2p/(1+p) = 0.4 and Jaccard p = 0.25,
+    # more than the majority "0" (0 for both), and is still no model at all.
+    labels = [1, 0, 0, 0] * 25
+    answers = pd.DataFrame({"id": range(100), "y": labels})
+    for constant in (0, 1):
+        submission = pd.DataFrame({"id": range(100), "y": [constant] * 100})
+        score = score_submission(submission, answers, metric, "id", "y")
+        assert score.success
+        assert score.normalized == 0.0, (constant, score)
+    # A real signal still counts: half of the positives found, no false alarm.
+    found = [1, 0, 0, 0] * 12 + [0, 0, 0, 0] * 13
+    score = score_submission(pd.DataFrame({"id": range(100), "y": found}), answers, metric,
+                             "id", "y")  # fmt: skip
+    assert score.normalized > 0.0
+
+
 def _bad_submission_cases(tmp_path: Path):
     answers = pd.DataFrame({"id": [1, 2, 3, 4], "y": [1.0, 2.0, 3.0, 4.0]})
     good = answers.copy()

@@ -30,7 +30,9 @@ baseline computed from the answers alone::
     normalized = clip((value - baseline) / (perfect - baseline), 0, 1)
 
 where ``perfect`` is the metric's best value and ``baseline`` is the value of a constant
-guess: the majority class for label metrics, the class frequencies for probability
+guess: the best single label for label metrics (the majority for accuracy, every
+frequent label tried: a constant positive label has F1 ``2p/(1+p)``), the class
+frequencies for probability
 metrics, the answers' mean (median for MAE, MedAE and SMAPE; geometric-style
 ``expm1(mean(log1p(y)))`` for RMSLE) for error metrics, the most frequent ``k`` classes
 for MAP@k, and the fixed chance level for ROC-AUC (0.5), normalized Gini, Cohen's kappa,
@@ -957,17 +959,44 @@ def _evaluate(metric: Metric, truth: np.ndarray, prediction: np.ndarray) -> floa
     return float(value)
 
 
+CONSTANT_LABELS_TRIED = 20
+"""For label metrics, how many of the answers' most frequent labels are tried as constant
+submissions; the best of them is the no-skill baseline."""
+
+
 def _baseline_value(metric: Metric, truth: np.ndarray) -> float | None:
+    """The no-skill value: the best that a submission of one constant value scores.
+
+    For label metrics every frequent label is tried, not only the majority: a positive
+    class's F1 or Jaccard index is 0 for the majority (negative) label but ``2p/(1+p)``
+    or ``p`` for a constant positive one, which must not count as skill.
+    """
     if metric.chance_value is not None:
         return metric.chance_value
     guess = _baseline_prediction(metric, truth)
     if guess is None:
         return None
-    try:
-        return _evaluate(metric, truth, guess)
-    except _ScoringFailure as exc:
-        logger.debug("no baseline for %s: %s", metric.name, exc)
+    guesses = [guess]
+    if metric.input_type == "labels":
+        counts = Counter(truth.tolist())
+        frequent = sorted(counts, key=lambda label: (-counts[label], str(label)))
+        guesses += [
+            np.full(len(truth), label, dtype=guess.dtype)
+            for label in frequent[:CONSTANT_LABELS_TRIED]
+            if label != guess[0]
+        ]
+    values = []
+    for candidate in guesses:
+        try:
+            value = _evaluate(metric, truth, candidate)
+        except _ScoringFailure as exc:
+            logger.debug("no baseline for %s: %s", metric.name, exc)
+            continue
+        if value is not None:
+            values.append(value)
+    if not values:
         return None
+    return max(values) if metric.higher_is_better else min(values)
 
 
 def normalize_value(value: float, baseline: float | None, metric: Metric | str) -> float:
