@@ -125,9 +125,16 @@ MATCH_CASES = [
     ("[1, 2)", "[1, 2]", False),
     ("\\{1, 2\\}", "\\{2, 1\\}", True),
     ("\\frac{\\sqrt{3}}{2}", "\\frac{1}{2}\\sqrt{3}", True),
-    # percentages: "%" may mean the number shown or that number / 100
+    # percentages: a predicted "%" stands for the number shown; a truth's "%" for that
+    # number or its hundredth. Both at once would let "4200%" cover 42 and 4200.
     ("50\\%", "50", True),
-    ("50%", "0.5", True),
+    ("50%", "0.5", False),
+    ("4200\\%", "42", False),
+    ("4200\\%", "4200", True),
+    ("0.5", "50\\%", True),
+    ("50", "50\\%", True),
+    ("0.5\\%", "50\\%", False),
+    ("50\\%", "50\\%", True),
     ("50", "0.5", False),
     # text, units, wrappers
     ("5\\text{ cm}", "5", True),

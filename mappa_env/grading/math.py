@@ -434,15 +434,21 @@ def _number_candidates(number: _Number) -> list[Fraction]:
     return [number.value]
 
 
-def _numbers_equal(first: _Number, second: _Number) -> bool:
-    """Exact equality, or agreement to the places of a decimal written with >= 6 of them."""
-    for a in _number_candidates(first):
-        for b in _number_candidates(second):
-            if a == b:
-                return True
-            places = max(first.decimals, second.decimals)
-            if places >= 6 and round(a, places) == round(b, places):
-                return True
+def _numbers_equal(pred: _Number, truth: _Number) -> bool:
+    """Exact equality, or agreement to the places of a decimal written with >= 6 of them.
+
+    A truth written as a percentage matches a plain number that is its number or its
+    fraction (``50%``: 50 or 0.5). A predicted percentage stands for the number written
+    only (against a percentage, the two compare as written): taking it for both would
+    let one answer cover two truths a hundredfold apart (``4200%`` for 42 and 4200).
+    """
+    truths = _number_candidates(truth) if truth.percent and not pred.percent else [truth.value]
+    places = max(pred.decimals, truth.decimals)
+    for value in truths:
+        if pred.value == value:
+            return True
+        if places >= 6 and round(pred.value, places) == round(value, places):
+            return True
     return False
 
 
