@@ -495,6 +495,23 @@ def test_the_reference_pipeline_still_earns_the_top_scores(env, task_set):
     assert "CV score" in modeler_action(task)
 
 
+def test_deleting_what_was_handed_over_is_no_excuse(env, task_set):
+    # The modeler deletes the data engineer's X_train.pkl and the analyst the model: were
+    # the gaps judged after their own code ran, both would be "not their fault" (5).
+    script = reference_script(task_set.tasks[0])
+    script["modeler"] = [code("import os\nos.remove('X_train.pkl')"), "Nothing to train on."]
+    script["analyst"] = [code("import os\nos.remove('X_test.pkl')"), "Nothing to predict."]
+    for agent in env.agent_iter():
+        *_, terminated, truncated, _ = env.last()
+        env.step(None if terminated or truncated else script[agent].pop(0))
+    scores = rewards(env)
+    assert scores[("modeler", 0)] == 0.4  # its code ran and made no model
+    verdicts = {(r.agent, r.turn): r.verdict for r in env.transcript}
+    assert "not the modeler's fault" not in verdicts[("modeler", 0)].analysis
+    # The model really was missing when the analyst's slot began: that stays excused.
+    assert "['model.pkl'] are missing" in verdicts[("analyst", 0)].analysis
+
+
 def test_a_failing_slot_end_is_contained_and_reported(env, monkeypatch):
     calls = {"n": 0}
     real = dsbench_env.list_files

@@ -960,11 +960,13 @@ class DSBenchEnv(PipelineEnv):
     def coach_metadata(self, record: ActionRecord) -> dict[str, Any]:
         """Task type, metric, artifact checks and (for the analyst) the submission score."""
         extra = record.tool.extra
-        missing = [
-            name
-            for name in NEEDS[record.agent]
-            if not extra.get("artifacts", {}).get(name, {}).get("exists", False)
-        ]
+        # Missing upstream means absent when the agent's slot began, not after its own
+        # code ran: an agent that deletes what it was handed is not excused by the gap.
+        # Without a snapshot (its listing failed) nothing counts as missing upstream.
+        handed = {f.name for f in self._slot_start_files.get(record.agent, [])}
+        missing = [name for name in NEEDS[record.agent] if name not in handed]
+        if record.agent not in self._slot_start_files:
+            missing = []
         metadata: dict[str, Any] = {
             "task_type": self.task.task_type,
             "metric": self.task.metric,
