@@ -9,7 +9,7 @@ and ``rows_expected``; for model.pkl the result of ``predict(X_test)``: ``predic
 (rows returned), ``predictions_expected``, ``distinct_predictions``, or ``predict_error``
 (``predict_skipped`` when there was no loadable X_test.pkl), and ``train_skill``, how
 much better than a constant guess the model fits its own training rows), plus
-``missing_upstream`` (needed upstream files absent when the agent acted), and for the
+``missing_upstream`` (needed upstream files absent when the agent's slot began), and for the
 analyst ``outcome`` (the submission's score) and ``outcome_cap`` (the spec's cap on the
 analyst's score for that outcome).
 
