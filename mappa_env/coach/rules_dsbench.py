@@ -50,7 +50,8 @@ modeler (must leave model.pkl and show cross-validation):
 
 analyst (must leave submission.csv):
     cap  submission scored: the outcome cap of the spec (3-9; classification by ROC-AUC /
-         accuracy bands, regression by RMSE as % of the target range)
+         accuracy bands, regression by RMSE as % of the target range once it has some
+         skill over the answers' mean, else 4)
      5   no submission because model.pkl / X_test.pkl are missing upstream
      2   a submission that cannot be scored (wrong ids, columns, NaNs, a link or FIFO
          instead of a file), or code that raised

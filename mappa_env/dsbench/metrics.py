@@ -1414,6 +1414,9 @@ _CLASSIFICATION_RAW_CAPS = ((0.85, 9), (0.75, 8), (0.65, 6), (0.55, 4))
 _SKILL_CAPS_CLASSIFICATION = ((0.7, 9), (0.5, 8), (0.3, 6), (0.1, 4))
 _SKILL_CAPS_REGRESSION = ((0.7, 9), (0.5, 8), (0.25, 6))
 _RMSE_PERCENT_CAPS = ((10.0, 9), (25.0, 8), (50.0, 6))
+MIN_REGRESSION_SKILL = 0.1
+"""Skill (:attr:`Score.normalized`) below which a regression submission is capped at 4
+whatever its error as % of the range: a constant guess has skill 0."""
 
 
 def outcome_cap(score: Score, task_type: str, target_range: float | None = None) -> int:
@@ -1430,6 +1433,11 @@ def outcome_cap(score: Score, task_type: str, target_range: float | None = None)
     else 4. RMSE without a known target range also falls back to skill. A failed
     submission is capped at :data:`FAILED_SUBMISSION_CAP`.
 
+    RMSE as % of the range does not tell a model from a constant: the answers' mean
+    scores their standard deviation, often 15-30% of the range (8 or 6 on the ladder).
+    So a regression submission with less skill than :data:`MIN_REGRESSION_SKILL` (the
+    lowest skill the classification ladder rewards) gets the ladder's bottom, 4.
+
     Args:
         score: The submission's score.
         task_type: ``"classification"``, ``"regression"`` or another task type (treated
@@ -1443,6 +1451,8 @@ def outcome_cap(score: Score, task_type: str, target_range: float | None = None)
         return FAILED_SUBMISSION_CAP
     if task_type == "regression":
         value_range = score.target_range if target_range is None else target_range
+        if score.normalized < MIN_REGRESSION_SKILL:
+            return 4
         if score.metric in ("rmse", "mcrmse") and value_range and value_range > 0:
             percent = percent_of_range(score.value, value_range)
             for threshold, cap in _RMSE_PERCENT_CAPS:
