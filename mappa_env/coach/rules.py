@@ -17,11 +17,14 @@ problem_solver:
      0  empty action
 
 code_executor, a turn with code:
-    10  the code ran and its last printed number is the correct answer
-     4  the code ran but printed no correct final number
-     2  the code raised, timed out or killed its interpreter
+    10  the code ran and its last printed number is the correct answer, computed
+     6  the code printed the correct answer, but as a number written in the code itself
+        (``print(393482)``: copied from the draft, not computed)
+     4  the code ran and printed a number that is not the correct answer
+     2  the code ran but printed no number (nothing computed), or it raised, timed out
+        or killed its interpreter
     code_executor, a turn without code (ends its slot):
-     8  correct answer, and it matches what its earlier code printed
+     8  correct answer, and it matches what its earlier code printed and computed
      6  correct answer, not backed by code output
      2  wrong answer
      1  no answer
@@ -39,13 +42,14 @@ copying an upstream answer without checking) outscores doing the job.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import re
 from collections.abc import Mapping
 
 from mappa_env.coach.base import CoachRequest, CoachVerdict, RevealPolicy, Rubric
 from mappa_env.registry import registered_env_attribute
-from mappa_env.text import strip_think
+from mappa_env.text import extract_code_blocks, strip_think
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
 
@@ -53,6 +57,50 @@ _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
 def _last_number(text: str) -> str | None:
     matches = _NUMBER.findall(text)
     return matches[-1].replace(",", "") if matches else None
+
+
+def _printed_literals(code: str) -> list[str]:
+    """Numbers ``code`` prints as written rather than computes.
+
+    The constants in its ``print(...)`` arguments (f-strings included), the constants
+    assigned to a name it prints (``x = 393482; print(x)``), and a constant left as the
+    cell's last expression (Jupyter displays it). ``print(x ** 2)`` computes: only a
+    printed literal, not any number in the code, counts, so a small answer that also
+    appears as an exponent is not taken for a copy.
+    """
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError):
+        return []
+    assigned: dict[str, list[ast.expr]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    assigned.setdefault(target.id, []).append(node.value)
+    shown: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print":
+            shown.extend(node.args)
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        shown.append(tree.body[-1].value)
+    literals: list[str] = []
+    for expr in shown:
+        parts = [expr]
+        if isinstance(expr, ast.Name):
+            parts = assigned.get(expr.id, [])
+        for part in parts:
+            for node in ast.walk(part) if isinstance(part, ast.JoinedStr) else [part]:
+                if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str)):
+                    literals.extend(_NUMBER.findall(str(node.value)))
+    return [literal.replace(",", "") for literal in literals]
+
+
+def _written_in(number: str, code: str) -> bool:
+    """Whether ``code`` printed ``number`` as a literal it holds (copied, not computed)."""
+    from mappa_env.grading.math import answers_match
+
+    return any(answers_match(literal, number) for literal in _printed_literals(code))
 
 
 def _grade(answer: str | None, truths: tuple[str, ...]) -> bool:
@@ -100,18 +148,26 @@ def mathchat_rubric(request: CoachRequest) -> tuple[float, str]:
                 why = "timed out" if tool.get("timed_out") else err.get("name", "failed")
                 return 2.0, f"The code {why}."
             printed = _last_number(tool.get("stdout", ""))
+            code = "\n".join(extract_code_blocks(request.action))
             if _grade(printed, truth):
+                if _written_in(printed, code):
+                    return 6.0, (
+                        f"The code printed the correct answer {printed}, but it is written in "
+                        "the code itself: copied, not computed."
+                    )
                 return 10.0, f"The code ran and printed the correct answer {printed}."
             if printed is None:
-                return 4.0, "The code ran but printed no number."
+                # No better than code that fails: running nothing must not pay for itself.
+                return 2.0, "The code ran but printed no number."
             return 4.0, f"The code ran, but its last printed number ({printed}) is not correct."
         answer = boxed or loose
         if answer is None:
             return 1.0, "No code and no answer."
         if not _grade(answer, truth):
             return 2.0, f"Answer {answer} is wrong."
-        earlier = request.metadata.get("earlier_stdout", "")
-        if _grade(_last_number(earlier), truth):
+        earlier = _last_number(request.metadata.get("earlier_stdout", ""))
+        computed = not _written_in(earlier or "", request.metadata.get("earlier_code", ""))
+        if _grade(earlier, truth) and computed:
             return 8.0, f"Correct answer {answer}, backed by its code's output."
         return 6.0, f"Correct answer {answer}, but not backed by code output."
 

@@ -422,8 +422,8 @@ class MathChatEnv(PipelineEnv):
         }
         if record.agent == CODE_EXECUTOR:
             # The record being judged is not in the transcript yet: these are earlier turns.
-            earlier = [
-                r.tool.result.stdout for r in self.records_of(CODE_EXECUTOR) if r.tool.result
-            ]
-            metadata["earlier_stdout"] = earlier[-1] if earlier else ""
+            earlier = [r.tool for r in self.records_of(CODE_EXECUTOR) if r.tool.result]
+            metadata["earlier_stdout"] = earlier[-1].result.stdout if earlier else ""
+            # Its code too: a number it printed as a literal was copied, not computed.
+            metadata["earlier_code"] = (earlier[-1].code or "") if earlier else ""
         return metadata
