@@ -610,7 +610,7 @@ def test_gadget_pickles_do_not_load(env, name):
 
 def test_cross_validation_counts_only_as_code_that_calls_it():
     from mappa_env.coach.base import CoachRequest
-    from mappa_env.coach.rules_dsbench import _code_words, _cross_validated
+    from mappa_env.coach.rules_dsbench import _cross_validated
 
     def request(action: str, stdout: str = "cv accuracy 0.95\n") -> CoachRequest:
         return CoachRequest(
@@ -625,10 +625,28 @@ def test_cross_validation_counts_only_as_code_that_calls_it():
             tool_result={"ok": True, "stdout": stdout},
         )
 
-    calls = "```python\nfrom sklearn.model_selection import cross_val_score\nprint(1)\n```"
-    assert _cross_validated(request(calls))
-    prose = "No train_test_split needed here.\n```python\nprint('cv', 1.0)\n```"
+    def python(text: str) -> str:
+        return f"```python\n{text}\n```"
+
+    called = [
+        "from sklearn.model_selection import cross_val_score\ns = cross_val_score(m, X, y)",
+        "import sklearn.model_selection as ms\nms.cross_validate(m, X, y)",
+        "GridSearchCV(m, grid, cv=5).fit(X, y)",
+        "for tr, va in KFold(5).split(X): pass",
+        "xgb.cv(params, data)",
+        "search(m, cv = 5)",
+    ]
+    for text in called:
+        assert _cross_validated(request(python(text))), text
+    named = [
+        "from sklearn.model_selection import cross_val_score\nprint(1)",  # imported only
+        "cv = 5\nprint('cv accuracy 0.99')",  # a name that calls nothing
+        "# cross_val_score would be slow\ns = 'KFold'",
+        "print('cross_val_score(m, X, y)')",
+    ]
+    for text in named:
+        assert not _cross_validated(request(python(text))), text
+    prose = "No train_test_split needed here.\n" + python("print('cv', 1.0)")
     assert not _cross_validated(request(prose))
-    comment = "```python\n# cross_val_score would be slow\ns = 'KFold'\nprint('cv', 1.0)\n```"
-    assert not _cross_validated(request(comment))
-    assert _code_words("```python\nsearch(cv = 5)\n```") == "search ( cv = )"
+    # A real call, but no printed score: not seen either.
+    assert not _cross_validated(request(python(called[0]), stdout="done\n"))

@@ -61,9 +61,8 @@ analyst (must leave submission.csv):
 
 from __future__ import annotations
 
-import io
+import ast
 import re
-import tokenize
 from collections.abc import Mapping
 from typing import Any
 
@@ -72,11 +71,11 @@ from mappa_env.text import extract_code_blocks, strip_think
 
 _CV_HINT = re.compile(r"\b(cv|cross[-_ ]?val\w*|fold|kfold|validation)\b", re.IGNORECASE)
 _NUMBER = re.compile(r"\d\.\d+|\d+\.\d*")
-# Code that evaluates on held-out data: scikit-learn's splitters and searches, the cv=
-# argument they take, and the cv() functions of gradient-boosting libraries.
-_CV_CODE = re.compile(
-    r"cross_val|KFold|ShuffleSplit|LeaveOneOut|LeavePOut|TimeSeriesSplit|SearchCV"
-    r"|train_test_split|\.\s*cv\s*\(|\bcv\s*="
+# Calls that evaluate on held-out data: scikit-learn's splitters and searches and the
+# cv() functions of gradient-boosting libraries (any call given a cv= argument counts too).
+_CV_CALL = re.compile(
+    r"cross_val\w*|\w*KFold|\w*ShuffleSplit|LeaveOneOut|LeavePOut|TimeSeriesSplit"
+    r"|\w*SearchCV|train_test_split|cv"
 )
 #: Least ``train_skill`` of a model that has learned something (0 = a constant guess).
 MIN_TRAIN_SKILL = 0.1
@@ -200,27 +199,31 @@ def _data_engineer(request: CoachRequest, artifacts: Mapping[str, Any]) -> tuple
     return 4.0, "The code ran, but no artifact is saved yet."
 
 
-def _code_words(action: str) -> str:
-    """The names and operators of the action's code blocks: no prose, comments or strings.
+def _calls_cross_validation(action: str) -> bool:
+    """Whether the action's code calls a cross-validation (or passes a ``cv=`` argument).
 
-    Saying "no train_test_split needed" next to the code, or writing it in a comment or
-    a string, is not cross-validating.
+    A call, not a name: importing ``cross_val_score``, assigning ``cv = 5``, or writing
+    "no train_test_split needed" in prose, a comment or a string is not cross-validating.
     """
     code = "\n".join(extract_code_blocks(strip_think(action)))
-    words: list[str] = []
     try:
-        for token in tokenize.generate_tokens(io.StringIO(code).readline):
-            if token.type in (tokenize.NAME, tokenize.OP):
-                words.append(token.string)
-    except (tokenize.TokenError, SyntaxError):  # code that does not tokenize to the end
-        pass
-    return " ".join(words)
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError):
+        return False
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        function = node.func
+        name = getattr(function, "id", None) or getattr(function, "attr", None) or ""
+        if _CV_CALL.fullmatch(name) or any(k.arg == "cv" for k in node.keywords):
+            return True
+    return False
 
 
 def _cross_validated(request: CoachRequest) -> bool:
     stdout = str((request.tool_result or {}).get("stdout", ""))
     printed = bool(_CV_HINT.search(stdout)) and bool(_NUMBER.search(stdout))
-    return printed and bool(_CV_CODE.search(_code_words(request.action)))
+    return printed and _calls_cross_validation(request.action)
 
 
 def _modeler(request: CoachRequest, artifacts: Mapping[str, Any]) -> tuple[float, str]:
