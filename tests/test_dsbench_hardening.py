@@ -10,6 +10,7 @@ only for artifacts that do the job.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import tempfile
@@ -510,6 +511,51 @@ def test_deleting_what_was_handed_over_is_no_excuse(env, task_set):
     assert "not the modeler's fault" not in verdicts[("modeler", 0)].analysis
     # The model really was missing when the analyst's slot began: that stays excused.
     assert "['model.pkl'] are missing" in verdicts[("analyst", 0)].analysis
+
+
+def test_holds_target_accepts_encodings_and_refuses_made_up_targets():
+    from mappa_env.envs.dsbench import holds_target
+
+    labels = ["yes", "no", "no", "maybe", "yes", "no"] * 20
+    encoded = [{"yes": "1", "no": "0", "maybe": "2"}[v] for v in labels]
+    one_hot = [{"yes": "1|0|0", "no": "0|1|0", "maybe": "0|0|1"}[v] for v in labels]
+    assert holds_target(labels, labels, "classification")
+    assert holds_target(encoded, labels, "classification")  # a label encoding
+    assert holds_target(one_hot, labels, "classification")  # a one-hot encoding
+    assert not holds_target(["0", "1"] * 60, labels, "classification")  # alternating
+    assert not holds_target([str(i) for i in range(120)], labels, "classification")
+    assert not holds_target(["1"] * 120, labels, "classification")  # merges the labels
+    values = [((i * 37) % 101) / 7 for i in range(120)]
+    truth = [str(v) for v in values]
+    assert holds_target([str(math.log1p(v)) for v in values], truth, "regression")
+    assert not holds_target([str(i) for i in range(120)], truth, "regression")  # row numbers
+    assert not holds_target(["a"] * 120, truth, "regression")
+    assert not holds_target([], truth, "regression")
+
+
+def test_a_made_up_target_fails_the_data_engineers_checks(env, task_set):
+    task = task_set.tasks[0]
+    made_up = engineer_action(task).replace(
+        "y_train = train[target]", "y_train = pd.Series([i % 2 for i in range(len(train))])"
+    )
+    assert made_up != engineer_action(task)
+    env.step(made_up)
+    entry = env.infos["data_engineer"]["artifacts"]["y_train.pkl"]
+    assert entry["holds_target"] is False
+    assert "first_rows" not in entry  # the rows compared stay out of infos and prompts
+    assert rewards(env)[("data_engineer", 0)] == 0.5
+    assert "not train.csv's target" in env.transcript[0].verdict.analysis
+
+
+def test_an_encoded_target_passes_the_data_engineers_checks(env, task_set):
+    task = task_set.tasks[0]
+    encoded = engineer_action(task).replace(
+        "y_train = train[target]", "y_train = pd.Series(pd.factorize(train[target])[0])"
+    )
+    assert encoded != engineer_action(task)
+    env.step(encoded)
+    assert env.infos["data_engineer"]["artifacts"]["y_train.pkl"]["holds_target"] is True
+    assert rewards(env)[("data_engineer", 0)] == 0.9
 
 
 def test_a_failing_slot_end_is_contained_and_reported(env, monkeypatch):

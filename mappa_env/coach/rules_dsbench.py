@@ -21,6 +21,8 @@ data_engineer (must leave X_train.pkl, y_train.pkl, X_test.pkl):
      9  all three load and pass the checks: X_train and X_test are 2-D tables with the
         same columns and a column that varies; X_train and y_train have one row per row
         of train.csv, X_test one per row of test.csv; y_train holds more than one value
+        and is train.csv's target row by row (up to a relabelling or a monotone
+        transform)
      5  some artifacts exist, but not all load or pass the checks (the reason is named)
      4  the code ran but no artifact exists yet (exploring)
      2  the code raised or timed out
@@ -142,6 +144,11 @@ def engineer_problems(artifacts: Mapping[str, Any]) -> list[str]:
     distinct = entries["y_train.pkl"].get("distinct_values")
     if not isinstance(distinct, int) or distinct < 2:
         problems.append(f"y_train.pkl holds {distinct} distinct value(s), not a target")
+    elif entries["y_train.pkl"].get("holds_target") is False:
+        problems.append(
+            "y_train.pkl is not train.csv's target row by row (not even relabelled or "
+            "monotonically transformed)"
+        )
     return problems
 
 

@@ -43,6 +43,7 @@ import json
 import logging
 import shutil
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -339,6 +340,15 @@ def canonical(value):
     return str(int(value)) if number and float(value).is_integer() else str(value)
 
 
+def target_rows(obj):
+    # The first rows of a target as canonical text, one string per row (columns joined).
+    import numpy
+    import pandas
+
+    frame = pandas.DataFrame(numpy.asarray(head(obj, params["target_rows"])))
+    return frame.map(canonical).agg("|".join, axis=1).tolist()
+
+
 def train_skill(model, features, target):
     # How much better than a constant guess the model fits its own training rows:
     # for labels, accuracy above the majority share, as a fraction of what is left; for
@@ -385,6 +395,7 @@ for name in params["names"]:
                 facts["varies"] = varies
             if name == "y_train.pkl":
                 facts["distinct_values"] = distinct_rows
+                facts["first_rows"] = target_rows
             for key, fact in facts.items():
                 try:
                     entry[key] = fact(obj)
@@ -418,6 +429,55 @@ print(json.dumps(report))
 """
 #: Rows of X_train / y_train the inspector looks at for variation and training fit.
 INSPECT_SAMPLE_ROWS = 20_000
+#: Leading rows of y_train compared with train.csv's target (see :func:`holds_target`).
+TARGET_CHECK_ROWS = 500
+
+
+def _canonical_label(value: Any) -> str:
+    """A target value as text: 1, 1.0 and "1" are one label (the inspector's rule)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return str(int(value)) if number and float(value).is_integer() else str(value)
+
+
+def holds_target(given: Sequence[str], truth: Sequence[str], task_type: str) -> bool:
+    """Whether ``given`` rows are train.csv's target ``truth`` rows, up to an encoding.
+
+    Row by row over the rows both have: for classification a consistent relabelling
+    (each true label becomes one label, distinct labels stay distinct: label or one-hot
+    encodings pass) on at least 95% of the rows; for regression a rank correlation of at
+    least 0.95 per column (a monotone transform such as ``log1p`` passes). A made-up
+    target with the right row count (row numbers, alternating labels) does not.
+    """
+    rows = min(len(given), len(truth))
+    if rows == 0:
+        return False
+    given, truth = list(given[:rows]), list(truth[:rows])
+    if task_type == "regression":
+        import numpy
+        from scipy.stats import spearmanr
+
+        try:
+            left = numpy.array([[float(v) for v in row.split("|")] for row in given])
+            right = numpy.array([[float(v) for v in row.split("|")] for row in truth])
+        except ValueError:
+            return False
+        if left.shape != right.shape:
+            return False
+        for column in range(right.shape[1]):
+            if numpy.ptp(right[:, column]) == 0:
+                continue  # a constant true column ranks nothing
+            rho = spearmanr(left[:, column], right[:, column]).statistic
+            if not numpy.isfinite(rho) or rho < 0.95:
+                return False
+        return True
+    pairs: dict[str, Counter[str]] = {}
+    for true, got in zip(truth, given, strict=True):
+        pairs.setdefault(true, Counter())[got] += 1
+    chosen = [counts.most_common(1)[0] for counts in pairs.values()]
+    consistent = sum(count for _, count in chosen) / rows
+    return consistent >= 0.95 and len({label for label, _ in chosen}) == len(chosen)
+
+
 #: Most bytes of the inspector's stdout (and of its stderr) kept: the tail, with the report.
 INSPECT_OUTPUT_BYTES = 1024 * 1024
 
@@ -582,6 +642,7 @@ class DSBenchEnv(PipelineEnv):
         self._answer_tables: dict[str, pd.DataFrame] = {}
         self._row_counts: dict[str, tuple[int | None, int | None]] = {}
         self._input_rows: tuple[int | None, int | None] = (None, None)
+        self._target_rows: dict[str, list[str] | None] = {}
         seed = options.get("seed")
         self.tasks = self._resolve_tasks(
             tasks, data_dir, task_ids, cleaned_prompts, 0 if seed is None else seed
@@ -777,6 +838,7 @@ class DSBenchEnv(PipelineEnv):
             "import_paths": inherited_import_paths(),
             "task_type": self.task.task_type,
             "sample_rows": INSPECT_SAMPLE_ROWS,
+            "target_rows": TARGET_CHECK_ROWS,
         }
         try:
             self.workdir.mkdir(parents=True, exist_ok=True)  # agent code may have deleted it
@@ -814,7 +876,39 @@ class DSBenchEnv(PipelineEnv):
             return self._uninspected(names, "the inspection report is not a mapping")
         checked = {n: report[n] for n in names if isinstance(report.get(n), dict)}
         self._add_expected_rows(checked)
+        self._check_target(checked)
         return checked
+
+    def _check_target(self, entries: dict[str, dict[str, Any]]) -> None:
+        """Add ``holds_target`` to y_train.pkl's entry: is it train.csv's target?
+
+        Compared with the task's own train.csv (not the workspace copy agent code can
+        change); left out when either side cannot be read.
+        """
+        entry = entries.get("y_train.pkl")
+        # Only the verdict stays: 500 rows of the target would flood infos and prompts.
+        given = entry.pop("first_rows", None) if entry else None
+        if not isinstance(given, list) or not all(isinstance(v, str) for v in given):
+            return
+        truth = self._train_target_rows(self.task)
+        if truth:
+            entry["holds_target"] = holds_target(given, truth, self.task.task_type)
+
+    def _train_target_rows(self, task: Any) -> list[str] | None:
+        """The first rows of the task's train.csv target, as the inspector writes them."""
+        if task.id not in self._target_rows:
+            try:
+                frame = pd.read_csv(
+                    task.train_path, usecols=list(task.target_columns), nrows=TARGET_CHECK_ROWS
+                )
+            except (OSError, ValueError) as exc:
+                logger.warning("train.csv's target of %s could not be read: %s", task.id, exc)
+                self._target_rows[task.id] = None
+            else:
+                frame = frame[list(task.target_columns)]
+                rows = frame.map(_canonical_label).agg("|".join, axis=1).tolist()
+                self._target_rows[task.id] = rows
+        return self._target_rows[task.id]
 
     def _uninspected(self, names: Sequence[str], why: str) -> dict[str, dict[str, Any]]:
         """Entries for pickles whose inspection failed: what is on disk, not loadable."""
