@@ -396,15 +396,24 @@ def _human_size(size: int) -> str:
     return f"{value:.1f} GB"
 
 
+def _one_line(value: Any) -> str:
+    """A fact as one line, its line breaks escaped.
+
+    Its words may be an agent's (an unpickling error's module name, a column name) and
+    must not start lines of the prompt.
+    """
+    return str(value).replace("\r", "\\r").replace("\n", "\\n")
+
+
 def _artifact_section(metadata: Mapping[str, Any]) -> str:
     lines = []
     artifacts = metadata.get("artifacts")
     if isinstance(artifacts, Mapping):
         for name, facts in artifacts.items():
             if isinstance(facts, Mapping):
-                described = ", ".join(f"{key}={value}" for key, value in facts.items())
+                described = ", ".join(f"{key}={_one_line(value)}" for key, value in facts.items())
             else:
-                described = str(facts)
+                described = _one_line(facts)
             lines.append(f"- {name}: {truncate_middle(described, 300)}")
     missing = metadata.get("missing_upstream")
     if missing:
@@ -420,7 +429,7 @@ def _outcome_section(outcome: Mapping[str, Any]) -> str:
     lines = []
     if outcome.get("success") is False:
         reason = outcome.get("reason") or "no reason given"
-        lines.append(f"- The submission could not be scored: {reason}.")
+        lines.append(f"- The submission could not be scored: {_one_line(reason)}.")
     for key in ("metric", "value", "rmse_pct_range", "normalized"):
         if outcome.get(key) is not None:
             lines.append(f"- {key}: {_fmt(outcome[key])}")
