@@ -50,6 +50,38 @@ RAISED = {"ok": False, "stdout": "", "error": {"name": "NameError"}, "timed_out"
         ("code_executor", "```python\nx = 122\nprint(x)\n```", ran("122\n"), {}, 6),
         ("code_executor", "```python\nprint(f'{122}')\n```", ran("122\n"), {}, 6),
         ("code_executor", "```python\nn = 11\nprint(12 * n - 10)\n```", ran("122\n"), {}, 10),
+        ("code_executor", "```python\n%time print(122)\n```", ran("122\n"), {}, 6),
+        ("code_executor", "```python\nx: int = 122\nprint(x)\n```", ran("122\n"), {}, 6),
+        # Computed, though the answer's digits appear in a format spec or a start value.
+        (
+            "code_executor",
+            "```python\nx = 12 * 11 - 10\nprint(f'{x:.122}')\n```",
+            ran("122\n"),
+            {},
+            10,
+        ),
+        (
+            "code_executor",
+            "```python\nt = 122\nfor i in range(3):\n    t += 0\nprint(t)\n```",
+            ran("122\n"),
+            {},
+            10,
+        ),
+        (
+            "code_executor",
+            "```python\nx = 1\nx = 12 * 11 - 10\nprint(x)\n```",
+            ran("122\n"),
+            {},
+            10,
+        ),
+        # A literal too long to print is no answer, and no crash (an invalid verdict).
+        (
+            "code_executor",
+            "```python\nx = " + "9" * 5000 + "\nx = 122\nprint(x)\n```",
+            ran("122\n"),
+            {},
+            6,
+        ),
         ("code_executor", "So \\boxed{122}.", None, {"earlier_stdout": "122\n"}, 8),
         (
             "code_executor",

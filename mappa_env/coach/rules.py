@@ -59,25 +59,74 @@ def _last_number(text: str) -> str | None:
     return matches[-1].replace(",", "") if matches else None
 
 
+def _python_only(code: str) -> str:
+    """``code`` as plain Python for ``ast``: IPython's own lines rewritten or left out.
+
+    A line magic keeps the statement it runs (``%time print(1)`` is ``print(1)``) when
+    that parses; other magics, cell-magic headers (``%%time``) and shell lines
+    (``!pip install x``) become blank lines.
+    """
+    lines = []
+    for line in code.splitlines():
+        stripped = line.lstrip()
+        kept = ""
+        if stripped.startswith("%") and not stripped.startswith("%%"):
+            statement = stripped.partition(" ")[2].strip()
+            try:
+                ast.parse(statement)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                statement = ""
+            kept = line[: len(line) - len(stripped)] + statement if statement else ""
+        elif not stripped.startswith(("%%", "!")):
+            kept = line
+        lines.append(kept)
+    return "\n".join(lines)
+
+
+def _constant_text(node: ast.expr) -> str | None:
+    """The text of a number or string constant, signed (``-5``); ``None`` for anything else."""
+    sign = ""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        sign = "-" if isinstance(node.op, ast.USub) else ""
+        node = node.operand
+    if not isinstance(node, ast.Constant) or isinstance(node.value, bool):
+        return None
+    if not isinstance(node.value, (int, float, str)):
+        return None
+    try:
+        return sign + str(node.value)
+    except ValueError:  # an integer too long to print (over 4300 digits): no answer
+        return None
+
+
 def _printed_literals(code: str) -> list[str]:
     """Numbers ``code`` prints as written rather than computes.
 
-    The constants in its ``print(...)`` arguments (f-strings included), the constants
-    assigned to a name it prints (``x = 393482; print(x)``), and a constant left as the
-    cell's last expression (Jupyter displays it). ``print(x ** 2)`` computes: only a
-    printed literal, not any number in the code, counts, so a small answer that also
-    appears as an exponent is not taken for a copy.
+    The constants among its ``print(...)`` arguments (signed, and the literal text of
+    f-strings, not their format specs), the constant last assigned to a name it prints
+    (``x = 393482; print(x)``; not a name it updates with ``+=``), and a constant left
+    as the cell's last expression (Jupyter displays it). ``print(x ** 2)`` computes:
+    only a printed literal, not any number in the code, counts, so a small answer that
+    also appears as an exponent is not taken for a copy. IPython's lines are read as
+    :func:`_python_only` does; in code that does not parse, every number counts.
     """
     try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError, RecursionError):
-        return []
-    assigned: dict[str, list[ast.expr]] = {}
+        tree = ast.parse(_python_only(code))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        # Code that ran but does not parse here (an integer literal over Python's
+        # 4300-digit limit, say): every number written in it counts.
+        return [n.replace(",", "") for n in _NUMBER.findall(code)]
+    last: dict[str, ast.expr] = {}
+    updated: set[str] = set()
+    assignments = [n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign))]
+    for node in sorted(assignments, key=lambda n: (n.lineno, n.col_offset)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        for target in targets:
+            if isinstance(target, ast.Name) and node.value is not None:
+                last[target.id] = node.value
     for node in ast.walk(tree):
-        if isinstance(node, ast.Assign):
-            for target in node.targets:
-                if isinstance(target, ast.Name):
-                    assigned.setdefault(target.id, []).append(node.value)
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+            updated.add(node.target.id)
     shown: list[ast.expr] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print":
@@ -86,13 +135,18 @@ def _printed_literals(code: str) -> list[str]:
         shown.append(tree.body[-1].value)
     literals: list[str] = []
     for expr in shown:
-        parts = [expr]
         if isinstance(expr, ast.Name):
-            parts = assigned.get(expr.id, [])
+            if expr.id in updated or expr.id not in last:
+                continue
+            expr = last[expr.id]
+        parts = expr.values if isinstance(expr, ast.JoinedStr) else [expr]
         for part in parts:
-            for node in ast.walk(part) if isinstance(part, ast.JoinedStr) else [part]:
-                if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str)):
-                    literals.extend(_NUMBER.findall(str(node.value)))
+            if isinstance(part, ast.FormattedValue):
+                part = part.value
+            text = _constant_text(part)
+            if text is not None:
+                literals.extend(_NUMBER.findall(text) if isinstance(part, ast.Constant)
+                                and isinstance(part.value, str) else [text])  # fmt: skip
     return [literal.replace(",", "") for literal in literals]
 
 

@@ -69,6 +69,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mappa_env.coach.base import CoachRequest
+from mappa_env.coach.rules import _python_only
 from mappa_env.text import extract_code_blocks, strip_think
 
 _CV_HINT = re.compile(r"\b(cv|cross[-_ ]?val\w*|fold|kfold|validation)\b", re.IGNORECASE)
@@ -76,8 +77,8 @@ _NUMBER = re.compile(r"\d\.\d+|\d+\.\d*")
 # Calls that evaluate on held-out data: scikit-learn's splitters and searches and the
 # cv() functions of gradient-boosting libraries (any call given a cv= argument counts too).
 _CV_CALL = re.compile(
-    r"cross_val\w*|\w*KFold|\w*ShuffleSplit|LeaveOneOut|LeavePOut|TimeSeriesSplit"
-    r"|\w*SearchCV|train_test_split|cv"
+    r"cross_val\w*|\w*KFold|\w*ShuffleSplit|LeaveOneOut|LeavePOut|LeaveOneGroupOut"
+    r"|LeavePGroupsOut|PredefinedSplit|TimeSeriesSplit|\w*SearchCV|train_test_split|cv"
 )
 #: Least ``train_skill`` of a model that has learned something (0 = a constant guess).
 MIN_TRAIN_SKILL = 0.1
@@ -214,14 +215,23 @@ def _calls_cross_validation(action: str) -> bool:
     """
     code = "\n".join(extract_code_blocks(strip_think(action)))
     try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError, RecursionError):
+        tree = ast.parse(_python_only(code))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
+    # Names imported under another name (cross_val_score as cvs) are called by it.
+    original = {
+        alias.asname: alias.name.rpartition(".")[2]
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+        if alias.asname
+    }
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         function = node.func
         name = getattr(function, "id", None) or getattr(function, "attr", None) or ""
+        name = original.get(name, name)
         if _CV_CALL.fullmatch(name) or any(k.arg == "cv" for k in node.keywords):
             return True
     return False
