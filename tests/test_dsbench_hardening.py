@@ -384,7 +384,8 @@ def test_planted_modules_cannot_forge_the_artifact_report(env, monkeypatch):
         False
     ] * 3
     assert rewards(env)[("data_engineer", 0)] <= 0.5
-    # Without isolated mode the planted json.py is imported and the forgery scores 9.
+    # Without isolated mode the planted json.py is imported and the forgery is believed;
+    # only the target check still fails it (the forged report lists no rows of y_train).
     monkeypatch.setattr(
         DSBenchEnv,
         "_inspector_command",
@@ -393,7 +394,8 @@ def test_planted_modules_cannot_forge_the_artifact_report(env, monkeypatch):
     env.reset(options={"task_id": "iris"})
     env.step(code(PLANTING_ENGINEER))
     assert env.infos["data_engineer"]["artifacts"]["X_train.pkl"]["loads"] is True
-    assert rewards(env)[("data_engineer", 0)] == 0.9
+    assert env.infos["data_engineer"]["artifacts"]["y_train.pkl"]["holds_target"] is False
+    assert rewards(env)[("data_engineer", 0)] == 0.5
 
 
 def test_the_inspector_command_is_isolated_python():
@@ -531,6 +533,10 @@ def test_holds_target_accepts_encodings_and_refuses_made_up_targets():
     assert not holds_target([str(i) for i in range(120)], truth, "regression")  # row numbers
     assert not holds_target(["a"] * 120, truth, "regression")
     assert not holds_target([], truth, "regression")
+    assert holds_target([str(-v) for v in values], truth, "regression")  # decreasing
+    with_gaps = ["nan" if i % 10 == 0 else v for i, v in enumerate(truth)]
+    assert holds_target(with_gaps, with_gaps, "regression")  # missing values left out
+    assert not holds_target(["1.0"] * 120, truth, "regression")  # a constant
 
 
 def test_a_made_up_target_fails_the_data_engineers_checks(env, task_set):
@@ -547,6 +553,16 @@ def test_a_made_up_target_fails_the_data_engineers_checks(env, task_set):
     assert "not train.csv's target" in env.transcript[0].verdict.analysis
 
 
+def test_a_target_whose_rows_cannot_be_listed_is_no_target(env, task_set):
+    task = task_set.tasks[0]
+    ragged = engineer_action(task).replace(
+        "y_train = train[target]", "y_train = [[0]] * (len(train) - 1) + [[1, 1]]"
+    )
+    env.step(ragged)
+    assert env.infos["data_engineer"]["artifacts"]["y_train.pkl"]["holds_target"] is False
+    assert rewards(env)[("data_engineer", 0)] == 0.5
+
+
 def test_an_encoded_target_passes_the_data_engineers_checks(env, task_set):
     task = task_set.tasks[0]
     encoded = engineer_action(task).replace(
@@ -556,6 +572,24 @@ def test_an_encoded_target_passes_the_data_engineers_checks(env, task_set):
     env.step(encoded)
     assert env.infos["data_engineer"]["artifacts"]["y_train.pkl"]["holds_target"] is True
     assert rewards(env)[("data_engineer", 0)] == 0.9
+
+
+def test_a_flood_of_files_does_not_hide_what_was_handed_over(env, task_set):
+    # 200 files that sort before model.pkl push it out of the capped listing: the
+    # analyst must still be judged as having had the model.
+    script = reference_script(task_set.tasks[0])
+    flood = "\nimport os\nos.makedirs('a', exist_ok=True)\nfor i in range(210):\n"
+    flood += "    open(f'a/{i:03d}', 'w').close()"
+    script["modeler"][0] = script["modeler"][0].replace(
+        "```python\n", "```python" + flood + "\n", 1
+    )
+    script["analyst"] = ["I will not do anything.", "Nothing."]
+    for agent in env.agent_iter():
+        *_, terminated, truncated, _ = env.last()
+        env.step(None if terminated or truncated else script[agent].pop(0))
+    verdicts = {(r.agent, r.turn): r.verdict for r in env.transcript}
+    assert "missing" not in verdicts[("analyst", 0)].analysis
+    assert rewards(env)[("analyst", 0)] < 0.5
 
 
 def test_a_failing_slot_end_is_contained_and_reported(env, monkeypatch):
@@ -681,6 +715,10 @@ def test_cross_validation_counts_only_as_code_that_calls_it():
         "for tr, va in KFold(5).split(X): pass",
         "xgb.cv(params, data)",
         "search(m, cv = 5)",
+        "from sklearn.model_selection import cross_val_score as cvs\ncvs(m, X, y)",
+        "from sklearn.model_selection import StratifiedKFold as SKF\nSKF(5).split(X, y)",
+        "!pip install -q lightgbm\ncross_val_score(m, X, y, cv=5)",
+        "%%time\ncross_val_score(m, X, y)",
     ]
     for text in called:
         assert _cross_validated(request(python(text))), text

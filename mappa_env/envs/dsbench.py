@@ -107,7 +107,8 @@ _ROLES = {
         "You are the data engineer, agent 1 of 3 in a data-science team working in one shared "
         "directory. After you, the modeler trains a model and the analyst writes the submission."
         "\nYour job: load train.csv and test.csv, clean and encode the features (handle missing "
-        "values and categorical columns, keep the row order of test.csv), and save with pickle:"
+        "values and categorical columns, keep the row order of train.csv and test.csv), and "
+        "save with pickle:"
         " X_train.pkl (features), y_train.pkl (target) and X_test.pkl (test features, same "
         "columns as X_train). Save any fitted transformers too."
     ),
@@ -442,11 +443,13 @@ def _canonical_label(value: Any) -> str:
 def holds_target(given: Sequence[str], truth: Sequence[str], task_type: str) -> bool:
     """Whether ``given`` rows are train.csv's target ``truth`` rows, up to an encoding.
 
-    Row by row over the rows both have: for classification a consistent relabelling
-    (each true label becomes one label, distinct labels stay distinct: label or one-hot
-    encodings pass) on at least 95% of the rows; for regression a rank correlation of at
-    least 0.95 per column (a monotone transform such as ``log1p`` passes). A made-up
-    target with the right row count (row numbers, alternating labels) does not.
+    Row by row over the rows both have (the engineer is asked to keep train.csv's row
+    order): for classification a consistent relabelling (each true label becomes one
+    label, distinct labels stay distinct: label or one-hot encodings pass) on at least
+    95% of the rows; for regression a rank correlation of at least 0.95 in size per
+    column over the rows where both are numbers (a monotone transform such as ``log1p``
+    or ``-y`` passes; missing values are left out). A made-up target with the right row
+    count (row numbers, alternating labels) does not.
     """
     rows = min(len(given), len(truth))
     if rows == 0:
@@ -464,10 +467,14 @@ def holds_target(given: Sequence[str], truth: Sequence[str], task_type: str) -> 
         if left.shape != right.shape:
             return False
         for column in range(right.shape[1]):
-            if numpy.ptp(right[:, column]) == 0:
-                continue  # a constant true column ranks nothing
-            rho = spearmanr(left[:, column], right[:, column]).statistic
-            if not numpy.isfinite(rho) or rho < 0.95:
+            both = numpy.isfinite(left[:, column]) & numpy.isfinite(right[:, column])
+            x, y = left[both, column], right[both, column]
+            if len(y) < 3 or numpy.ptp(y) == 0:
+                continue  # too few numbers, or a constant true column: nothing to rank
+            if numpy.ptp(x) == 0:
+                return False
+            rho = spearmanr(x, y).statistic
+            if not numpy.isfinite(rho) or abs(rho) < 0.95:
                 return False
         return True
     pairs: dict[str, Counter[str]] = {}
@@ -650,6 +657,8 @@ class DSBenchEnv(PipelineEnv):
         self._answers: pd.DataFrame | None = None
         self._artifacts: dict[str, dict[str, Any]] = {}
         self._slot_start_files: dict[str, list[FileInfo]] = {}
+        #: Per agent, the files it needs that were missing when its slot began.
+        self._missing_at_slot_start: dict[str, list[str]] = {}
         self._submission_score: Any = None
         self.task = self.tasks[0]
         super().__init__(**options)
@@ -886,13 +895,16 @@ class DSBenchEnv(PipelineEnv):
         change); left out when either side cannot be read.
         """
         entry = entries.get("y_train.pkl")
-        # Only the verdict stays: 500 rows of the target would flood infos and prompts.
-        given = entry.pop("first_rows", None) if entry else None
-        if not isinstance(given, list) or not all(isinstance(v, str) for v in given):
+        if not entry or not entry.get("loads"):
             return
+        # Only the verdict stays: 500 rows of the target would flood infos and prompts.
+        given = entry.pop("first_rows", None)
         truth = self._train_target_rows(self.task)
-        if truth:
-            entry["holds_target"] = holds_target(given, truth, self.task.task_type)
+        if not truth:
+            return
+        # A y_train whose rows cannot even be listed (a ragged list, a dict) is no target.
+        readable = isinstance(given, list) and all(isinstance(v, str) for v in given)
+        entry["holds_target"] = readable and holds_target(given, truth, self.task.task_type)
 
     def _train_target_rows(self, task: Any) -> list[str] | None:
         """The first rows of the task's train.csv target, as the inspector writes them."""
@@ -985,6 +997,7 @@ class DSBenchEnv(PipelineEnv):
         self._answers = await asyncio.to_thread(self._prepare_workspace, self.task)
         self._input_rows = await asyncio.to_thread(self._rows_written, self.task)
         self._slot_start_files = {DATA_ENGINEER: list_files(self.workdir)}
+        self._missing_at_slot_start = {DATA_ENGINEER: self._missing_needs(DATA_ENGINEER)}
 
     def _prepare_workspace(self, task: Any) -> pd.DataFrame:
         from mappa_env.dsbench.metrics import read_answers
@@ -1057,10 +1070,7 @@ class DSBenchEnv(PipelineEnv):
         # Missing upstream means absent when the agent's slot began, not after its own
         # code ran: an agent that deletes what it was handed is not excused by the gap.
         # Without a snapshot (its listing failed) nothing counts as missing upstream.
-        handed = {f.name for f in self._slot_start_files.get(record.agent, [])}
-        missing = [name for name in NEEDS[record.agent] if name not in handed]
-        if record.agent not in self._slot_start_files:
-            missing = []
+        missing = list(self._missing_at_slot_start.get(record.agent, ()))
         metadata: dict[str, Any] = {
             "task_type": self.task.task_type,
             "metric": self.task.metric,
@@ -1091,11 +1101,22 @@ class DSBenchEnv(PipelineEnv):
                 self._slot_start_files[next_agent] = await asyncio.to_thread(
                     list_files, self.workdir
                 )
+                self._missing_at_slot_start[next_agent] = self._missing_needs(next_agent)
         except Exception as exc:  # the step must go on; the cause is kept for researchers
             logger.exception("the end of %s's slot failed", agent)
             self.infos.setdefault(agent, {})["slot_end_error"] = f"{type(exc).__name__}: {exc}"
             if next_agent is not None:
                 self._slot_start_files.pop(next_agent, None)
+                self._missing_at_slot_start.pop(next_agent, None)
+
+    def _missing_needs(self, agent: str) -> list[str]:
+        """The files ``agent`` needs that are not regular files of the workspace now.
+
+        Looked up by name, not read from the listing: that one is capped (200 entries),
+        and files an earlier agent floods the workspace with must not push a needed one
+        out of sight, so that it counts as missing and excuses the agent.
+        """
+        return [n for n in NEEDS[agent] if file_kind(self.workdir, n)[0] != "regular file"]
 
     def on_close(self) -> None:
         """Remove the built-in task files made for this environment."""

@@ -867,10 +867,11 @@ def answers_match(
        ``0.75`` equals ``3/4``, while ``23`` vs ``230`` and ``-5`` vs ``5`` do not
        match. A decimal written with six or more places also matches a value that
        rounds to it (``0.333333`` vs ``1/3``).
-       Percentages: a side written with ``%`` may stand for the number shown or
-       for that number divided by 100, so ``50\\%`` matches both ``50`` and
-       ``0.5`` (the same convention as math-verify), while ``50`` vs ``0.5``
-       does not match.
+       Percentages: a truth written with ``%`` may stand for the number shown or
+       for that number divided by 100, so a truth ``50\\%`` is matched by ``50``
+       and by ``0.5``; a predicted ``50\\%`` stands for 50 only (taking it for
+       both would let one answer cover two truths a hundredfold apart), and
+       ``50`` vs ``0.5`` does not match.
     4. Otherwise math-verify decides (``\\sqrt{2}``, ``\\pi``, powers, tuples,
        intervals, sets, ...), in a worker process, waiting at most ``timeout_s``
        (see :class:`SymbolicChecker`). Answers longer than
