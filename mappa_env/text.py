@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
@@ -95,3 +96,27 @@ def extract_code_blocks(text: str, languages: frozenset[str] = _PYTHON_TAGS) -> 
             if body.strip():
                 blocks.append(body.rstrip("\n") + "\n")
     return blocks
+
+
+def ipython_as_python(code: str) -> str:
+    """``code`` as plain Python for ``ast``: IPython's own lines rewritten or left out.
+
+    A line magic keeps the statement it runs (``%time print(1)`` is ``print(1)``) when
+    that parses; other magics, cell-magic headers (``%%time``) and shell lines
+    (``!pip install x``) become blank lines.
+    """
+    lines = []
+    for line in code.splitlines():
+        stripped = line.lstrip()
+        kept = ""
+        if stripped.startswith("%") and not stripped.startswith("%%"):
+            statement = stripped.partition(" ")[2].strip()
+            try:
+                ast.parse(statement)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                statement = ""
+            kept = line[: len(line) - len(stripped)] + statement if statement else ""
+        elif not stripped.startswith(("%%", "!")):
+            kept = line
+        lines.append(kept)
+    return "\n".join(lines)

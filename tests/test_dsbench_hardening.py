@@ -539,13 +539,15 @@ def test_holds_target_accepts_encodings_and_refuses_made_up_targets():
     assert not holds_target(["1.0"] * 120, truth, "regression")  # a constant
 
 
+def engineer_saving(task, y_train: str) -> str:
+    """The reference data engineer's action, saving ``y_train`` as its target."""
+    action = engineer_action(task).replace("y_train = train[target]", f"y_train = {y_train}")
+    assert action != engineer_action(task)
+    return action
+
+
 def test_a_made_up_target_fails_the_data_engineers_checks(env, task_set):
-    task = task_set.tasks[0]
-    made_up = engineer_action(task).replace(
-        "y_train = train[target]", "y_train = pd.Series([i % 2 for i in range(len(train))])"
-    )
-    assert made_up != engineer_action(task)
-    env.step(made_up)
+    env.step(engineer_saving(task_set.tasks[0], "pd.Series([i % 2 for i in range(len(train))])"))
     entry = env.infos["data_engineer"]["artifacts"]["y_train.pkl"]
     assert entry["holds_target"] is False
     assert "first_rows" not in entry  # the rows compared stay out of infos and prompts
@@ -554,22 +556,13 @@ def test_a_made_up_target_fails_the_data_engineers_checks(env, task_set):
 
 
 def test_a_target_whose_rows_cannot_be_listed_is_no_target(env, task_set):
-    task = task_set.tasks[0]
-    ragged = engineer_action(task).replace(
-        "y_train = train[target]", "y_train = [[0]] * (len(train) - 1) + [[1, 1]]"
-    )
-    env.step(ragged)
+    env.step(engineer_saving(task_set.tasks[0], "[[0]] * (len(train) - 1) + [[1, 1]]"))
     assert env.infos["data_engineer"]["artifacts"]["y_train.pkl"]["holds_target"] is False
     assert rewards(env)[("data_engineer", 0)] == 0.5
 
 
 def test_an_encoded_target_passes_the_data_engineers_checks(env, task_set):
-    task = task_set.tasks[0]
-    encoded = engineer_action(task).replace(
-        "y_train = train[target]", "y_train = pd.Series(pd.factorize(train[target])[0])"
-    )
-    assert encoded != engineer_action(task)
-    env.step(encoded)
+    env.step(engineer_saving(task_set.tasks[0], "pd.Series(pd.factorize(train[target])[0])"))
     assert env.infos["data_engineer"]["artifacts"]["y_train.pkl"]["holds_target"] is True
     assert rewards(env)[("data_engineer", 0)] == 0.9
 

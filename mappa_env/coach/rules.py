@@ -49,7 +49,7 @@ from collections.abc import Mapping
 
 from mappa_env.coach.base import CoachRequest, CoachVerdict, RevealPolicy, Rubric
 from mappa_env.registry import registered_env_attribute
-from mappa_env.text import extract_code_blocks, strip_think
+from mappa_env.text import extract_code_blocks, ipython_as_python, strip_think
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
 
@@ -57,30 +57,6 @@ _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
 def _last_number(text: str) -> str | None:
     matches = _NUMBER.findall(text)
     return matches[-1].replace(",", "") if matches else None
-
-
-def _python_only(code: str) -> str:
-    """``code`` as plain Python for ``ast``: IPython's own lines rewritten or left out.
-
-    A line magic keeps the statement it runs (``%time print(1)`` is ``print(1)``) when
-    that parses; other magics, cell-magic headers (``%%time``) and shell lines
-    (``!pip install x``) become blank lines.
-    """
-    lines = []
-    for line in code.splitlines():
-        stripped = line.lstrip()
-        kept = ""
-        if stripped.startswith("%") and not stripped.startswith("%%"):
-            statement = stripped.partition(" ")[2].strip()
-            try:
-                ast.parse(statement)
-            except (SyntaxError, ValueError, RecursionError, MemoryError):
-                statement = ""
-            kept = line[: len(line) - len(stripped)] + statement if statement else ""
-        elif not stripped.startswith(("%%", "!")):
-            kept = line
-        lines.append(kept)
-    return "\n".join(lines)
 
 
 def _constant_text(node: ast.expr) -> str | None:
@@ -108,10 +84,11 @@ def _printed_literals(code: str) -> list[str]:
     as the cell's last expression (Jupyter displays it). ``print(x ** 2)`` computes:
     only a printed literal, not any number in the code, counts, so a small answer that
     also appears as an exponent is not taken for a copy. IPython's lines are read as
-    :func:`_python_only` does; in code that does not parse, every number counts.
+    :func:`mappa_env.text.ipython_as_python` does; in code that does not parse, every
+    number counts.
     """
     try:
-        tree = ast.parse(_python_only(code))
+        tree = ast.parse(ipython_as_python(code))
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         # Code that ran but does not parse here (an integer literal over Python's
         # 4300-digit limit, say): every number written in it counts.

@@ -69,8 +69,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mappa_env.coach.base import CoachRequest
-from mappa_env.coach.rules import _python_only
-from mappa_env.text import extract_code_blocks, strip_think
+from mappa_env.text import extract_code_blocks, ipython_as_python, strip_think
 
 _CV_HINT = re.compile(r"\b(cv|cross[-_ ]?val\w*|fold|kfold|validation)\b", re.IGNORECASE)
 _NUMBER = re.compile(r"\d\.\d+|\d+\.\d*")
@@ -215,7 +214,7 @@ def _calls_cross_validation(action: str) -> bool:
     """
     code = "\n".join(extract_code_blocks(strip_think(action)))
     try:
-        tree = ast.parse(_python_only(code))
+        tree = ast.parse(ipython_as_python(code))
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
     # Names imported under another name (cross_val_score as cvs) are called by it.
