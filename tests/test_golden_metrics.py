@@ -1,0 +1,39 @@
+"""Training reproduces the recorded figures of every credit mode, in one process and on Ray.
+
+The figures in ``tests/golden/metrics.json`` were recorded by ``python -m
+tests.golden_runs --write``; a change that alters training on purpose records them again
+and says why in its commit.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from tests import golden_runs
+
+RECORDED = json.loads(golden_runs.GOLDEN_FILE.read_text())
+
+
+@pytest.mark.parametrize("backend", ["one_process", "ray"])
+def test_every_credit_mode_trains_exactly_as_recorded(backend):
+    if backend == "ray":
+        pytest.importorskip("ray")
+    names = [f"{backend}/{mode}" for mode in golden_runs.CREDIT_MODES]
+    got = golden_runs.run(names)
+    assert golden_runs.differences(got, {n: RECORDED[n] for n in names}) == []
+
+
+def test_the_comparison_sees_a_changed_figure():
+    recorded = RECORDED["one_process/process"]
+    changed = json.loads(json.dumps(recorded))
+    changed["metrics"][1]["editor/loss"] += 1e-12
+    changed["weights"]["editor"] = "0" * 64
+    problems = golden_runs.differences({"one_process/process": changed}, RECORDED)
+    assert any("editor/loss" in p for p in problems)
+    assert any("final weights differ" in p for p in problems)
+    assert any("not run" in p for p in problems)
