@@ -29,7 +29,7 @@ def run(coach, episodes: int) -> dict:
         tasks=TASKS,
         sandbox=None,
         coach=coach,
-        reward_mode="process" if coach else "outcome",
+        credit_mode="process" if coach else "outcome",
     )
     step_times = []
     for i in range(episodes):

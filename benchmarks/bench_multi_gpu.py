@@ -209,9 +209,8 @@ def equality(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             single.after_update()
             sharded.after_update()
             record: dict[str, Any] = {"step": step + 1, "agents": {}, "reward_spread": {}}
-            rewards = single._action_rewards(episodes)
             for agent in single.learners:
-                own = [rewards.get(id(a)) for e in episodes for a in e.actions if a.agent == agent]
+                own = [a.trainable_reward for e in episodes for a in e.actions if a.agent == agent]
                 own = [r for r in own if r is not None]
                 # Equal rewards leave whitening only the KL terms' spread to divide by:
                 # that agent's loss then scales tiny differences up (see the docstring).

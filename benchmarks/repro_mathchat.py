@@ -99,7 +99,7 @@ def task_prompts(env_options: Mapping[str, Any], env_id: str) -> list[str]:
     import mappa_env
 
     env = mappa_env.make(
-        env_id, **{**env_options, "sandbox": None, "coach": None, "reward_mode": "outcome"}
+        env_id, **{**env_options, "sandbox": None, "coach": None, "credit_mode": "outcome"}
     )
     try:
         return [task.prompt for task in env.tasks]

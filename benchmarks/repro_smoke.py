@@ -66,7 +66,7 @@ def warm_start_examples(count: int, rng: random.Random) -> list[tuple[list[dict]
         tasks=TASKS,
         sandbox=None,
         coach=None,
-        reward_mode="outcome",
+        credit_mode="outcome",
         max_new_tokens=32,
         seed=0,
     )

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mappa_env.credit import CREDIT_MODES
+
 logger = logging.getLogger("mappa")
 
 
@@ -25,7 +27,7 @@ def _env_options(args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {
         "sandbox": None if args.sandbox == "none" else args.sandbox,
         "isolation": args.isolation,
-        "reward_mode": args.reward_mode,
+        "credit_mode": args.credit_mode,
         "max_new_tokens": args.max_new_tokens,
     }
     flags = {
@@ -160,7 +162,16 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "namespaces", "none"],
         help="confine agents' code in Linux namespaces (bubblewrap): auto = where it works",
     )
-    parser.add_argument("--reward-mode", default="process", choices=["process", "outcome", "mixed"])
+    parser.add_argument(
+        "--credit-mode",
+        "--reward-mode",  # its former name
+        dest="credit_mode",
+        default="process",
+        choices=CREDIT_MODES,
+        help="how each action's reward is made (mappa_env.credit): the coach's score "
+        "(process), the episode's outcome, the acting agent's own correctness "
+        "(agent_oracle), or a mix",
+    )
     parser.add_argument("--device", default="auto", help="torch device for local models")
     parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float32, float16")
     parser.add_argument(

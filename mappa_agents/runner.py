@@ -26,6 +26,7 @@ import asyncio
 import dataclasses
 import hashlib
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -492,6 +493,7 @@ class RolloutRunner:
             code=record.tool.code,
             action_truncated=record.action_truncated,
             sampling=dataclasses.asdict(self.sampling_for(request.agent)),
+            credit=info.get("credit"),
         )
         episode.samples.append(sample)
         kind = classify_verdict(sample.coach)
@@ -511,10 +513,16 @@ class RolloutRunner:
     async def _collect(self, episode: _Live, error: str | None = None) -> EpisodeResult:
         env = episode.env
         outcome = dict(env.outcome or {})
-        if error is not None:
-            # The episode could not go on: it has no graded outcome, so no outcome reward
-            # (credit modes that use the outcome leave its actions out of training).
+        if error is None:
+            # The episode is over: its actions' rewards are final now.
+            for sample, record in zip(episode.samples, env.transcript):
+                sample.reward, sample.reward_valid = float(record.reward), record.reward_valid
+        else:
+            # The episode could not go on: no graded outcome, so its credit was never
+            # settled, and none of its actions is trained on.
             outcome = {"error": error, "aborted": True}
+            for sample in episode.samples:
+                sample.reward, sample.reward_valid = math.nan, False
         for sample in episode.samples:
             sample.outcome = outcome
         task_id = episode.samples[0].task_id if episode.samples else episode.task_id

@@ -42,15 +42,20 @@ class ActionSample:
         response_ids: Exact sampled token ids.
         logprobs: Log-probability of each sampled id at sampling time.
         finish_reason: ``"stop"`` or ``"length"`` (cut by the token limit).
-        reward: The environment's step reward for this action (NaN when the coach's
-            verdict was invalid in process/mixed mode).
-        reward_valid: False when the coach's verdict was invalid.
+        reward: The action's reward under the environment's credit mode, final once the
+            episode has ended (what a trainer trains on; NaN when it must not be trained
+            on, see ``reward_valid``).
+        reward_valid: False when the reward rests on an invalid coach verdict or the
+            episode was aborted before its credit was settled.
         coach: The coach's verdict as a dict (score, reward, valid, analysis, ...).
         tool: The sandbox result as a dict, or None when no code ran.
         code: The code that ran, or None.
         action_truncated: True when the env cut an oversize action.
         outcome: The episode's outcome dict (filled when the episode ends).
         sampling: The sampling settings used.
+        credit: How the environment made ``reward``: ``{"mode", "outcome_weight",
+            "backprop_decay"}`` (:mod:`mappa_env.credit`); ``None`` in rows written
+            before it was recorded.
     """
 
     episode_id: str
@@ -75,11 +80,23 @@ class ActionSample:
     action_truncated: bool = False
     outcome: dict[str, Any] | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
+    credit: dict[str, Any] | None = None
 
     @property
     def coach_score(self) -> float | None:
         """The coach's 0-10 score, or None when invalid or absent."""
         return None if not self.coach else self.coach.get("score")
+
+    @property
+    def trainable_reward(self) -> float | None:
+        """The reward to train this action on, or ``None`` when it must be masked.
+
+        ``None`` for a reward that rests on an invalid coach verdict, belongs to an
+        aborted episode, or is not a finite number.
+        """
+        if not self.reward_valid or not isinstance(self.reward, (int, float)):
+            return None
+        return float(self.reward) if math.isfinite(self.reward) else None
 
     @property
     def outcome_reward(self) -> float | None:

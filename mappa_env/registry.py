@@ -130,7 +130,7 @@ def make(env_id: str, **options: Any) -> AECEnv:
         env_id: A registered id (``"MathChat-v0"``, ``"DSBench-v0"``, or one of yours;
             a ``"mappa/"`` prefix is accepted) or ``"module:Class"``.
         **options: Keyword arguments of the environment's constructor (``tasks``,
-            ``coach``, ``sandbox``, ``seed``, ``reward_mode``, ...), over the defaults
+            ``coach``, ``sandbox``, ``seed``, ``credit_mode``, ...), over the defaults
             given at registration.
 
     Returns:

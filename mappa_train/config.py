@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mappa_env.credit import CREDIT_MODES
+
 logger = logging.getLogger(__name__)
 
 #: The ways new weights can reach rollout engine actors (see ``TrainConfig.weight_sync``).
@@ -102,14 +104,18 @@ class TrainConfig:
 
     # ------------------------------------------------------------------ the algorithm
     credit_mode: str = "process"
-    """Reward of each action: ``process`` (coach, the paper), ``outcome``, ``mixed``,
-    ``backprop`` (see :mod:`mappa_train.algorithms.credit`)."""
+    """Reward of each action: ``process`` (the coach's score, the paper), ``outcome``
+    (the episode's correctness to every action, the paper's baseline), ``agent_oracle``
+    (whether the acting agent's own final answer is right), ``mixed``, ``backprop`` (see
+    :mod:`mappa_env.credit`). The environment computes the reward, so this is passed to
+    the environments the trainer makes; episodes paid under other credit are refused."""
 
     outcome_weight: float = 0.5
-    """Weight of the outcome in ``mixed`` credit."""
+    """Weight of the outcome in ``mixed`` credit (passed to the environments)."""
 
     backprop_decay: float = 0.5
-    """Decay of the passed-back outcome error per action in ``backprop`` credit."""
+    """Decay of the passed-back outcome error per action in ``backprop`` credit (passed to
+    the environments)."""
 
     advantage_estimator: str = "reinforce_pp"
     """A registered advantage estimator: ``reinforce_pp`` (batch whitening, the paper),
@@ -334,7 +340,7 @@ class TrainConfig:
             )
         self.train_agents = _agent_list(self.train_agents)
         choices = {
-            "credit_mode": ("process", "outcome", "mixed", "backprop"),
+            "credit_mode": CREDIT_MODES,
             "normalize_scope": ("agent", "all"),
             "kl_estimator": ("k1", "k2", "k3"),
             "isolation": ("auto", "namespaces", "none"),

@@ -7,9 +7,11 @@ reference model (its initial weights). A step:
    :class:`~mappa_agents.runner.RolloutRunner` with the agents' current weights (the
    policies wrap the very modules being trained, so updated weights are used at once;
    with ``rollout_engine="vllm"``, in-process vLLM engines get them after each update).
-2. **Credit.** Each action's reward comes from its coach score, the episode outcome, or
-   both (:mod:`mappa_train.algorithms.credit`). Actions cut by the length limit and
-   actions whose coach verdict is invalid are masked out and counted.
+2. **Credit.** Each action is trained on the reward its environment gave it under the
+   configured credit mode (:mod:`mappa_env.credit`: the environment is the reward's one
+   owner, so the rollouts saved, ``env.rewards`` and the loss hold the same number).
+   Actions cut by the length limit and actions whose reward is invalid (an invalid coach
+   verdict, an aborted episode) are masked out and counted.
 3. **Update.** Per trained agent, on its own actions: old and reference log-probs of
    the exact sampled ids, advantages from the configured estimator (REINFORCE++ by
    default, :mod:`mappa_train.algorithms.reinforce_pp`; any registered one, see
@@ -47,7 +49,6 @@ from mappa_agents.runner import RolloutRunner, derive_seed
 from mappa_agents.system import AgentSystem, parse_system_spec
 from mappa_agents.trajectory import ActionSample, EpisodeResult, save_jsonl
 from mappa_train import checkpoint as ckpt
-from mappa_train.algorithms.credit import episode_action_rewards
 from mappa_train.algorithms.registry import AgentBatch, get_estimator
 from mappa_train.algorithms.reinforce_pp import kl_penalty
 from mappa_train.config import TrainConfig
@@ -176,6 +177,21 @@ class Trainer:
                     f"isolation={config.isolation!r} and env options with isolation="
                     f"{given!r} disagree: set one of them"
                 )
+        # The environment owns each action's reward: it is asked for the config's credit.
+        credit = {
+            "credit_mode": config.credit_mode,
+            "outcome_weight": config.outcome_weight,
+            "backprop_decay": config.backprop_decay,
+        }
+        for options in (config.env_options, config.eval_env_options or {}):
+            clash = {k: v for k, v in options.items() if k in credit and v != credit[k]}
+            if clash:
+                raise ValueError(
+                    f"env options {clash} disagree with the config's "
+                    f"{ {k: credit[k] for k in clash} }: set credit in the config's "
+                    "credit_mode / outcome_weight / backprop_decay only"
+                )
+        isolation = {**credit, **isolation}
         train_options = {**isolation, **config.env_options}
         self.env_factory = env_factory or (
             lambda: mappa_env.make(config.env, coach=self.coach, **train_options)
@@ -749,10 +765,10 @@ class Trainer:
             tool use and lengths), rewards, success rate and timings.
         """
         samples = [a for e in episodes for a in e.actions]
-        rewards = self._action_rewards(episodes)
+        self._check_credit(episodes)
 
         train_started = time.perf_counter()
-        prepared = self._prepare(samples, rewards)
+        prepared = self._prepare(samples)
         self._advantages(prepared)
         _sync_device(self.device)
         logprob_s = time.perf_counter() - train_started
@@ -767,14 +783,14 @@ class Trainer:
         for agent in self.agents:
             if agent not in self.learners:
                 # Frozen: scored like the others, so its rewards are logged too.
-                own = [rewards.get(id(s)) for s in samples if s.agent == agent]
+                own = [s.trainable_reward for s in samples if s.agent == agent]
                 valid = [r for r in own if r is not None]
                 metrics[f"{agent}/actions"] = float(len(own))
                 metrics[f"{agent}/mean_reward"] = float(np.mean(valid)) if valid else None
         _sync_device(self.device)
         train_s = time.perf_counter() - train_started
         report = summarize(episodes)
-        valid_rewards = [r for r in rewards.values() if r is not None]
+        valid_rewards = [s.trainable_reward for s in samples if s.trainable_reward is not None]
         metrics.update(
             {
                 "rollout/episodes": len(episodes),
@@ -798,31 +814,45 @@ class Trainer:
 
     # ------------------------------------------------------------------ pieces of a step
 
-    def _action_rewards(self, episodes: Sequence[EpisodeResult]) -> dict[int, float | None]:
-        """Reward per action (keyed by ``id(sample)``) under the configured credit mode."""
+    def _check_credit(self, episodes: Sequence[EpisodeResult]) -> None:
+        """Refuse to train on rewards paid under other credit settings than the config's.
+
+        The environment owns each action's reward; the config only names the credit it
+        asks its environments for. Episodes from an environment made otherwise (an
+        ``env_factory`` of the user's, saved trajectories) must agree with it.
+
+        Raises:
+            ValueError: Naming the settings that differ and how to make them agree.
+        """
         config = self.config
-        rewards: dict[int, float | None] = {}
+        wanted = {
+            "mode": config.credit_mode,
+            "outcome_weight": config.outcome_weight,
+            "backprop_decay": config.backprop_decay,
+        }
+        # The weight a mode does not use cannot disagree.
+        used = {"mixed": ("outcome_weight",), "backprop": ("backprop_decay",)}
         for episode in episodes:
-            if episode.aborted:
-                # No graded outcome: its actions are left out of training, not scored 0.
-                for action in episode.actions:
-                    rewards[id(action)] = None
-                continue
-            scores = [
-                (a.coach or {}).get("reward") if (a.coach or {}).get("valid") else None
-                for a in episode.actions
-            ]
-            outcome = float(episode.outcome.get("reward", 0.0))
-            values = episode_action_rewards(
-                scores,
-                outcome,
-                config.credit_mode,
-                outcome_weight=config.outcome_weight,
-                backprop_decay=config.backprop_decay,
-            )
-            for action, value in zip(episode.actions, values):
-                rewards[id(action)] = value
-        return rewards
+            for sample in episode.actions:
+                credit = sample.credit
+                if credit is None:
+                    if config.credit_mode == "process":
+                        continue  # rows from before credit was recorded held process rewards
+                    raise ValueError(
+                        f"an action of episode {episode.episode_id} does not say under which "
+                        f"credit its reward was paid, and credit_mode={config.credit_mode!r} "
+                        "cannot be taken on trust: roll it out again with this version"
+                    )
+                keys = ("mode", *used.get(config.credit_mode, ()))
+                differ = {k: credit.get(k) for k in keys if credit.get(k) != wanted[k]}
+                if differ:
+                    raise ValueError(
+                        f"episode {episode.episode_id} was paid under credit {differ}, but the "
+                        f"config asks for { ({k: wanted[k] for k in differ}) }: the environment "
+                        "owns the reward, so make the env_factory's environments with "
+                        f"credit_mode={config.credit_mode!r} (and its weights), or change "
+                        "the config"
+                    )
 
     def _logprobs(self, model: Any, rows: Sequence[ActionSample], pad_id: int) -> torch.Tensor:
         config = self.config
@@ -834,9 +864,7 @@ class Trainer:
 
         return shard_logprobs(score, rows, config, pad_id=pad_id, device=self.device)
 
-    def _prepare(
-        self, samples: list[ActionSample], rewards: dict[int, float | None]
-    ) -> dict[str, PreparedRows]:
+    def _prepare(self, samples: list[ActionSample]) -> dict[str, PreparedRows]:
         """Every trained agent's usable actions with their old and reference log-probs."""
         usable: dict[str, list[ActionSample]] = {}
         skipped: dict[str, tuple[int, int]] = {}
@@ -851,7 +879,7 @@ class Trainer:
                     invalid += 1  # an untrainable generation (no exact ids)
                 elif sample.finish_reason == "length" and self.config.mask_truncated:
                     cut += 1
-                elif rewards.get(id(sample)) is None:
+                elif sample.trainable_reward is None:
                     invalid += 1
                 else:
                     kept.append(sample)
@@ -871,7 +899,7 @@ class Trainer:
             mask = torch.zeros_like(old)
             for i, sample in enumerate(kept):
                 mask[i, : len(sample.response_ids)] = 1.0
-            values = torch.tensor([float(rewards[id(s)]) for s in kept])
+            values = torch.tensor([s.trainable_reward for s in kept])
             prepared[agent] = PreparedRows(kept, values, old, ref, mask, cut, invalid)
         return prepared
 

@@ -15,6 +15,7 @@ says why; any other difference is a bug.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import math
@@ -91,7 +92,8 @@ def _one_process(mode: str, root: Path, model_dir: Path) -> dict[str, Any]:
     from tests.toy_env import LetterPairEnv
 
     config = _settings(root / f"one-{mode}", model_dir, credit_mode=mode)
-    trainer = Trainer(config, env_factory=LetterPairEnv, eval_env_factory=LetterPairEnv)
+    envs = functools.partial(LetterPairEnv, credit_mode=mode)
+    trainer = Trainer(config, env_factory=envs, eval_env_factory=envs)
     history = trainer.train()
     return {
         "metrics": [comparable(m) for m in history],
@@ -109,7 +111,8 @@ def _ray(mode: str, root: Path, model_dir: Path) -> dict[str, Any]:
     config = _settings(
         root / f"ray-{mode}", model_dir, credit_mode=mode, distributed="ray", ranks_per_agent=2
     )
-    trainer = RayTrainer(config, env_factory=LetterPairEnv, eval_env_factory=LetterPairEnv)
+    envs = functools.partial(LetterPairEnv, credit_mode=mode)
+    trainer = RayTrainer(config, env_factory=envs, eval_env_factory=envs)
     history = trainer.train()  # closes the groups at the end
     # The driver's rollout copy holds exactly its group's weights after each sync.
     weights = {

@@ -13,7 +13,6 @@ from mappa_train.algorithms.baselines import (  # noqa: E402
     grpo_advantages,
     rloo_advantages,
 )
-from mappa_train.algorithms.credit import episode_action_rewards  # noqa: E402
 from mappa_train.algorithms.reinforce_pp import (  # noqa: E402
     clip_fraction,
     discounted_returns,
@@ -124,22 +123,6 @@ def test_clipped_loss_gradient_equals_reinforce_gradient_at_ratio_one():
     (grad_reinforce,) = torch.autograd.grad(reinforce, logits)
     assert torch.allclose(grad_ppo, grad_reinforce, atol=1e-6)
     assert grad_ppo.abs().sum() > 0
-
-
-def test_credit_modes():
-    scores = [0.9, 0.8, None, 1.0]
-    assert episode_action_rewards(scores, 0.0, "process") == scores
-    assert episode_action_rewards(scores, 0.0, "outcome") == [0.0] * 4
-    mixed = episode_action_rewards(scores, 0.0, "mixed", outcome_weight=0.25)
-    assert mixed[0] == pytest.approx(0.675)
-    assert mixed[2] is None
-    back = episode_action_rewards(scores, 0.0, "backprop", backprop_decay=0.5)
-    # error = 0 - 1.0 = -1, shares 0.5^(3 - i): last -> 0, third invalid,
-    # second 0.8 - 0.25 = 0.55, first 0.9 - 0.125 = 0.775
-    assert back == [pytest.approx(0.775), pytest.approx(0.55), None, 0.0]
-    assert episode_action_rewards([0.5, None], 1.0, "backprop") == [0.5, None]
-    with pytest.raises(ValueError, match="unknown credit mode"):
-        episode_action_rewards(scores, 0.0, "magic")
 
 
 def test_group_baselines_and_singletons():

@@ -45,7 +45,7 @@ def test_registered_with_mappa_and_pettingzoo():
 
 
 def test_a_correct_function_earns_the_outcome_and_ends_the_coders_slot():
-    env = PlannerCoderEnv(sandbox=InProcessSandbox, reward_mode="mixed")
+    env = PlannerCoderEnv(sandbox=InProcessSandbox, credit_mode="mixed")
     returns = play(env, {"planner": ["1. write add\n2. return a + b"], "coder": [GOOD_CODE]})
     assert env.outcome["correct"] is True
     assert env.outcome["passed"] == env.outcome["cases"] == HIDDEN_CASES
@@ -113,7 +113,7 @@ def test_hidden_cases_are_drawn_for_each_episode():
     ],
 )
 def test_ways_around_the_task_earn_no_outcome(cheat):
-    env = PlannerCoderEnv(sandbox=InProcessSandbox, reward_mode="outcome")
+    env = PlannerCoderEnv(sandbox=InProcessSandbox, credit_mode="outcome")
     returns = play(env, {"planner": ["plan"], "coder": [f"```python\n{cheat}\n```"] * 3})
     assert env.outcome["correct"] is False
     assert returns["coder"] == 0.0

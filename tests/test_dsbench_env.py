@@ -240,7 +240,7 @@ def test_pettingzoo_api_and_seed_tests():
 
 
 def test_invalid_reward_is_nan_only_with_a_failing_coach():
-    env = make_env(sandbox=None, reward_mode="outcome", coach=None)
+    env = make_env(sandbox=None, credit_mode="outcome", coach=None)
     env.reset(options={"task_id": "iris"})
     env.step("hello")
     assert env.rewards["data_engineer"] == 0.0

@@ -289,19 +289,20 @@ def test_turn_limits_are_configurable():
     env.close()
 
 
-# ---------------------------------------------------------------- reward modes and coach failures
+# ---------------------------------------------------------------- credit modes and coach failures
 
 
 def test_outcome_mode_gives_the_outcome_to_every_action():
-    env = make_env(reward_mode="outcome")
+    env = make_env(credit_mode="outcome")
     returns = play(env, GOOD_SCRIPT)
-    assert all(r.reward == 0.0 for r in env.transcript)
+    # Paid at the end: every action's final reward is the outcome.
+    assert all(r.reward == 1.0 and r.reward_valid for r in env.transcript)
     assert returns == {"problem_solver": 1.0, "code_executor": 2.0, "verifier": 1.0}
     env.close()
 
 
 def test_mixed_mode_weights_coach_and_outcome():
-    env = make_env(reward_mode="mixed", outcome_weight=0.25)
+    env = make_env(credit_mode="mixed", outcome_weight=0.25)
     returns = play(env, GOOD_SCRIPT)
     assert returns["problem_solver"] == pytest.approx(0.75 * 1.0 + 0.25)
     assert returns["code_executor"] == pytest.approx(0.75 * 1.8 + 0.25 * 2)
@@ -309,7 +310,7 @@ def test_mixed_mode_weights_coach_and_outcome():
 
 
 def test_outcome_mode_runs_without_a_coach():
-    env = make_env(coach=None, reward_mode="outcome")
+    env = make_env(coach=None, credit_mode="outcome")
     play(env, GOOD_SCRIPT)
     assert env.infos == {}  # all agents were removed by their dead steps
     assert env.state()["outcome"]["correct"] is True
@@ -401,8 +402,8 @@ def test_oversize_action_is_cut_and_flagged():
 
 
 def test_unknown_options_are_rejected_clearly():
-    with pytest.raises(ValueError, match="reward_mode"):
-        make_env(reward_mode="best")
+    with pytest.raises(ValueError, match="unknown credit mode 'best'"):
+        make_env(credit_mode="best")
     with pytest.raises(ValueError, match="sandbox"):
         make_env(sandbox="docker")
     with pytest.raises(ValueError, match="unknown environment"):

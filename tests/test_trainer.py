@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -82,7 +83,8 @@ _toy_config = toy_train_config
 def test_training_improves_a_learnable_behaviour(tmp_path, credit_mode):
     model_dir = tiny_model_dir(tmp_path / "model")
     config = _toy_config(tmp_path, model_dir, credit_mode=credit_mode)
-    trainer = Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
+    envs = functools.partial(LetterEnv, credit_mode=credit_mode)
+    trainer = Trainer(config, env_factory=envs, eval_env_factory=envs)
     history = trainer.train()
     rewards = [m["writer/mean_reward"] for m in history]
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3

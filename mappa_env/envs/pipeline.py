@@ -2,8 +2,9 @@
 
 Both MathChat-v0 and DSBench-v0 are pipelines: agents act in a fixed order, each for
 one or more turns; every action may run code in a sandbox and is scored by a coach.
-This module holds what they share: the PettingZoo bookkeeping, reward modes, coach
-calls, action validation, transcripts and the sync layer over the async core.
+This module holds what they share: the PettingZoo bookkeeping, credit (each action's
+reward, :mod:`mappa_env.credit`), coach calls, action validation, transcripts and the
+sync layer over the async core.
 
 The async core (:meth:`PipelineEnv.areset`, :meth:`PipelineEnv.astep`) lets a batched
 runner drive many episodes in one event loop, so coach calls and sandbox runs of
@@ -17,11 +18,12 @@ import asyncio
 import logging
 import math
 import tempfile
+import warnings
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import gymnasium
 from pettingzoo import AECEnv
@@ -37,14 +39,20 @@ from mappa_env.coach.base import (
     RevealPolicy,
     Rubric,
 )
+from mappa_env.credit import (
+    COACH_MODES,
+    CREDIT_MODES,
+    CreditMode,
+    check_credit,
+    episode_action_rewards,
+    provisional_reward,
+)
 from mappa_env.sandbox.base import ExecError, ExecResult, Sandbox, SandboxFactory, check_sandbox
 from mappa_env.sandbox.isolation import Confinement, IsolationMode, resolve_confinement
 from mappa_env.spaces import UnicodeText, make_observation, text_observation_space
 
 logger = logging.getLogger(__name__)
 
-RewardMode = Literal["process", "outcome", "mixed"]
-REWARD_MODES: tuple[str, ...] = ("process", "outcome", "mixed")
 REVEAL_POLICIES: tuple[str, ...] = ("never", "last_agent", "always")
 
 #: Bound on observation text; parts of prompts are cut well before this.
@@ -97,8 +105,12 @@ class ActionRecord:
         action_truncated: True when the submitted action was longer than allowed.
         tool: What running the action did.
         verdict: The coach's verdict, or ``None`` when no coach was called.
-        reward: The step reward given for this action (NaN for an invalid verdict in
-            ``process`` mode).
+        reward: The action's reward under the environment's credit mode: provisional
+            while the episode runs, final once it has ended
+            (:mod:`mappa_env.credit`); ``invalid_reward`` (NaN by default) when it
+            rests on an invalid coach verdict.
+        reward_valid: False when ``reward`` rests on an invalid verdict (or the episode
+            could not be credited): it must not be trained on.
     """
 
     agent: str
@@ -109,6 +121,7 @@ class ActionRecord:
     tool: ToolOutcome
     verdict: CoachVerdict | None = None
     reward: float = 0.0
+    reward_valid: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (JSON-serialisable) of the record."""
@@ -123,6 +136,7 @@ class ActionRecord:
             "tool_output": self.tool.output,
             "coach": None if self.verdict is None else self.verdict.to_dict(),
             "reward": self.reward,
+            "reward_valid": self.reward_valid,
         }
 
 
@@ -141,6 +155,9 @@ class PipelineEnv(AECEnv):
             coach, or ``None`` when the environment has none.
         shows_workspace: The coach is shown the workspace's file list (even when empty).
         tool_agent: The agent whose tool use is the headline of reports, if any.
+        reports_agent_correct: :meth:`episode_outcome` says, for every agent that acted,
+            whether its own final answer was right (``"agent_correct"``), which the
+            ``agent_oracle`` credit mode pays.
         default_code_timeout_s: ``code_timeout_s`` when none is given.
 
     Required hooks: :meth:`role_description`, :meth:`agent_messages`,
@@ -158,21 +175,30 @@ class PipelineEnv(AECEnv):
     ``examples/custom_env.py`` for a complete environment in one file.
 
     Args:
-        coach: Scores every action; ``None`` is allowed only in ``outcome`` mode.
-        reward_mode: ``"process"`` (the coach's score of each action, scaled to [0, 1]),
-            ``"outcome"`` (only the episode's outcome, given to every action at the end)
-            or ``"mixed"`` (``(1 - w) * coach + w * outcome`` per action, ``w`` =
-            ``outcome_weight``).
-        outcome_weight: Weight ``w`` of the outcome in ``mixed`` mode.
+        coach: Scores every action; ``None`` is allowed only with a credit mode that
+            does not use it (``outcome``, ``agent_oracle``).
+        credit_mode: How each action's reward is made (:mod:`mappa_env.credit`):
+            ``"process"`` (the coach's score of the action, scaled to [0, 1]),
+            ``"outcome"`` (the episode's outcome, given to every action),
+            ``"agent_oracle"`` (whether the acting agent's own final answer is right),
+            ``"mixed"`` (``(1 - w) * coach + w * outcome``) or ``"backprop"`` (the
+            outcome's disagreement with the final coach score passed back upstream).
+            Rewards that need the outcome are paid at the episode's end: each action's
+            step reward is provisional until then, and the end pays every agent the
+            difference, so an agent's return is the sum of its actions' final rewards.
+        reward_mode: Former name of ``credit_mode`` (deprecated).
+        outcome_weight: Weight ``w`` of the outcome in ``mixed`` credit.
+        backprop_decay: Decay per action of the outcome's error in ``backprop`` credit.
         reveal: Which actions the coach judges with the ground truth in view; ``None``
             takes the coach's own ``default_reveal`` (the rules coach needs the truth
             everywhere; LLM coaches default to the last agent, as in the paper).
         max_action_chars: Longer actions are cut to this length; ``infos`` flags it.
         max_cycles: Truncate the episode after this many actions in total (all agents
             together); ``None`` bounds episodes only by the agents' turn limits.
-        invalid_reward: Step reward used when the coach's verdict is invalid in
-            ``process``/``mixed`` mode. NaN by default, so a failed judgement can never
-            pass for a real score; ``infos[agent]["reward_valid"]`` is False either way.
+        invalid_reward: Reward recorded when it rests on an invalid coach verdict
+            (``process``, ``mixed``, ``backprop``). NaN by default, so a failed judgement
+            can never pass for a real score; ``infos[agent]["reward_valid"]`` is False
+            either way.
         render_mode: ``None``, ``"ansi"`` (``render()`` returns the transcript) or
             ``"human"`` (``render()`` prints it).
         seed: Seeds task order.
@@ -210,6 +236,8 @@ class PipelineEnv(AECEnv):
     shows_workspace: ClassVar[bool] = False
     #: The agent whose tool use reports single out (``None``: none in particular).
     tool_agent: ClassVar[str | None] = None
+    #: Whether ``episode_outcome()`` reports ``"agent_correct"`` (``agent_oracle`` credit).
+    reports_agent_correct: ClassVar[bool] = False
     #: ``code_timeout_s`` when the caller gives none.
     default_code_timeout_s: ClassVar[float] = 30.0
 
@@ -224,8 +252,10 @@ class PipelineEnv(AECEnv):
         self,
         *,
         coach: Coach | str | None,
-        reward_mode: RewardMode = "process",
+        credit_mode: CreditMode = "process",
         outcome_weight: float = 0.5,
+        backprop_decay: float = 0.5,
+        reward_mode: str | None = None,
         reveal: RevealPolicy | None = None,
         max_action_chars: int = 32_768,
         max_cycles: int | None = None,
@@ -273,15 +303,27 @@ class PipelineEnv(AECEnv):
             from mappa_env.coach import make_coach
 
             coach = make_coach(coach)
-        if reward_mode not in REWARD_MODES:
-            raise ValueError(f"reward_mode must be one of {REWARD_MODES}, got {reward_mode!r}")
-        if coach is None and reward_mode != "outcome":
-            raise ValueError(
-                f"reward_mode={reward_mode!r} needs a coach; pass coach=... "
-                "or use reward_mode='outcome'"
+        if reward_mode is not None:
+            warnings.warn(
+                "reward_mode is deprecated: pass credit_mode (the same values, and more)",
+                DeprecationWarning,
+                stacklevel=2,
             )
-        if not 0.0 <= outcome_weight <= 1.0:
-            raise ValueError(f"outcome_weight must be in [0, 1], got {outcome_weight}")
+            credit_mode = reward_mode  # type: ignore[assignment]
+        check_credit(credit_mode, outcome_weight, backprop_decay)
+        if coach is None and credit_mode in COACH_MODES:
+            free = [m for m in CREDIT_MODES if m not in COACH_MODES]
+            raise ValueError(
+                f"credit_mode={credit_mode!r} needs a coach; pass coach=... "
+                f"or use a credit mode that needs none ({', '.join(free)})"
+            )
+        if credit_mode == "agent_oracle" and not self.reports_agent_correct:
+            raise ValueError(
+                f"{type(self).__name__} cannot pay agent_oracle credit: its episode_outcome() "
+                "does not say whether each agent's own answer was right (set the class "
+                "attribute reports_agent_correct = True once it returns 'agent_correct'); "
+                f"use one of {[m for m in CREDIT_MODES if m != 'agent_oracle']}"
+            )
         if reveal is None:
             reveal = getattr(coach, "default_reveal", "last_agent")
         if reveal not in REVEAL_POLICIES:
@@ -296,8 +338,9 @@ class PipelineEnv(AECEnv):
                 f"got {render_mode!r}"
             )
         self.coach = coach
-        self.reward_mode: RewardMode = reward_mode
+        self.credit_mode: CreditMode = credit_mode
         self.outcome_weight = float(outcome_weight)
+        self.backprop_decay = float(backprop_decay)
         self.reveal: RevealPolicy = reveal
         self.max_action_chars = int(max_action_chars)
         self.max_cycles = max_cycles
@@ -529,7 +572,7 @@ class PipelineEnv(AECEnv):
             )
         if self.coach is not None:
             record.verdict = await self._judge(record)
-        record.reward = self._step_reward(record.verdict)
+        record.reward, record.reward_valid = self._provisional_reward(record.verdict)
         self.transcript.append(record)
         self.turns[agent] += 1
         self.rewards[agent] = record.reward
@@ -710,14 +753,47 @@ class PipelineEnv(AECEnv):
                 f"coach raised {type(exc).__name__}: {exc}", coach=self.coach.name
             )
 
-    def _step_reward(self, verdict: CoachVerdict | None) -> float:
-        if self.reward_mode == "outcome":
-            return 0.0
-        coach_reward = None if verdict is None else verdict.reward
-        if coach_reward is None:
-            return self.invalid_reward
-        weight = 1.0 if self.reward_mode == "process" else 1.0 - self.outcome_weight
-        return weight * coach_reward
+    def _provisional_reward(self, verdict: CoachVerdict | None) -> tuple[float, bool]:
+        """``(reward, valid)`` of an action when it is taken (see :mod:`mappa_env.credit`)."""
+        score = None if verdict is None else verdict.reward
+        reward = provisional_reward(score, self.credit_mode, self.outcome_weight)
+        return (self.invalid_reward, False) if reward is None else (reward, True)
+
+    @property
+    def credit_settings(self) -> dict[str, Any]:
+        """The credit mode and its weights, as recorded in ``infos`` and trajectories."""
+        return {
+            "mode": self.credit_mode,
+            "outcome_weight": self.outcome_weight,
+            "backprop_decay": self.backprop_decay,
+        }
+
+    def _final_rewards(self, outcome: Mapping[str, Any]) -> list[float | None]:
+        """Every action's final reward under the credit mode, in transcript order."""
+        scores = [
+            None if r.verdict is None or not r.verdict.valid else r.verdict.reward
+            for r in self.transcript
+        ]
+        agent_correct = None
+        if self.credit_mode == "agent_oracle":
+            correct = outcome.get("agent_correct")
+            if not isinstance(correct, Mapping):
+                raise RuntimeError(
+                    f"{type(self).__name__}.episode_outcome() returned no 'agent_correct' "
+                    "mapping, which agent_oracle credit pays"
+                )
+            agent_correct = [
+                None if correct.get(r.agent) is None else float(bool(correct[r.agent]))
+                for r in self.transcript
+            ]
+        return episode_action_rewards(
+            scores,
+            float(outcome.get("reward", 0.0)),
+            self.credit_mode,
+            outcome_weight=self.outcome_weight,
+            backprop_decay=self.backprop_decay,
+            agent_correct=agent_correct,
+        )
 
     def _step_info(self, record: ActionRecord) -> dict[str, Any]:
         verdict = record.verdict
@@ -732,9 +808,8 @@ class PipelineEnv(AECEnv):
             "tool": None if record.tool.result is None else record.tool.result.to_dict(),
             "tool_output": record.tool.output,
             "coach": None if verdict is None else verdict.to_dict(),
-            "reward_mode": self.reward_mode,
-            "reward_valid": self.reward_mode == "outcome"
-            or (verdict is not None and verdict.valid),
+            "credit": self.credit_settings,
+            "reward_valid": record.reward_valid,
             **record.tool.extra,
         }
 
@@ -797,17 +872,26 @@ class PipelineEnv(AECEnv):
         outcome = dict(await self.episode_outcome())
         outcome["truncated"] = truncated
         self.outcome = outcome
-        end_weight = {"process": 0.0, "outcome": 1.0, "mixed": self.outcome_weight}[
-            self.reward_mode
-        ]
-        outcome_reward = float(outcome.get("reward", 0.0))
+        # Each action's reward becomes final; every agent is paid what its actions were
+        # not paid along the way, so its return is the sum of their final rewards.
+        owed = dict.fromkeys(self.agents, 0.0)
+        for record, final in zip(self.transcript, self._final_rewards(outcome)):
+            paid = record.reward if record.reward_valid else None
+            record.reward, record.reward_valid = (
+                (self.invalid_reward, False) if final is None else (final, True)
+            )
+            if final is not None and final != paid and record.agent in owed:
+                owed[record.agent] += final - (paid or 0.0)
         for agent in self.agents:
-            n_actions = len(self.records_of(agent))
-            if end_weight:
-                # Every action of the agent earns the outcome reward, so its return is
-                # the sum over its actions (what a per-action trainer sees).
-                self.rewards[agent] += end_weight * outcome_reward * n_actions
-            self.infos[agent] = {**self.infos[agent], "outcome": outcome}
+            if owed[agent]:
+                self.rewards[agent] += owed[agent]
+            self.infos[agent] = {
+                **self.infos[agent],
+                "outcome": outcome,
+                "action_rewards": [
+                    r.reward if r.reward_valid else None for r in self.records_of(agent)
+                ],
+            }
             if truncated:
                 self.truncations[agent] = True
             else:
