@@ -16,6 +16,7 @@ from mappa_env.grading import (
     answers_match,
     answers_match_any,
     answers_match_async,
+    boxed_answers,
     extract_boxed,
 )
 
@@ -28,7 +29,7 @@ from mappa_env.grading import (
     ("text", "expected"),
     [
         (r"so \boxed{42}.", "42"),
-        (r"first \boxed{1} then \boxed{2}", "2"),
+        (r"first \boxed{2} then \boxed{2}", "2"),
         (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),
         (r"\boxed{\frac{\sqrt{3}}{\left(2\right)}}", r"\frac{\sqrt{3}}{\left(2\right)}"),
         (r"\boxed{\{1, 2\}}", r"\{1, 2\}"),
@@ -69,6 +70,83 @@ def test_extract_boxed_finds_the_final_answer(text, expected):
 )
 def test_extract_boxed_returns_none_without_an_answer(text):
     assert extract_boxed(text) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        r"\boxed{42} \boxed{6534}",
+        r"first \boxed{1} then \boxed{2}",
+        r"\boxed{6534} or maybe \boxed{6535}. The final answer is 6534.",
+        r"\boxed{\frac{1}{2}} \boxed{0.25}",
+        r"\boxed{6534} \boxed{x = 6533}",
+    ],
+)
+def test_several_different_boxed_answers_are_no_answer(text):
+    # Taking the last box would let a hedge ("\boxed{42} \boxed{6534}") pass.
+    assert extract_boxed(text) is None
+    assert extract_boxed(text, fallback=False) is None
+    assert len(boxed_answers(text)) == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (r"\boxed{6534} so again \boxed{6534}", "6534"),
+        (r"\boxed{6,534} so \boxed{6534}", "6534"),
+        (r"\boxed{x = 6534}, i.e. \boxed{6534.0}", "6534.0"),
+        (r"\boxed{\frac{1}{2}} = \boxed{0.5}", "0.5"),
+        (r"\boxed{\dfrac{1}{2}} or \boxed{\frac12}", r"\frac12"),
+        (r"\boxed{5 \text{ cm}} and \boxed{5}", "5"),
+        (r"\boxed{\sqrt{2}} \boxed{\sqrt{2}}", r"\sqrt{2}"),
+    ],
+)
+def test_boxes_holding_equal_answers_are_one_answer(text, expected):
+    assert extract_boxed(text) == expected
+    assert boxed_answers(text) == [expected]
+
+
+def test_boxed_answers_lists_each_different_answer_once():
+    text = r"\boxed{42} \boxed{6534} \boxed{42.0} <think>\boxed{7}</think>"
+    assert boxed_answers(text) == ["42.0", "6534"]
+    assert boxed_answers(r"\boxed{}") == []
+    assert boxed_answers(None) == []
+
+
+def test_a_trusted_solution_can_take_its_last_box():
+    text = r"first \boxed{1} then \boxed{2}"
+    assert extract_boxed(text, last_box_wins=True) == "2"
+    assert extract_boxed(r"\boxed{NUMBER} then \boxed{3}", last_box_wins=True) == "3"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        r"The final answer is \boxed{NUMBER}",
+        r"\boxed{answer}",
+        r"\boxed{\text{your answer}}",
+        r"\boxed{ANSWER_HERE}",
+        r"\boxed{...}",
+        r"\boxed{<number>}",
+        r"The final answer is \boxed{}",
+    ],
+)
+def test_a_placeholder_box_is_no_answer(text):
+    assert extract_boxed(text) is None
+
+
+def test_a_placeholder_box_does_not_hide_a_real_one():
+    assert extract_boxed(r"Format: \boxed{NUMBER}. Here: \boxed{42}") == "42"
+    assert extract_boxed(r"\boxed{NUMBER}. The answer is 42.") == "42"
+
+
+def test_many_boxes_are_read_fast():
+    different = " ".join(rf"\boxed{{{i}}}" for i in range(20_000))
+    same = " ".join([r"\boxed{6,534}", r"\boxed{6534}"] * 10_000)
+    start = time.perf_counter()
+    assert extract_boxed(different) is None
+    assert extract_boxed(same) == "6534"
+    assert time.perf_counter() - start < 2.0
 
 
 def test_extract_boxed_fallbacks_can_be_disabled():

@@ -187,6 +187,16 @@ def test_copying_the_problem_as_the_answer_earns_nothing():
     env.close()
 
 
+def test_a_verifier_boxing_two_answers_is_not_correct():
+    script = {**GOOD_SCRIPT, "verifier": ["\\boxed{42} \\boxed{121932631112635269}"]}
+    env = make_env()
+    play(env, script)
+    assert env.state()["outcome"]["correct"] is False
+    assert env.state()["outcome"]["predicted"] is None
+    assert env.transcript[-1].reward == 0.0
+    env.close()
+
+
 def test_code_error_is_reported_to_agent_and_coach():
     env = make_env()
     env.reset(options={"task": TASK})

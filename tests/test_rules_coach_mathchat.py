@@ -112,6 +112,14 @@ RAISED = {"ok": False, "stdout": "", "error": {"name": "NameError"}, "timed_out"
         ("verifier", "Final: \\boxed{12 * 11 - 10}", None, {}, 2),
         ("verifier", "Final: \\boxed{12 \\times 11 - 10}", None, {}, 2),
         ("verifier", "Final: \\boxed{1342/11}", None, {}, 2),
+        # Several different boxed answers are no answer: a hedge is not a choice.
+        ("verifier", "\\boxed{120} or rather \\boxed{122}", None, {}, 0),
+        ("verifier", "\\boxed{122} and again \\boxed{122.0}", None, {}, 10),
+        # A placeholder in the box is format without an answer: no answer.
+        ("verifier", "The final answer is \\boxed{NUMBER}", None, {}, 0),
+        ("verifier", "\\boxed{answer}", None, {}, 0),
+        ("verifier", "\\boxed{}", None, {}, 0),
+        ("code_executor", "\\boxed{120} \\boxed{122}", None, {"earlier_stdout": "122\n"}, 1),
     ],
 )
 def test_each_row_of_the_rubric(agent, action, tool, metadata, score):

@@ -5,8 +5,10 @@ rubric (a function ``CoachRequest -> (score, analysis)``); :class:`RulesCoach` p
 the rubric by ``request.env_id``. Users add rubrics for their own environments by
 passing ``rubrics={"MyEnv-v0": my_rubric}``.
 
-MathChat-v0 rubric (scores out of 10). "Answer" means the last ``\boxed{}`` of the
-action, or a fallback ("the answer is 5") where noted; correctness is judged with
+MathChat-v0 rubric (scores out of 10). "Answer" means the boxed answer of the action
+(:func:`mappa_env.grading.math.extract_boxed`: several different boxed answers, an
+empty box or a placeholder such as ``\boxed{NUMBER}`` are no answer), or a fallback
+("the answer is 5") where noted; correctness is judged with
 :func:`mappa_env.grading.math.answers_match` against the ground truth.
 
 problem_solver:
@@ -34,7 +36,8 @@ verifier:
      4  correct answer only as a fallback (no box): right, but in the wrong format
      2  boxed answer wrong (right format, wrong answer: above a missing one)
      1  a wrong answer, not boxed (an answer was given at all)
-     0  no answer
+     0  no answer (a box holding a placeholder or two different answers included: a
+        format without an answer, or a hedge, must not pay more than a plain wrong answer)
 
 The gaps are chosen so that no cheap behaviour (an empty reply, printing many numbers,
 copying an upstream answer without checking) outscores doing the job.
