@@ -52,7 +52,7 @@ RAISED = {"ok": False, "stdout": "", "error": {"name": "NameError"}, "timed_out"
         ("code_executor", "```python\nn = 11\nprint(12 * n - 10)\n```", ran("122\n"), {}, 10),
         ("code_executor", "```python\n%time print(122)\n```", ran("122\n"), {}, 6),
         ("code_executor", "```python\nx: int = 122\nprint(x)\n```", ran("122\n"), {}, 6),
-        # Computed, though the answer's digits appear in a format spec or a start value.
+        # Computed, though the answer's digits appear in a format spec.
         (
             "code_executor",
             "```python\nx = 12 * 11 - 10\nprint(f'{x:.122}')\n```",
@@ -60,12 +60,13 @@ RAISED = {"ok": False, "stdout": "", "error": {"name": "NameError"}, "timed_out"
             {},
             10,
         ),
+        # The answer as a start value that the code only pretends to update is a copy.
         (
             "code_executor",
             "```python\nt = 122\nfor i in range(3):\n    t += 0\nprint(t)\n```",
             ran("122\n"),
             {},
-            10,
+            6,
         ),
         (
             "code_executor",
@@ -97,6 +98,13 @@ RAISED = {"ok": False, "stdout": "", "error": {"name": "NameError"}, "timed_out"
             {"earlier_stdout": "122\n", "earlier_code": "print(122)"},
             6,
         ),
+        (
+            "code_executor",
+            "So \\boxed{122}.",
+            None,
+            {"earlier_stdout": "122\n", "earlier_code": "print(int('122'))"},
+            6,
+        ),
         ("code_executor", "So \\boxed{122}.", None, {"earlier_stdout": ""}, 6),
         ("code_executor", "So \\boxed{7}.", None, {}, 2),
         ("code_executor", "Done.", None, {}, 1),
@@ -125,6 +133,85 @@ RAISED = {"ok": False, "stdout": "", "error": {"name": "NameError"}, "timed_out"
 def test_each_row_of_the_rubric(agent, action, tool, metadata, score):
     got, analysis = mathchat_rubric(request(agent, action, tool, **metadata))
     assert got == score, analysis
+
+
+PRODUCT = "Compute 76 * 89 - 230."
+
+
+def code_request(code: str, stdout: str, *, task: str = PRODUCT, truth: str = "6534"):
+    return CoachRequest(
+        env_id="MathChat-v0",
+        task_id="t",
+        task=task,
+        agent="code_executor",
+        system_description="",
+        role_description="",
+        agent_input=(),
+        action=f"```python\n{code}\n```",
+        tool_result=ran(stdout),
+        ground_truth=truth,
+    )
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "print(6534)",
+        "print(6534+0)",
+        "print(int('6534'))",
+        'print(float("6534"))',
+        "print('%d' % 6534)",
+        "x = 6534; y = x; print(y)",
+        "print(-(-6534))",
+        "print(6_534 * 1)",
+        "print(int('6_534'))",
+        "print(0x1986)",
+        "x = 76 * 89 - 230\nassert x == 6534\nprint(x)",
+        "import itertools\nprint(next(n for n in itertools.count() if n == 6534))",
+    ],
+)
+def test_the_answer_written_anywhere_in_the_code_is_copied(code):
+    score, analysis = mathchat_rubric(code_request(code, "6534\n"))
+    assert score == 6, analysis
+    assert "copied" in analysis
+
+
+@pytest.mark.parametrize(
+    ("code", "stdout", "task", "truth"),
+    [
+        ("print(76 * 89 - 230)", "6534\n", PRODUCT, "6534"),
+        ("a, b, c = 76, 89, 230\nprint(a * b - c)", "6534\n", PRODUCT, "6534"),
+        ("x = 76 * 89 - 230\nprint(f'{x:,}')", "6,534\n", PRODUCT, "6534"),
+        ("print(-(76 * 89 - 230))", "-6534\n", PRODUCT, "-6534"),
+        # The problem states the number: writing it is how the problem is computed.
+        ("print(6534 + 0)", "6534\n", "Compute 6534 + 0.", "6534"),
+        ("print(2 ** 10)", "1024\n", "Compute 2 ** 10.", "1024"),
+        # Small integers are everywhere in honest code (a range start, an exponent).
+        (
+            "print(sum(1 for n in range(2, 5) if all(n % d for d in range(2, n))))",
+            "2\n",
+            "How many primes are less than 5?",
+            "2",
+        ),
+        ("x = 3\nprint(x ** 2 - 7)", "2\n", "What is 3 squared minus 7?", "2"),
+        (
+            "count = 0\nfor n in [1, 2, 3]:\n    if n % 7 == 0:\n        count += 1\nprint(count)",
+            "0\n",
+            "How many of 1, 2, 3 are multiples of 7?",
+            "0",
+        ),
+    ],
+)
+def test_honest_computations_still_score_full(code, stdout, task, truth):
+    score, analysis = mathchat_rubric(code_request(code, stdout, task=task, truth=truth))
+    assert score == 10, analysis
+
+
+def test_a_printed_literal_is_copied_even_when_the_problem_states_it():
+    score, _ = mathchat_rubric(code_request("print(6534)", "6534\n", task="Compute 6534 + 0."))
+    assert score == 6
+    score, _ = mathchat_rubric(code_request("print(0)", "0\n", task="Is 5 even?", truth="0"))
+    assert score == 6
 
 
 def test_the_verifier_ladder_rewards_each_step_toward_the_job():

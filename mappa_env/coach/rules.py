@@ -21,7 +21,9 @@ problem_solver:
 code_executor, a turn with code:
     10  the code ran and its last printed number is the correct answer, computed
      6  the code printed the correct answer, but as a number written in the code itself
-        (``print(393482)``: copied from the draft, not computed)
+        (``print(393482)``, ``print(393482 + 0)``, ``int('393482')``: copied from the
+        draft, not computed; see :func:`copied_literal` for what counts, and why a
+        number the problem states or a small integer does not)
      4  the code ran and printed a number that is not the correct answer
      2  the code ran but printed no number (nothing computed), or it raised, timed out
         or killed its interpreter
@@ -47,19 +49,17 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import re
 from collections.abc import Mapping
 
 from mappa_env.coach.base import CoachRequest, CoachVerdict, RevealPolicy, Rubric
+from mappa_env.grading.answers import last_number, numbers_in, stated_answer
+from mappa_env.grading.math import answers_match, answers_match_any
 from mappa_env.registry import registered_env_attribute
-from mappa_env.text import extract_code_blocks, ipython_as_python, strip_think
+from mappa_env.text import extract_code_blocks, ipython_as_python
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
-
-
-def _last_number(text: str) -> str | None:
-    matches = _NUMBER.findall(text)
-    return matches[-1].replace(",", "") if matches else None
+#: Integers this small are not taken for a copied answer when they merely appear in code
+#: (see :func:`copied_literal`); a printed one still is.
+SMALL_INTEGER = 10
 
 
 def _constant_text(node: ast.expr) -> str | None:
@@ -95,7 +95,7 @@ def _printed_literals(code: str) -> list[str]:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         # Code that ran but does not parse here (an integer literal over Python's
         # 4300-digit limit, say): every number written in it counts.
-        return [n.replace(",", "") for n in _NUMBER.findall(code)]
+        return numbers_in(code)
     last: dict[str, ast.expr] = {}
     updated: set[str] = set()
     assignments = [n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign))]
@@ -125,30 +125,101 @@ def _printed_literals(code: str) -> list[str]:
                 part = part.value
             text = _constant_text(part)
             if text is not None:
-                literals.extend(_NUMBER.findall(text) if isinstance(part, ast.Constant)
+                literals.extend(numbers_in(text) if isinstance(part, ast.Constant)
                                 and isinstance(part.value, str) else [text])  # fmt: skip
     return [literal.replace(",", "") for literal in literals]
 
 
-def _written_in(number: str, code: str) -> bool:
-    """Whether ``code`` printed ``number`` as a literal it holds (copied, not computed)."""
-    from mappa_env.grading.math import answers_match
+def _code_literals(code: str) -> list[str]:
+    """Every number written anywhere in ``code``.
 
-    return any(answers_match(literal, number) for literal in _printed_literals(code))
+    Its number constants, and the numbers inside its strings (``int('6534')``,
+    ``float("6534")``, ``'6_534'``), but not the format specs of f-strings
+    (``f'{x:.12}'`` formats, it states no number). In code that does not parse, every
+    number in the text.
+    """
+    try:
+        tree = ast.parse(ipython_as_python(code))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return numbers_in(code)
+    in_format_spec: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FormattedValue) and node.format_spec is not None:
+            in_format_spec.update(id(inner) for inner in ast.walk(node.format_spec))
+    literals: list[str] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Constant) or id(node) in in_format_spec:
+            continue
+        if isinstance(node.value, str):
+            # Python reads "6_534" as 6534 (int, float, Fraction, Decimal all do).
+            literals.extend(numbers_in(node.value.replace("_", "")))
+        else:
+            text = _constant_text(node)
+            if text is not None:
+                literals.append(text)
+    return literals
+
+
+def _same_magnitude(literal: str, number: str) -> bool:
+    """Whether ``literal`` is ``number`` up to its sign, on the grader's fast path."""
+    return answers_match(literal.lstrip("-"), number.lstrip("-"), timeout_s=0)
+
+
+def _is_small_integer(number: str) -> bool:
+    try:
+        return abs(int(number)) <= SMALL_INTEGER
+    except ValueError:
+        return False
+
+
+def copied_literal(number: str, code: str, problem: str) -> str | None:
+    """The literal of ``code`` that makes its printed ``number`` a copy, or None.
+
+    The number was written, not computed, when
+
+    1. ``code`` prints it as written: a printed constant, the constant last assigned to
+       a printed name, or a cell's last expression (``print(6534)``, ``x = 6534;
+       print(x)``), whatever the problem states; or
+    2. a literal equal to it (up to its sign) appears anywhere in ``code``: an
+       expression around it (``print(6534 + 0)``, ``print(-(-6534))``, ``'%d' % 6534``),
+       a name passed on (``x = 6534; y = x``), a string the code converts
+       (``int('6534')``) or a comparison (``assert x == 6534``: a literal in a test can
+       be routed to the output, ``next(n for n in count() if n == 6534)``, and
+       printing the computed value says the same). Two exceptions: a number the
+       problem itself states (``Compute 2 ** 10`` states 2 and 10: writing them is how
+       the problem is computed), and integers up to :data:`SMALL_INTEGER` in magnitude,
+       which honest code writes all the time (``range(2, n)``, ``x ** 2``, ``count =
+       0``, ``% 10``) and which an answer that small cannot be told apart from anyway
+       (``print(1 + 1)`` holds no 2).
+
+    Only a literal equal to the number counts: ``print(6533 + 1)`` is not caught.
+
+    Args:
+        number: A number the code printed.
+        code: The code (IPython lines are read as :func:`mappa_env.text.ipython_as_python`
+            does).
+        problem: The problem statement.
+
+    Returns:
+        The copied literal as written in the code, or None when the number was computed.
+    """
+    for literal in _printed_literals(code):
+        if _same_magnitude(literal, number):
+            return literal
+    if _is_small_integer(number):
+        return None
+    if any(_same_magnitude(stated, number) for stated in numbers_in(problem)):
+        return None
+    return next((lit for lit in _code_literals(code) if _same_magnitude(lit, number)), None)
 
 
 def _grade(answer: str | None, truths: tuple[str, ...]) -> bool:
-    from mappa_env.grading.math import answers_match_any
-
     return answer is not None and answers_match_any(answer, truths)
 
 
 def _answers(text: str) -> tuple[str | None, str | None]:
     """``(boxed answer, answer found by fallback)`` of an action."""
-    from mappa_env.grading.math import extract_boxed
-
-    visible = strip_think(text)
-    return extract_boxed(visible, fallback=False), extract_boxed(visible, fallback=True)
+    return stated_answer(text, fallback=False), stated_answer(text, fallback=True)
 
 
 def mathchat_rubric(request: CoachRequest) -> tuple[float, str]:
@@ -181,13 +252,14 @@ def mathchat_rubric(request: CoachRequest) -> tuple[float, str]:
                 err = tool.get("error") or {}
                 why = "timed out" if tool.get("timed_out") else err.get("name", "failed")
                 return 2.0, f"The code {why}."
-            printed = _last_number(tool.get("stdout", ""))
+            printed = last_number(tool.get("stdout", ""))
             code = "\n".join(extract_code_blocks(request.action))
             if _grade(printed, truth):
-                if _written_in(printed, code):
+                copied = copied_literal(printed, code, request.task)
+                if copied is not None:
                     return 6.0, (
                         f"The code printed the correct answer {printed}, but it is written in "
-                        "the code itself: copied, not computed."
+                        f"the code itself ({copied}): copied, not computed."
                     )
                 return 10.0, f"The code ran and printed the correct answer {printed}."
             if printed is None:
@@ -199,9 +271,11 @@ def mathchat_rubric(request: CoachRequest) -> tuple[float, str]:
             return 1.0, "No code and no answer."
         if not _grade(answer, truth):
             return 2.0, f"Answer {answer} is wrong."
-        earlier = _last_number(request.metadata.get("earlier_stdout", ""))
-        computed = not _written_in(earlier or "", request.metadata.get("earlier_code", ""))
-        if _grade(earlier, truth) and computed:
+        earlier = last_number(request.metadata.get("earlier_stdout", ""))
+        earlier_code = request.metadata.get("earlier_code", "")
+        copied = None if earlier is None else copied_literal(earlier, earlier_code, request.task)
+        computed = earlier is not None and copied is None
+        if computed and _grade(earlier, truth):
             return 8.0, f"Correct answer {answer}, backed by its code's output."
         return 6.0, f"Correct answer {answer}, but not backed by code output."
 
