@@ -150,6 +150,15 @@ def test_scripted_correct_episode_gets_high_rewards_for_everyone():
     env.close()
 
 
+def test_rerunning_the_same_cell_is_not_paid_twice():
+    script = {**GOOD_SCRIPT, "code_executor": [GOOD_SCRIPT["code_executor"][0]] * 2}
+    env = make_env()
+    play(env, script)
+    rewards = [r.reward for r in env.transcript if r.agent == "code_executor"]
+    assert rewards == [1.0, 0.7]
+    env.close()
+
+
 def test_scripted_wrong_code_blames_the_code_executor():
     env = make_env()
     script = {

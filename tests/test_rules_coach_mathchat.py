@@ -214,6 +214,48 @@ def test_a_printed_literal_is_copied_even_when_the_problem_states_it():
     assert score == 6
 
 
+@pytest.mark.parametrize(
+    "again",
+    [
+        "print(76 * 89 - 230)",
+        "\n  print(76 * 89 - 230)  \n\n",
+        "print(76*89 - 230)  # once more",
+    ],
+)
+def test_rerunning_the_earlier_code_earns_no_second_full_score(again):
+    first = code_request("print(76 * 89 - 230)", "6534\n")
+    assert mathchat_rubric(first)[0] == 10
+    rerun = CoachRequest(
+        **{
+            **code_request(again, "6534\n").__dict__,
+            "turn": 1,
+            "metadata": {"earlier_code": "print(76 * 89 - 230)\n", "earlier_stdout": "6534\n"},
+        }
+    )
+    score, analysis = mathchat_rubric(rerun)
+    assert score == 7, analysis
+    assert "earlier turn" in analysis
+    handover = CoachRequest(**{**rerun.__dict__, "action": "\\boxed{6534}", "tool_result": None})
+    assert mathchat_rubric(handover)[0] > score  # handing over is the better second turn
+
+
+def test_new_code_in_the_second_turn_is_judged_on_its_own():
+    request = CoachRequest(
+        **{
+            **code_request("x = 76 * 89\nprint(x - 230)", "6534\n").__dict__,
+            "metadata": {"earlier_code": "print(76 * 89 - 230)\n", "earlier_stdout": "6534\n"},
+        }
+    )
+    assert mathchat_rubric(request)[0] == 10
+    wrong_again = CoachRequest(
+        **{
+            **code_request("print(76 * 89)", "6764\n").__dict__,
+            "metadata": {"earlier_code": "print(76 * 89)", "earlier_stdout": "6764\n"},
+        }
+    )
+    assert mathchat_rubric(wrong_again)[0] == 4  # the cap only lowers
+
+
 def test_the_verifier_ladder_rewards_each_step_toward_the_job():
     ladder = [
         "I cannot tell.",  # nothing

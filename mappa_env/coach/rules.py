@@ -27,6 +27,9 @@ code_executor, a turn with code:
      4  the code ran and printed a number that is not the correct answer
      2  the code ran but printed no number (nothing computed), or it raised, timed out
         or killed its interpreter
+     7  at most, for a turn whose code is its earlier turn's code again (lines stripped,
+        blank lines dropped, or the same Python): no new work, so below handing over
+        the answer that code computed
     code_executor, a turn without code (ends its slot):
      8  correct answer, and it matches what its earlier code printed and computed
      6  correct answer, not backed by code output
@@ -222,6 +225,72 @@ def _answers(text: str) -> tuple[str | None, str | None]:
     return stated_answer(text, fallback=False), stated_answer(text, fallback=True)
 
 
+#: The most a code executor turn that reruns its earlier turn's code scores: one below
+#: handing over the answer that code computed (8), which is what the turn should do.
+REPEAT_CAP = 7.0
+
+
+def _normalized_code(code: str) -> tuple[str, ...]:
+    return tuple(line.strip() for line in code.splitlines() if line.strip())
+
+
+def _code_shape(code: str) -> str | None:
+    try:
+        return ast.dump(ast.parse(ipython_as_python(code)))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def repeats_code(action: str, metadata: Mapping[str, object]) -> bool:
+    """Whether ``action``'s code is the code of the agent's earlier turn again.
+
+    Two cells are the same when their lines are, each stripped, blank lines dropped, or
+    when they parse to the same Python (comments and spacing aside).
+
+    Args:
+        action: The code executor's action (its fenced blocks are the code).
+        metadata: The request's metadata; ``"earlier_code"`` is the code of the
+            agent's latest earlier turn that ran code (see
+            :meth:`mappa_env.envs.mathchat.MathChatEnv.coach_metadata`).
+
+    Returns:
+        True for a rerun of the earlier code; False when there is none.
+    """
+    earlier = str(metadata.get("earlier_code") or "")
+    code = "\n".join(extract_code_blocks(action))
+    if not earlier.strip() or not code.strip():
+        return False
+    if _normalized_code(code) == _normalized_code(earlier):
+        return True
+    shape = _code_shape(code)
+    return shape is not None and shape == _code_shape(earlier)
+
+
+def _code_turn(
+    request: CoachRequest, tool: Mapping[str, object], truth: tuple[str, ...]
+) -> tuple[float, str]:
+    """The truth-aware score of a code executor turn whose code ran."""
+    if not tool.get("ok", False):
+        err = tool.get("error") or {}
+        name = err.get("name", "failed") if isinstance(err, Mapping) else "failed"
+        why = "timed out" if tool.get("timed_out") else name
+        return 2.0, f"The code {why}."
+    printed = last_number(str(tool.get("stdout") or ""))
+    code = "\n".join(extract_code_blocks(request.action))
+    if _grade(printed, truth):
+        copied = copied_literal(printed, code, request.task)
+        if copied is not None:
+            return 6.0, (
+                f"The code printed the correct answer {printed}, but it is written in "
+                f"the code itself ({copied}): copied, not computed."
+            )
+        return 10.0, f"The code ran and printed the correct answer {printed}."
+    if printed is None:
+        # No better than code that fails: running nothing must not pay for itself.
+        return 2.0, "The code ran but printed no number."
+    return 4.0, f"The code ran, but its last printed number ({printed}) is not correct."
+
+
 def mathchat_rubric(request: CoachRequest) -> tuple[float, str]:
     """Score one MathChat-v0 action; see the module docstring for the table."""
     if request.ground_truth is None:
@@ -248,24 +317,13 @@ def mathchat_rubric(request: CoachRequest) -> tuple[float, str]:
     if request.agent == "code_executor":
         tool = request.tool_result
         if tool is not None:
-            if not tool.get("ok", False):
-                err = tool.get("error") or {}
-                why = "timed out" if tool.get("timed_out") else err.get("name", "failed")
-                return 2.0, f"The code {why}."
-            printed = last_number(tool.get("stdout", ""))
-            code = "\n".join(extract_code_blocks(request.action))
-            if _grade(printed, truth):
-                copied = copied_literal(printed, code, request.task)
-                if copied is not None:
-                    return 6.0, (
-                        f"The code printed the correct answer {printed}, but it is written in "
-                        f"the code itself ({copied}): copied, not computed."
-                    )
-                return 10.0, f"The code ran and printed the correct answer {printed}."
-            if printed is None:
-                # No better than code that fails: running nothing must not pay for itself.
-                return 2.0, "The code ran but printed no number."
-            return 4.0, f"The code ran, but its last printed number ({printed}) is not correct."
+            score, analysis = _code_turn(request, tool, truth)
+            if score > REPEAT_CAP and repeats_code(request.action, request.metadata):
+                return REPEAT_CAP, (
+                    f"{analysis} But it is the code of its earlier turn again: no new work "
+                    "(scored below a hand-over of the computed answer)."
+                )
+            return score, analysis
         answer = boxed or loose
         if answer is None:
             return 1.0, "No code and no answer."
