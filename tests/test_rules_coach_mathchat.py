@@ -36,8 +36,16 @@ RAISED = {"ok": False, "stdout": "", "error": {"name": "NameError"}, "timed_out"
     [
         ("problem_solver", "So \\boxed{122}.", None, {}, 10),
         ("problem_solver", "The answer is 122.", None, {}, 7),
-        ("problem_solver", "So \\boxed{120}.", None, {}, 3),
+        ("problem_solver", "12 * 11 = 132, and 132 - 10 = 120. So \\boxed{120}.", None, {}, 3),
+        ("problem_solver", "12 * 11 = 132, and 132 - 10 = 120. The answer is 120.", None, {}, 3),
+        # Working without a conclusion beats a bare guess, which is no better than nothing.
+        ("problem_solver", "12 * 11 = 132, then subtract 10.", None, {}, 2),
+        ("problem_solver", "So \\boxed{120}.", None, {}, 1),
+        ("problem_solver", "The answer is 42.", None, {}, 1),
         ("problem_solver", "Let me think about it.", None, {}, 1),
+        # A placeholder or two different boxes are no answer.
+        ("problem_solver", "12 * 11 = 132. \\boxed{NUMBER}", None, {}, 2),
+        ("problem_solver", "12 * 11 = 132. \\boxed{120} or \\boxed{122}", None, {}, 2),
         ("problem_solver", "   ", None, {}, 0),
         ("code_executor", "```python\nprint(12*11-10)\n```", ran("122\n"), {}, 10),
         ("code_executor", "```python\nprint(12*11)\n```", ran("132\n"), {}, 4),
@@ -114,8 +122,8 @@ RAISED = {"ok": False, "stdout": "", "error": {"name": "NameError"}, "timed_out"
         ("verifier", "The final answer is 121.", None, {}, 1),
         ("verifier", "I cannot tell.", None, {}, 0),
         # The problem's expression copied as the answer is a wrong answer, not a right one.
-        ("problem_solver", "So \\boxed{12 * 11 - 10}.", None, {}, 3),
-        ("problem_solver", "The answer is 12 * 11 - 10.", None, {}, 3),
+        ("problem_solver", "So \\boxed{12 * 11 - 10}.", None, {}, 1),
+        ("problem_solver", "The answer is 12 * 11 - 10.", None, {}, 1),
         ("code_executor", "So \\boxed{12 * 11 - 10}.", None, {"earlier_stdout": "122\n"}, 2),
         ("verifier", "Final: \\boxed{12 * 11 - 10}", None, {}, 2),
         ("verifier", "Final: \\boxed{12 \\times 11 - 10}", None, {}, 2),
@@ -254,6 +262,22 @@ def test_new_code_in_the_second_turn_is_judged_on_its_own():
         }
     )
     assert mathchat_rubric(wrong_again)[0] == 4  # the cap only lowers
+
+
+def test_no_cheap_draft_outscores_honest_steps():
+    guess = mathchat_rubric(request("problem_solver", "The answer is 42."))[0]
+    boxed_guess = mathchat_rubric(request("problem_solver", "\\boxed{42}"))[0]
+    steps = mathchat_rubric(request("problem_solver", "12 * 11 = 132; minus 10."))[0]
+    steps_and_wrong = mathchat_rubric(request("problem_solver", "12 * 11 = 132. \\boxed{42}"))[0]
+    assert max(guess, boxed_guess) < steps < steps_and_wrong
+
+
+def test_a_placeholder_box_scores_below_an_unboxed_wrong_answer():
+    placeholders = ["\\boxed{NUMBER}", "\\boxed{answer}", "\\boxed{}", "\\boxed{...}"]
+    unboxed_wrong = mathchat_rubric(request("verifier", "The final answer is 121."))[0]
+    for text in placeholders:
+        score, analysis = mathchat_rubric(request("verifier", f"The final answer is {text}"))
+        assert score < unboxed_wrong, (text, analysis)
 
 
 def test_the_verifier_ladder_rewards_each_step_toward_the_job():

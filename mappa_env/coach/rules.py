@@ -14,9 +14,19 @@ empty box or a placeholder such as ``\boxed{NUMBER}`` are no answer), or a fallb
 problem_solver:
     10  boxed answer correct
      7  correct answer only as a fallback (no box)
-     3  an answer, but wrong
-     1  no answer at all (an answer-less draft must not score well)
+     3  a wrong answer, with working shown
+     2  no answer, but working shown
+     1  a wrong answer without working (a bare guess: "The answer is 42."), or neither
+        an answer nor working (an answer-less draft must not score well)
      0  empty action
+
+    "Working" is an equation or an arithmetic step written outside the answer itself
+    (:func:`shows_working`). A draft is worth to the chain its answer and the steps the
+    code executor can check. A wrong number without steps gives the code executor
+    nothing to check, so it scores no more than saying nothing and below honest steps
+    without a conclusion: guessing a number must never pay more than showing work.
+    The check is of form only (it cannot tell sound steps from decoration); only the
+    correct answer earns a high score.
 
 code_executor, a turn with code:
     10  the code ran and its last printed number is the correct answer, computed
@@ -52,13 +62,14 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import re
 from collections.abc import Mapping
 
 from mappa_env.coach.base import CoachRequest, CoachVerdict, RevealPolicy, Rubric
 from mappa_env.grading.answers import last_number, numbers_in, stated_answer
-from mappa_env.grading.math import answers_match, answers_match_any
+from mappa_env.grading.math import answers_match, answers_match_any, boxed_answers
 from mappa_env.registry import registered_env_attribute
-from mappa_env.text import extract_code_blocks, ipython_as_python
+from mappa_env.text import extract_code_blocks, ipython_as_python, strip_think
 
 #: Integers this small are not taken for a copied answer when they merely appear in code
 #: (see :func:`copied_literal`); a printed one still is.
@@ -225,6 +236,55 @@ def _answers(text: str) -> tuple[str | None, str | None]:
     return stated_answer(text, fallback=False), stated_answer(text, fallback=True)
 
 
+_RELATION = r"=|≡|<|>|≤|≥|\\le(?:q)?(?![A-Za-z])|\\ge(?:q)?(?![A-Za-z])|\\equiv"
+_ARITHMETIC = r"[+*/^×÷·]|\\times|\\cdot|\\div|\\pmod"
+_STEP = re.compile(
+    rf"(?P<left>[\w)}}\]])\s*(?P<op>{_RELATION}|{_ARITHMETIC})\s*[-−(\[{{\\]*\s*(?P<right>\w)"
+    r"|\d\s*[-−]\s*\d"
+)
+_RELATION_OP = re.compile(_RELATION)
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\}")
+
+
+def shows_working(text: str, answer: str | None = None) -> bool:
+    """Whether ``text`` shows a step of working outside its final answer.
+
+    A step is an equation or relation (``x = 5``, ``a < b``) or an arithmetic operation
+    with a number on one side (``76 * 89``, ``x^2``, ``6764 - 230``, ``3 \\times 4``).
+    Boxes and the stated ``answer`` are removed first: ``\\boxed{12 * 11 - 10}`` or
+    "the answer is 12 * 11 - 10" states an answer, it shows no step. Hyphenated words
+    (``3-digit``) and ranges of words are not steps. A form check only: it cannot tell
+    sound steps from decoration.
+
+    Args:
+        text: An agent's message (reasoning in ``<think>`` blocks is ignored).
+        answer: The answer the message states, when it states one.
+
+    Returns:
+        True when a step is shown.
+    """
+    visible = _BOXED.sub(" ", strip_think(text))
+    if answer:
+        visible = visible.replace(answer, " ")
+    for step in _STEP.finditer(visible):
+        if step.group("op") is None:  # a subtraction between two numbers
+            return True
+        numeric = step.group("left").isdigit() or step.group("right").isdigit()
+        if numeric or _RELATION_OP.fullmatch(step.group("op")):
+            return True
+    return False
+
+
+def _why_no_answer(action: str) -> str:
+    """Why an action that looks answered has no answer, for the analysis text."""
+    several = boxed_answers(action)
+    if len(several) > 1:
+        return f" (several different boxed answers: {', '.join(several[:4])})"
+    if "\\boxed" in action or "\\fbox" in action:
+        return " (its box holds no answer: empty or a placeholder)"
+    return ""
+
+
 #: The most a code executor turn that reruns its earlier turn's code scores: one below
 #: handing over the answer that code computed (8), which is what the turn should do.
 REPEAT_CAP = 7.0
@@ -310,9 +370,15 @@ def mathchat_rubric(request: CoachRequest) -> tuple[float, str]:
             return 10.0, f"Boxed answer {boxed} is correct."
         if boxed is None and _grade(loose, truth):
             return 7.0, f"Correct answer {loose}, but not in \\boxed{{}}."
-        if boxed is not None or loose is not None:
-            return 3.0, f"Answer {boxed or loose} is wrong."
-        return 1.0, "No answer given."
+        answer = boxed or loose
+        working = shows_working(action, answer)
+        if answer is not None:
+            if working:
+                return 3.0, f"Answer {answer} is wrong; the draft shows working."
+            return 1.0, f"Answer {answer} is wrong, and no working is shown: a bare guess."
+        if working:
+            return 2.0, f"No answer given{_why_no_answer(action)}, but the draft shows working."
+        return 1.0, f"No answer given{_why_no_answer(action)}, and no working shown."
 
     if request.agent == "code_executor":
         tool = request.tool_result
@@ -326,7 +392,7 @@ def mathchat_rubric(request: CoachRequest) -> tuple[float, str]:
             return score, analysis
         answer = boxed or loose
         if answer is None:
-            return 1.0, "No code and no answer."
+            return 1.0, f"No code and no answer{_why_no_answer(action)}."
         if not _grade(answer, truth):
             return 2.0, f"Answer {answer} is wrong."
         earlier = last_number(request.metadata.get("earlier_stdout", ""))
@@ -348,7 +414,7 @@ def mathchat_rubric(request: CoachRequest) -> tuple[float, str]:
             # Each step of the ladder (none < wrong < boxed < correct) is a signal: a
             # verifier scored 0 on every action learns nothing.
             return 1.0, f"Answer {loose} is wrong and not in \\boxed{{}}."
-        return 0.0, "No final answer."
+        return 0.0, f"No final answer{_why_no_answer(action)}."
 
     raise ValueError(f"no MathChat rubric for agent {request.agent!r}")
 
