@@ -450,3 +450,38 @@ def test_integers_match_their_padded_and_float_forms_only(value, pad):
     assert answers_match(f"{value}.0", str(value))
     assert not answers_match(str(value + 1), text)
     assert not answers_match(str(value * 10 + 1), text)
+
+
+# --------------------------------------------------------------------------------------
+# An agent's own final number (mappa_env.grading.answers)
+# --------------------------------------------------------------------------------------
+
+
+def test_numbers_in_and_last_number():
+    from mappa_env.grading.answers import last_number, numbers_in
+
+    assert numbers_in("x = 1,000 and -3, then 2.5 or 3/4") == ["1000", "-3", "2.5", "3/4"]
+    assert last_number("[stdout]\n6534\n") == "6534"
+    assert last_number("no digits") is None
+
+
+def test_stated_answer_reads_one_answer():
+    from mappa_env.grading.answers import stated_answer
+
+    assert stated_answer("so \\boxed{6534}") == "6534"
+    assert stated_answer("The answer is 6534.") == "6534"
+    assert stated_answer("The answer is 6534.", fallback=False) is None
+    assert stated_answer("\\boxed{42} \\boxed{6534} The answer is 6534.") is None
+    assert stated_answer(None) is None
+
+
+def test_the_code_executor_answer_is_its_last_printed_number_else_its_words():
+    from mappa_env.grading.answers import code_executor_answer, printed_answer
+
+    assert printed_answer(["12\n", "6534\n"]) == "6534"
+    assert printed_answer(["6534\n", "done\n", None]) == "6534"  # a later run printed none
+    assert printed_answer([None, ""]) is None
+    assert code_executor_answer(["6534\n"], "So \\boxed{42}") == "6534"
+    assert code_executor_answer([None], "So \\boxed{42}") == "42"
+    assert code_executor_answer([], "The answer is 42.") == "42"
+    assert code_executor_answer([], "\\boxed{1} \\boxed{2}") is None

@@ -206,6 +206,75 @@ def test_a_verifier_boxing_two_answers_is_not_correct():
     env.close()
 
 
+def test_the_outcome_grades_each_agent_by_its_own_number():
+    env = make_env()
+    play(env, GOOD_SCRIPT)
+    outcome = env.state()["outcome"]
+    right = TASK.answer
+    assert outcome["agent_answers"] == {
+        "problem_solver": right,
+        "code_executor": right,  # what its code printed
+        "verifier": right,
+    }
+    assert outcome["agent_correct"] == dict.fromkeys(outcome["agent_answers"], True)
+    env.close()
+
+
+@pytest.mark.parametrize(
+    ("script", "answers", "correct"),
+    [
+        (  # right draft, wrong code, a verifier that followed the code
+            {
+                "problem_solver": ["Multiply: \\boxed{5}"],
+                "code_executor": ["```python\nprint(2 * 3)\n```", "So \\boxed{6}"],
+                "verifier": ["\\boxed{6}"],
+            },
+            {"problem_solver": "5", "code_executor": "6", "verifier": "6"},
+            {"problem_solver": True, "code_executor": False, "verifier": False},
+        ),
+        (  # a hedging draft, code that printed nothing after a run that did, an unboxed verdict
+            {
+                "problem_solver": ["\\boxed{5} or \\boxed{6}"],
+                "code_executor": ["```python\nprint(2 + 3)\n```", "```python\nx = 1\n```"],
+                "verifier": ["The final answer is 5."],
+            },
+            {"problem_solver": None, "code_executor": "5", "verifier": None},
+            {"problem_solver": False, "code_executor": True, "verifier": False},
+        ),
+        (  # no code: the code executor's number is the one it states
+            {
+                "problem_solver": ["The answer is 4."],
+                "code_executor": ["I agree with 4? No: \\boxed{5}"],
+                "verifier": ["\\boxed{5}"],
+            },
+            {"problem_solver": "4", "code_executor": "5", "verifier": "5"},
+            {"problem_solver": False, "code_executor": True, "verifier": True},
+        ),
+    ],
+)
+def test_agent_answers_and_correctness(script, answers, correct):
+    env = make_env()
+    play(env, script, OTHER)
+    outcome = env.state()["outcome"]
+    assert outcome["agent_answers"] == answers
+    assert outcome["agent_correct"] == correct
+    assert outcome["agent_correct"]["verifier"] == outcome["correct"]
+    assert outcome["agent_answers"]["verifier"] == outcome["predicted"]
+    env.close()
+
+
+def test_a_cut_episode_lists_only_the_agents_that_acted():
+    env = make_env(max_cycles=2)
+    env.reset(options={"task": OTHER})
+    env.step("\\boxed{5}")
+    env.step("```python\nprint(2 + 3)\n```")
+    outcome = env.infos["verifier"]["outcome"]
+    assert outcome["agent_answers"] == {"problem_solver": "5", "code_executor": "5"}
+    assert outcome["agent_correct"] == {"problem_solver": True, "code_executor": True}
+    assert outcome["correct"] is False
+    env.close()
+
+
 def test_code_error_is_reported_to_agent_and_coach():
     env = make_env()
     env.reset(options={"task": TASK})
