@@ -159,6 +159,13 @@ def test_rerunning_the_same_cell_is_not_paid_twice():
     env.close()
 
 
+def test_infos_name_the_rubric_version_of_each_verdict():
+    env = make_env()
+    play(env, GOOD_SCRIPT)
+    assert {r.verdict.rubric_version for r in env.transcript} == {"mathchat-rules-v4"}
+    env.close()
+
+
 def test_scripted_wrong_code_blames_the_code_executor():
     env = make_env()
     script = {

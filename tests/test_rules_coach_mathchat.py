@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mappa_env.coach.base import CoachRequest
-from mappa_env.coach.rules import RulesCoach, mathchat_rubric
+from mappa_env.coach.base import CoachRequest, CoachVerdict, VersionedRubric
+from mappa_env.coach.rules import MATHCHAT_RUBRIC_VERSION, RulesCoach, mathchat_rubric
 
 
 def request(agent: str, action: str, tool: dict | None = None, **metadata) -> CoachRequest:
@@ -299,3 +299,55 @@ def test_without_the_truth_the_verdict_is_invalid_not_a_score():
     verdict = coach.score(blind)
     assert verdict.valid is False
     assert "ground truth" in verdict.analysis
+
+
+# ----------------------------------------------------------------------------- versions
+
+
+def test_every_verdict_names_the_rubric_version_that_scored_it():
+    verdict = RulesCoach().score(request("verifier", "Final: \\boxed{122}"))
+    assert verdict.score == 10
+    assert verdict.rubric_version == MATHCHAT_RUBRIC_VERSION == "mathchat-rules-v4"
+    assert verdict.to_dict()["rubric_version"] == "mathchat-rules-v4"
+    assert CoachVerdict(score=1.0, valid=True).to_dict()["rubric_version"] is None
+
+
+def test_a_plain_rubric_function_still_works_without_a_version():
+    def constant(req: CoachRequest) -> tuple[float, str]:
+        return 5.0, "always five"
+
+    coach = RulesCoach(rubrics={"MathChat-v0": constant})
+    verdict = coach.score(request("verifier", "\\boxed{122}"))
+    assert (verdict.score, verdict.rubric_version) == (5.0, None)
+    assert coach.rubric_versions("MathChat-v0") == {"truth_aware": None, "answer_blind": None}
+    constant.version = "constant-v1"  # a function may name its version as an attribute
+    assert coach.score(request("verifier", "x")).rubric_version == "constant-v1"
+
+
+def test_the_coach_picks_the_answer_blind_companion_without_the_truth():
+    def aware(req: CoachRequest) -> tuple[float, str]:
+        return 9.0, "with the truth"
+
+    def blind(req: CoachRequest) -> tuple[float, str]:
+        return 3.0, "without the truth"
+
+    rubric = VersionedRubric(aware, "toy-v2", blind=VersionedRubric(blind, "toy-blind-v1"))
+    coach = RulesCoach(rubrics={"MathChat-v0": rubric})
+    assert coach.rubric_versions("MathChat-v0") == {
+        "truth_aware": "toy-v2",
+        "answer_blind": "toy-blind-v1",
+    }
+    with_truth = request("problem_solver", "x")
+    without = CoachRequest(**{**with_truth.__dict__, "ground_truth": None})
+    last_without = CoachRequest(**{**without.__dict__, "is_last_agent": True})
+    scored = [coach.score(r) for r in (with_truth, without, last_without)]
+    assert [(v.score, v.rubric_version) for v in scored] == [
+        (9.0, "toy-v2"),
+        (3.0, "toy-blind-v1"),
+        (9.0, "toy-v2"),  # the last agent is always judged by the truth-aware rubric
+    ]
+
+
+def test_rubric_versions_of_an_environment_without_a_rubric_is_an_error():
+    with pytest.raises(ValueError, match="no rules rubric"):
+        RulesCoach().rubric_versions("Nowhere-v0")

@@ -3,7 +3,12 @@ r"""The rules coach: deterministic, offline per-role rubrics that use the ground
 It is the offline default coach and the reference for tests. Each environment has a
 rubric (a function ``CoachRequest -> (score, analysis)``); :class:`RulesCoach` picks
 the rubric by ``request.env_id``. Users add rubrics for their own environments by
-passing ``rubrics={"MyEnv-v0": my_rubric}``.
+passing ``rubrics={"MyEnv-v0": my_rubric}``. A rubric wrapped in
+:class:`~mappa_env.coach.base.VersionedRubric` names the version of its score table,
+and every verdict it scores carries that version.
+
+MathChat-v0's table below is version ``"mathchat-rules-v4"``
+(:data:`MATHCHAT_RUBRIC_VERSION`).
 
 MathChat-v0 rubric (scores out of 10). "Answer" means the boxed answer of the action
 (:func:`mappa_env.grading.math.extract_boxed`: several different boxed answers, an
@@ -65,7 +70,13 @@ import asyncio
 import re
 from collections.abc import Mapping
 
-from mappa_env.coach.base import CoachRequest, CoachVerdict, RevealPolicy, Rubric
+from mappa_env.coach.base import (
+    CoachRequest,
+    CoachVerdict,
+    RevealPolicy,
+    Rubric,
+    VersionedRubric,
+)
 from mappa_env.grading.answers import last_number, numbers_in, stated_answer
 from mappa_env.grading.math import answers_match, answers_match_any, boxed_answers
 from mappa_env.registry import registered_env_attribute
@@ -351,8 +362,8 @@ def _code_turn(
     return 4.0, f"The code ran, but its last printed number ({printed}) is not correct."
 
 
-def mathchat_rubric(request: CoachRequest) -> tuple[float, str]:
-    """Score one MathChat-v0 action; see the module docstring for the table."""
+def _score_mathchat_action(request: CoachRequest) -> tuple[float, str]:
+    """Score one MathChat-v0 action against the truth; see the module docstring."""
     if request.ground_truth is None:
         raise ValueError(
             "the rules coach needs the ground truth for every action: "
@@ -419,13 +430,37 @@ def mathchat_rubric(request: CoachRequest) -> tuple[float, str]:
     raise ValueError(f"no MathChat rubric for agent {request.agent!r}")
 
 
+MATHCHAT_RUBRIC_VERSION = "mathchat-rules-v4"
+"""The truth-aware MathChat-v0 score table above (v4: one answer or none, a copy is any
+literal equal to the answer, a rerun cell is capped, a bare guess pays no more than
+nothing)."""
+
+mathchat_rubric = VersionedRubric(_score_mathchat_action, MATHCHAT_RUBRIC_VERSION)
+"""The MathChat-v0 rubric: ``mathchat_rubric(request) -> (score, analysis)``.
+
+Needs ``request.ground_truth``; its :attr:`~mappa_env.coach.base.VersionedRubric.version`
+is :data:`MATHCHAT_RUBRIC_VERSION`.
+"""
+
+
+def rubric_version(rubric: Rubric | None) -> str | None:
+    """The version a rubric names (its ``version`` attribute, a string), else None."""
+    version = getattr(rubric, "version", None)
+    return version if isinstance(version, str) else None
+
+
 class RulesCoach:
     """Deterministic coach: each environment brings its own rubric.
 
     An environment's rubric arrives with every request (``request.rules_rubric``, from
     the environment class's ``rules_rubric``; for a request without one, the rubric of
     the environment registered under ``request.env_id``), so a new environment needs no
-    change here.
+    change here. An action of an agent other than the last that arrives without the
+    ground truth (``reveal="last_agent"`` or ``"never"``) is judged by the rubric's
+    answer-blind companion (:attr:`~mappa_env.coach.base.VersionedRubric.blind`) when it
+    has one. Every verdict carries the version of the rubric that scored it
+    (:attr:`~mappa_env.coach.base.CoachVerdict.rubric_version`; ``None`` for a plain
+    rubric function).
 
     Args:
         rubrics: Rubrics keyed by environment id that replace the environment's own
@@ -445,29 +480,62 @@ class RulesCoach:
         """``"rules"``."""
         return "rules"
 
+    def _rubric(self, env_id: str, carried: Rubric | None = None) -> Rubric | None:
+        return (
+            self.rubrics.get(env_id)
+            or carried
+            # A request built by hand carries none: the registered environment's.
+            or registered_env_attribute(env_id, "rules_rubric")
+        )
+
+    def rubric_versions(self, env_id: str) -> dict[str, str | None]:
+        """The versions of the rubrics this coach would score ``env_id`` by.
+
+        For a results file to record before any verdict exists.
+
+        Args:
+            env_id: An environment id, e.g. ``"MathChat-v0"``.
+
+        Returns:
+            ``{"truth_aware": ..., "answer_blind": ...}``: the version of the rubric
+            that judges actions with the ground truth in view, and of the one that
+            judges the other agents' actions without it (the same rubric when it has
+            no answer-blind companion); ``None`` for a rubric that names no version.
+
+        Raises:
+            ValueError: When ``env_id`` has no rules rubric.
+        """
+        rubric = self._rubric(env_id)
+        if rubric is None:
+            raise ValueError(_no_rubric_message(env_id))
+        blind = getattr(rubric, "blind", None) or rubric
+        return {"truth_aware": rubric_version(rubric), "answer_blind": rubric_version(blind)}
+
     def score(self, request: CoachRequest) -> CoachVerdict:
         """Score ``request`` by its environment's rubric.
 
         Returns an invalid verdict (never a made-up score) when no rubric applies or the
         rubric cannot judge the request.
         """
-        rubric = (
-            self.rubrics.get(request.env_id)
-            or request.rules_rubric
-            # A request built by hand carries none: the registered environment's.
-            or registered_env_attribute(request.env_id, "rules_rubric")
-        )
+        rubric = self._rubric(request.env_id, request.rules_rubric)
         if rubric is None:
-            return CoachVerdict.invalid(
-                f"{request.env_id!r} has no rules rubric: give its environment class a "
-                "rules_rubric, pass RulesCoach(rubrics={env_id: fn}), or use an LLM coach",
-                coach=self.name,
-            )
+            return CoachVerdict.invalid(_no_rubric_message(request.env_id), coach=self.name)
+        if request.ground_truth is None and not request.is_last_agent:
+            rubric = getattr(rubric, "blind", None) or rubric
+        version = rubric_version(rubric)
         try:
             score, analysis = rubric(request)
         except (ValueError, KeyError, TypeError) as exc:
-            return CoachVerdict.invalid(f"rubric failed: {exc}", coach=self.name)
-        return CoachVerdict(score=float(score), valid=True, analysis=analysis, coach=self.name)
+            return CoachVerdict.invalid(
+                f"rubric failed: {exc}", coach=self.name, rubric_version=version
+            )
+        return CoachVerdict(
+            score=float(score),
+            valid=True,
+            analysis=analysis,
+            coach=self.name,
+            rubric_version=version,
+        )
 
     async def ascore(self, request: CoachRequest) -> CoachVerdict:
         """:meth:`score` in a worker thread: a symbolic answer check can take seconds."""
@@ -475,3 +543,10 @@ class RulesCoach:
 
     def __repr__(self) -> str:
         return f"RulesCoach(overrides={sorted(self.rubrics)})"
+
+
+def _no_rubric_message(env_id: str) -> str:
+    return (
+        f"{env_id!r} has no rules rubric: give its environment class a rules_rubric, "
+        "pass RulesCoach(rubrics={env_id: fn}), or use an LLM coach"
+    )

@@ -22,7 +22,7 @@ Card:
   code printed last, else the answer it stated, the verifier's graded answer) and
   ``agent_correct`` (that number graded like the verifier's).
 - **Tasks**: generated problems (offline default), AIME/AMC files, or ``MathTask`` lists.
-- **Coaches**: ``"rules"`` (offline, :func:`~mappa_env.coach.rules.mathchat_rubric`) or
+- **Coaches**: ``"rules"`` (offline, :data:`~mappa_env.coach.rules.mathchat_rubric`) or
   an LLM coach judging by :data:`COACH_RUBRICS`.
 - **Options**: ``tasks``, ``verifier_sees_solver``, ``strict_boxed``, ``verifier_reply``,
   and every option of :class:`~mappa_env.envs.pipeline.PipelineEnv`.
