@@ -166,6 +166,41 @@ def test_infos_name_the_rubric_version_of_each_verdict():
     env.close()
 
 
+def test_the_rules_coach_follows_the_papers_reveal_with_an_answer_blind_rubric():
+    env = make_env(reveal="last_agent")
+    script = {
+        **GOOD_SCRIPT,
+        "problem_solver": ["123456789 * 987654321 = \\boxed{121932631112635269}"],
+    }
+    play(env, script)
+    versions = [(r.agent, r.verdict.valid, r.verdict.rubric_version) for r in env.transcript]
+    assert versions == [
+        ("problem_solver", True, "mathchat-rules-blind-v1"),
+        ("code_executor", True, "mathchat-rules-blind-v1"),
+        ("code_executor", True, "mathchat-rules-blind-v1"),
+        ("verifier", True, "mathchat-rules-v4"),
+    ]
+    # Blind: the draft's answer with steps, computed code, a hand-over of its output.
+    assert [r.reward for r in env.transcript] == [0.8, 0.8, 0.7, 1.0]
+    env.close()
+
+
+def test_an_answer_blind_coach_gets_no_answer_in_the_metadata():
+    task = MathTask(
+        id="two", prompt="Either works.", answer="080", metadata={"accepted_answers": ("080", "81")}
+    )
+    coach = FixedCoach()  # prefers reveal="last_agent"
+    env = make_env(coach=coach, tasks=[task])
+    play(env, GOOD_SCRIPT, task)
+    by_agent = {r.agent: r for r in coach.requests}
+    for agent in ("problem_solver", "code_executor"):
+        assert "accepted_answers" not in by_agent[agent].metadata
+        assert "accepted_answers" not in by_agent[agent].metadata["task_metadata"]
+    assert by_agent["verifier"].metadata["accepted_answers"] == ["080", "81"]
+    assert by_agent["code_executor"].metadata["draft_answer"] == "121932631112635269"
+    env.close()
+
+
 def test_scripted_wrong_code_blames_the_code_executor():
     env = make_env()
     script = {

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from mappa_env.coach.base import CoachRequest, CoachVerdict, VersionedRubric
-from mappa_env.coach.rules import MATHCHAT_RUBRIC_VERSION, RulesCoach, mathchat_rubric
+from mappa_env.coach.rules import (
+    MATHCHAT_BLIND_RUBRIC_VERSION,
+    MATHCHAT_RUBRIC_VERSION,
+    RulesCoach,
+    mathchat_blind_rubric,
+    mathchat_rubric,
+)
 
 
 def request(agent: str, action: str, tool: dict | None = None, **metadata) -> CoachRequest:
@@ -351,3 +357,136 @@ def test_the_coach_picks_the_answer_blind_companion_without_the_truth():
 def test_rubric_versions_of_an_environment_without_a_rubric_is_an_error():
     with pytest.raises(ValueError, match="no rules rubric"):
         RulesCoach().rubric_versions("Nowhere-v0")
+
+
+# ------------------------------------------------------------------ the answer-blind rubric
+
+
+def blind(agent: str, action: str, tool: dict | None = None, **metadata) -> CoachRequest:
+    """A request as ``reveal="last_agent"`` sends it for an agent before the last."""
+    return CoachRequest(
+        env_id="MathChat-v0",
+        task_id="t",
+        task=PRODUCT,
+        agent=agent,
+        system_description="",
+        role_description="",
+        agent_input=(),
+        action=action,
+        tool_result=tool,
+        ground_truth=None,
+        metadata=metadata,
+    )
+
+
+STEPS = "76 * 89 = 6764, and 6764 - 230 = 6534."
+CODE = "```python\nprint(76 * 89 - 230)\n```"
+
+
+@pytest.mark.parametrize(
+    ("agent", "action", "tool", "metadata", "score"),
+    [
+        ("problem_solver", f"{STEPS} So \\boxed{{6534}}.", None, {}, 8),
+        # Without the truth a wrong answer with steps is judged like a right one.
+        ("problem_solver", "76 * 89 = 6764, minus 230 is 6524. \\boxed{6524}", None, {}, 8),
+        ("problem_solver", f"{STEPS} The answer is 6534.", None, {}, 5),
+        ("problem_solver", "76 * 89 = 6764, then subtract 230.", None, {}, 3),
+        ("problem_solver", f"{STEPS} \\boxed{{NUMBER}}", None, {}, 3),
+        ("problem_solver", f"{STEPS} \\boxed{{6534}} or \\boxed{{6524}}", None, {}, 3),
+        ("problem_solver", "The answer is 42.", None, {}, 2),
+        ("problem_solver", "\\boxed{6534}", None, {}, 2),
+        ("problem_solver", "Let me think about it.", None, {}, 1),
+        ("problem_solver", " ", None, {}, 0),
+        ("code_executor", CODE, ran("6534\n"), {"draft_answer": "6534"}, 8),
+        ("code_executor", CODE, ran("6534\n"), {"draft_answer": "42"}, 8),
+        ("code_executor", CODE, ran("6534\n"), {"draft_answer": None}, 8),
+        ("code_executor", "```python\nprint(6534)\n```", ran("6534\n"), {}, 4),
+        ("code_executor", "```python\nprint(6534+0)\n```", ran("6534\n"), {}, 4),
+        ("code_executor", "```python\nprint(int('42'))\n```", ran("42\n"), {}, 4),
+        (
+            "code_executor",
+            "```python\nx = 76 * 89 - 230\nprint(x == 6534, x)\n```",
+            ran("True 6534\n"),
+            {"draft_answer": "6534"},
+            4,
+        ),
+        # A number the problem states is fine to write.
+        ("code_executor", "```python\nprint(89 * 76 - 230)\n```", ran("6534\n"), {}, 8),
+        ("code_executor", "```python\nprint('hi')\n```", ran("hi\n"), {}, 2),
+        ("code_executor", "```python\nprint(x)\n```", RAISED, {}, 2),
+        (
+            "code_executor",
+            CODE,
+            ran("6534\n"),
+            {"earlier_code": "print(76 * 89 - 230)", "earlier_stdout": "6534\n"},
+            6,
+        ),
+        (
+            "code_executor",
+            "So \\boxed{6534}.",
+            None,
+            {"earlier_code": "print(76 * 89 - 230)", "earlier_stdout": "6534\n"},
+            7,
+        ),
+        ("code_executor", "So \\boxed{6534}.", None, {}, 3),
+        (
+            "code_executor",
+            "So \\boxed{6534}.",
+            None,
+            {"earlier_code": "print(6534)", "earlier_stdout": "6534\n"},
+            3,
+        ),
+        (
+            "code_executor",
+            "So \\boxed{42}.",
+            None,
+            {"earlier_code": "print(76 * 89 - 230)", "earlier_stdout": "6534\n"},
+            2,
+        ),
+        ("code_executor", "Done.", None, {}, 1),
+    ],
+)
+def test_each_row_of_the_answer_blind_rubric(agent, action, tool, metadata, score):
+    got, analysis = mathchat_blind_rubric(blind(agent, action, tool, **metadata))
+    assert got == score, analysis
+    verdict = RulesCoach().score(blind(agent, action, tool, **metadata))
+    assert (verdict.score, verdict.rubric_version) == (score, MATHCHAT_BLIND_RUBRIC_VERSION)
+
+
+def test_the_blind_rubric_never_reads_the_truth():
+    cases = [
+        blind("problem_solver", f"{STEPS} \\boxed{{6534}}"),
+        blind("code_executor", CODE, ran("6534\n"), draft_answer="6534"),
+    ]
+    for case in cases:
+        told = CoachRequest(**{**case.__dict__, "ground_truth": "1", "metadata": {**case.metadata}})
+        assert mathchat_blind_rubric(case) == mathchat_blind_rubric(told)
+
+
+def test_no_cheap_action_outscores_the_job_without_the_truth():
+    def score(agent, action, tool=None, **metadata):
+        return mathchat_blind_rubric(blind(agent, action, tool, **metadata))[0]
+
+    job = score("problem_solver", f"{STEPS} \\boxed{{6534}}")
+    steps = score("problem_solver", "76 * 89 = 6764, then subtract 230.")
+    guesses = [score("problem_solver", g) for g in ("\\boxed{42}", "The answer is 42.")]
+    assert max(guesses) < steps < job
+    computed = score("code_executor", CODE, ran("6534\n"), draft_answer="6534")
+    copied = score("code_executor", "```python\nprint(6534)\n```", ran("6534\n"))
+    nothing = score("code_executor", "```python\npass\n```", ran(""))
+    assert nothing < copied < computed
+
+
+def test_the_last_agent_without_the_truth_is_not_scored():
+    verdict = RulesCoach().score(
+        CoachRequest(**{**blind("verifier", "\\boxed{6534}").__dict__, "is_last_agent": True})
+    )
+    assert verdict.valid is False
+    assert "ground truth" in verdict.analysis
+
+
+def test_rubric_versions_of_mathchat():
+    assert RulesCoach().rubric_versions("MathChat-v0") == {
+        "truth_aware": "mathchat-rules-v4",
+        "answer_blind": "mathchat-rules-blind-v1",
+    }

@@ -61,6 +61,45 @@ verifier:
 
 The gaps are chosen so that no cheap behaviour (an empty reply, printing many numbers,
 copying an upstream answer without checking) outscores doing the job.
+
+MathChat-v0 answer-blind rubric, version ``"mathchat-rules-blind-v1"``
+(:data:`MATHCHAT_BLIND_RUBRIC_VERSION`). The paper shows the reference answer only to the
+last agent's coach (``reveal="last_agent"``): the problem solver's and the code
+executor's actions then arrive without the truth, and :class:`RulesCoach` judges them
+by what can be judged without it. The verifier keeps the table above. Scores:
+
+problem_solver:
+     8  a boxed final answer, with working shown (:func:`shows_working`)
+     5  a final answer only as a fallback ("the answer is 5"), with working
+     3  working, but no final answer
+     2  a final answer without working (a bare guess, boxed or not)
+     1  neither an answer nor working
+     0  empty action
+
+code_executor, a turn with code ("the draft's answer" is the problem solver's, read
+as the environment's ``agent_answers`` reads it, given as ``metadata["draft_answer"]``):
+     8  the code ran and printed a number it computed, whether or not it agrees with
+        the draft's answer. The code executor reads the draft before it writes code,
+        so agreement is not independent evidence, and paying for it would pay for
+        steering code toward the draft's number (``print(6533 + 1)`` is not caught
+        as a copy); disagreement is often the point of checking. The analysis says
+        which it is, and the verifier, judged against the truth, settles it.
+     4  it printed a number written in its code (:func:`copied_literal`), or the
+        code holds the draft's answer as a literal (``assert x == 6534``): copied,
+        not computed; numbers the problem states are fine
+     2  it printed no number, or it raised, timed out or killed its interpreter
+     6  at most, for a rerun of its earlier turn's code (:func:`repeats_code`)
+    code_executor, a turn without code:
+     7  its answer is the number its earlier code computed
+     3  an answer not backed by a number its code computed (no earlier run, or a
+        copied one)
+     2  an answer that contradicts the number its earlier code computed
+     1  no answer
+     0  empty action
+
+Without the truth the problem solver's rows judge form (an answer and steps), not
+correctness: a wrong answer with plausible steps scores like a right one, so the
+verifier's truth-aware score and the episode outcome carry correctness.
 """
 
 from __future__ import annotations
@@ -366,8 +405,9 @@ def _score_mathchat_action(request: CoachRequest) -> tuple[float, str]:
     """Score one MathChat-v0 action against the truth; see the module docstring."""
     if request.ground_truth is None:
         raise ValueError(
-            "the rules coach needs the ground truth for every action: "
-            "use reveal='always' (the default for this coach)"
+            "the truth-aware rules rubric needs the ground truth: use reveal='always' "
+            "(the default for this coach) or 'last_agent' (the answer-blind rubric judges "
+            "the agents before the last)"
         )
     # Some problems accept several answers; the environment lists them in the metadata.
     truth = tuple(request.metadata.get("accepted_answers") or (request.ground_truth,))
@@ -430,16 +470,115 @@ def _score_mathchat_action(request: CoachRequest) -> tuple[float, str]:
     raise ValueError(f"no MathChat rubric for agent {request.agent!r}")
 
 
+#: The most an answer-blind code executor turn that reruns its earlier code scores:
+#: one below handing over the number that code computed (7).
+BLIND_REPEAT_CAP = 6.0
+
+
+def _blind_copy(number: str, code: str, problem: str, draft: str | None) -> str | None:
+    """Why ``code``'s printed ``number`` is not its own computation, or None."""
+    copied = copied_literal(number, code, problem)
+    if copied is not None:
+        return f"it printed {number}, written in the code itself ({copied})"
+    if draft is not None:
+        held = copied_literal(draft, code, problem)
+        if held is not None:
+            return f"the code holds the draft's answer as a literal ({held})"
+    return None
+
+
+def _blind_code_turn(
+    request: CoachRequest, tool: Mapping[str, object], draft: str | None
+) -> tuple[float, str]:
+    """The answer-blind score of a code executor turn whose code ran."""
+    if not tool.get("ok", False):
+        err = tool.get("error") or {}
+        name = err.get("name", "failed") if isinstance(err, Mapping) else "failed"
+        why = "timed out" if tool.get("timed_out") else name
+        return 2.0, f"The code {why}."
+    printed = last_number(str(tool.get("stdout") or ""))
+    if printed is None:
+        return 2.0, "The code ran but printed no number."
+    code = "\n".join(extract_code_blocks(request.action))
+    copied = _blind_copy(printed, code, request.task, draft)
+    if copied is not None:
+        return 4.0, f"Copied, not computed: {copied}."
+    if draft is None:
+        relation = "the draft gave no answer to compare with"
+    elif answers_match(printed, draft):
+        relation = f"it agrees with the draft's answer {draft} (weak evidence: not independent)"
+    else:
+        relation = f"it differs from the draft's answer {draft}, for the verifier to settle"
+    return 8.0, f"The code ran and printed a number it computed, {printed}; {relation}."
+
+
+def _score_mathchat_blind(request: CoachRequest) -> tuple[float, str]:
+    """Score a MathChat-v0 problem solver or code executor action without the truth."""
+    if request.agent not in ("problem_solver", "code_executor"):
+        raise ValueError(
+            f"the answer-blind MathChat rubric judges the problem solver and the code "
+            f"executor; {request.agent!r} is judged against the ground truth: use "
+            "reveal='last_agent' or 'always'"
+        )
+    action = request.action
+    if not action.strip():
+        return 0.0, "Empty action."
+    boxed, loose = _answers(action)
+    answer = boxed or loose
+
+    if request.agent == "problem_solver":
+        working = shows_working(action, answer)
+        if boxed is not None and working:
+            return 8.0, f"A boxed final answer ({boxed}), with working."
+        if loose is not None and working:
+            return 5.0, f"A final answer ({loose}) with working, but not in \\boxed{{}}."
+        if working:
+            return 3.0, f"Working, but no final answer{_why_no_answer(action)}."
+        if answer is not None:
+            return 2.0, f"A final answer ({answer}) without working: a bare guess."
+        return 1.0, f"Neither a final answer{_why_no_answer(action)} nor working."
+
+    draft = request.metadata.get("draft_answer")
+    draft = draft if isinstance(draft, str) and draft else None
+    tool = request.tool_result
+    if tool is not None:
+        score, analysis = _blind_code_turn(request, tool, draft)
+        if score > BLIND_REPEAT_CAP and repeats_code(action, request.metadata):
+            return BLIND_REPEAT_CAP, (
+                f"{analysis} But it is the code of its earlier turn again: no new work."
+            )
+        return score, analysis
+    if answer is None:
+        return 1.0, f"No code and no answer{_why_no_answer(action)}."
+    earlier = last_number(str(request.metadata.get("earlier_stdout") or ""))
+    earlier_code = str(request.metadata.get("earlier_code") or "")
+    if earlier is None or _blind_copy(earlier, earlier_code, request.task, draft) is not None:
+        return 3.0, f"Answer {answer}, not backed by a number its code computed."
+    if answers_match(answer, earlier):
+        return 7.0, f"Answer {answer}: the number its code computed."
+    return 2.0, f"Answer {answer} contradicts the number its code computed ({earlier})."
+
+
+MATHCHAT_BLIND_RUBRIC_VERSION = "mathchat-rules-blind-v1"
+"""The answer-blind MathChat-v0 score table (see the module docstring)."""
+
+mathchat_blind_rubric = VersionedRubric(_score_mathchat_blind, MATHCHAT_BLIND_RUBRIC_VERSION)
+"""MathChat-v0's answer-blind rubric, for the problem solver and the code executor."""
+
 MATHCHAT_RUBRIC_VERSION = "mathchat-rules-v4"
 """The truth-aware MathChat-v0 score table above (v4: one answer or none, a copy is any
 literal equal to the answer, a rerun cell is capped, a bare guess pays no more than
 nothing)."""
 
-mathchat_rubric = VersionedRubric(_score_mathchat_action, MATHCHAT_RUBRIC_VERSION)
+mathchat_rubric = VersionedRubric(
+    _score_mathchat_action, MATHCHAT_RUBRIC_VERSION, blind=mathchat_blind_rubric
+)
 """The MathChat-v0 rubric: ``mathchat_rubric(request) -> (score, analysis)``.
 
 Needs ``request.ground_truth``; its :attr:`~mappa_env.coach.base.VersionedRubric.version`
-is :data:`MATHCHAT_RUBRIC_VERSION`.
+is :data:`MATHCHAT_RUBRIC_VERSION`. :class:`RulesCoach` judges the problem solver and
+the code executor by :data:`mathchat_blind_rubric` when their actions arrive without the
+truth.
 """
 
 
@@ -467,7 +606,9 @@ class RulesCoach:
             (or give one to an environment that has none).
 
     Attributes:
-        default_reveal: ``"always"``: rubrics judge correctness, so they need the truth.
+        default_reveal: ``"always"``: rubrics judge correctness, so they need the truth
+            (opt in to the paper's ``"last_agent"`` for an environment whose rubric has
+            an answer-blind companion, as MathChat's has).
     """
 
     default_reveal: RevealPolicy = "always"

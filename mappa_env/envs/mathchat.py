@@ -448,12 +448,25 @@ class MathChatEnv(PipelineEnv):
         return tuple(accepted) if accepted else (self.task.answer,)
 
     def coach_metadata(self, record: ActionRecord) -> dict[str, Any]:
-        """Task metadata for the coach, and for the code executor its earlier code output."""
-        metadata: dict[str, Any] = {
-            "task_metadata": dict(self.task.metadata),
-            "accepted_answers": list(self.accepted_answers),
-        }
+        """Facts for the coach.
+
+        Task metadata; the accepted answers only when the coach sees the truth for this
+        action (``reveal``); for the code executor the draft's answer
+        (``draft_answer``, read as ``agent_answers`` reads it) and its earlier code and
+        output (``earlier_code``, ``earlier_stdout``).
+        """
+        is_last = record.agent == self.possible_agents[-1]
+        truth_shown = self.reveal == "always" or (self.reveal == "last_agent" and is_last)
+        task_metadata = dict(self.task.metadata)
+        metadata: dict[str, Any] = {"task_metadata": task_metadata}
+        if truth_shown:
+            metadata["accepted_answers"] = list(self.accepted_answers)
+        else:
+            # An answer-blind judge must not find the answer in the task's metadata.
+            task_metadata.pop("accepted_answers", None)
         if record.agent == CODE_EXECUTOR:
+            draft = self.last_record(PROBLEM_SOLVER)
+            metadata["draft_answer"] = stated_answer(draft.action) if draft else None
             # The record being judged is not in the transcript yet: these are earlier turns.
             earlier = [r.tool for r in self.records_of(CODE_EXECUTOR) if r.tool.result]
             metadata["earlier_stdout"] = earlier[-1].result.stdout if earlier else ""
