@@ -11,6 +11,7 @@ from mappa_env.coach.rules import (
     RulesCoach,
     mathchat_blind_rubric,
     mathchat_rubric,
+    shows_working,
 )
 
 
@@ -268,6 +269,24 @@ def test_new_code_in_the_second_turn_is_judged_on_its_own():
         }
     )
     assert mathchat_rubric(wrong_again)[0] == 4  # the cap only lowers
+
+
+@pytest.mark.parametrize(
+    ("text", "answer", "shown"),
+    [
+        ("76 * 89 = 6764, and 6764 - 230 = 6534.", "6534", True),
+        ("12 * 11 = 132, so the answer is 1.", "1", True),
+        ("Let $x^2 + 1$ be positive.", None, True),
+        ("so x = 5 then", None, True),
+        ("The answer is 42.", "42", False),
+        ("The answer is 12 * 11 - 10.", "12 * 11 - 10", False),
+        ("So \\boxed{12 * 11 - 10}.", None, False),
+        ("A 3-digit, well-known number. **Answer:** 5", "5", False),
+        ("<think>2 + 2 = 4</think> The answer is 42.", "42", False),
+    ],
+)
+def test_shows_working(text, answer, shown):
+    assert shows_working(text, answer) is shown
 
 
 def test_no_cheap_draft_outscores_honest_steps():

@@ -303,7 +303,7 @@ def shows_working(text: str, answer: str | None = None) -> bool:
     with a number on one side (``76 * 89``, ``x^2``, ``6764 - 230``, ``3 \\times 4``).
     Boxes and the stated ``answer`` are removed first: ``\\boxed{12 * 11 - 10}`` or
     "the answer is 12 * 11 - 10" states an answer, it shows no step. Hyphenated words
-    (``3-digit``) and ranges of words are not steps. A form check only: it cannot tell
+    (``3-digit``, ``well-known``) are not steps. A form check only: it cannot tell
     sound steps from decoration.
 
     Args:
@@ -314,7 +314,9 @@ def shows_working(text: str, answer: str | None = None) -> bool:
         True when a step is shown.
     """
     visible = _BOXED.sub(" ", strip_think(text))
-    if answer:
+    if answer and _STEP.search(answer):
+        # Only an answer that looks like a step is cut out: cutting a plain number
+        # ("1") would cut its digits out of the real steps ("12 * 11") too.
         visible = visible.replace(answer, " ")
     for step in _STEP.finditer(visible):
         if step.group("op") is None:  # a subtraction between two numbers
