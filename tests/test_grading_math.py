@@ -16,6 +16,7 @@ from mappa_env.grading import (
     answers_match,
     answers_match_any,
     answers_match_async,
+    boxed_answers,
     extract_boxed,
 )
 
@@ -28,7 +29,7 @@ from mappa_env.grading import (
     ("text", "expected"),
     [
         (r"so \boxed{42}.", "42"),
-        (r"first \boxed{1} then \boxed{2}", "2"),
+        (r"first \boxed{2} then \boxed{2}", "2"),
         (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),
         (r"\boxed{\frac{\sqrt{3}}{\left(2\right)}}", r"\frac{\sqrt{3}}{\left(2\right)}"),
         (r"\boxed{\{1, 2\}}", r"\{1, 2\}"),
@@ -69,6 +70,83 @@ def test_extract_boxed_finds_the_final_answer(text, expected):
 )
 def test_extract_boxed_returns_none_without_an_answer(text):
     assert extract_boxed(text) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        r"\boxed{42} \boxed{6534}",
+        r"first \boxed{1} then \boxed{2}",
+        r"\boxed{6534} or maybe \boxed{6535}. The final answer is 6534.",
+        r"\boxed{\frac{1}{2}} \boxed{0.25}",
+        r"\boxed{6534} \boxed{x = 6533}",
+    ],
+)
+def test_several_different_boxed_answers_are_no_answer(text):
+    # Taking the last box would let a hedge ("\boxed{42} \boxed{6534}") pass.
+    assert extract_boxed(text) is None
+    assert extract_boxed(text, fallback=False) is None
+    assert len(boxed_answers(text)) == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (r"\boxed{6534} so again \boxed{6534}", "6534"),
+        (r"\boxed{6,534} so \boxed{6534}", "6534"),
+        (r"\boxed{x = 6534}, i.e. \boxed{6534.0}", "6534.0"),
+        (r"\boxed{\frac{1}{2}} = \boxed{0.5}", "0.5"),
+        (r"\boxed{\dfrac{1}{2}} or \boxed{\frac12}", r"\frac12"),
+        (r"\boxed{5 \text{ cm}} and \boxed{5}", "5"),
+        (r"\boxed{\sqrt{2}} \boxed{\sqrt{2}}", r"\sqrt{2}"),
+    ],
+)
+def test_boxes_holding_equal_answers_are_one_answer(text, expected):
+    assert extract_boxed(text) == expected
+    assert boxed_answers(text) == [expected]
+
+
+def test_boxed_answers_lists_each_different_answer_once():
+    text = r"\boxed{42} \boxed{6534} \boxed{42.0} <think>\boxed{7}</think>"
+    assert boxed_answers(text) == ["42.0", "6534"]
+    assert boxed_answers(r"\boxed{}") == []
+    assert boxed_answers(None) == []
+
+
+def test_a_trusted_solution_can_take_its_last_box():
+    text = r"first \boxed{1} then \boxed{2}"
+    assert extract_boxed(text, last_box_wins=True) == "2"
+    assert extract_boxed(r"\boxed{NUMBER} then \boxed{3}", last_box_wins=True) == "3"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        r"The final answer is \boxed{NUMBER}",
+        r"\boxed{answer}",
+        r"\boxed{\text{your answer}}",
+        r"\boxed{ANSWER_HERE}",
+        r"\boxed{...}",
+        r"\boxed{<number>}",
+        r"The final answer is \boxed{}",
+    ],
+)
+def test_a_placeholder_box_is_no_answer(text):
+    assert extract_boxed(text) is None
+
+
+def test_a_placeholder_box_does_not_hide_a_real_one():
+    assert extract_boxed(r"Format: \boxed{NUMBER}. Here: \boxed{42}") == "42"
+    assert extract_boxed(r"\boxed{NUMBER}. The answer is 42.") == "42"
+
+
+def test_many_boxes_are_read_fast():
+    different = " ".join(rf"\boxed{{{i}}}" for i in range(20_000))
+    same = " ".join([r"\boxed{6,534}", r"\boxed{6534}"] * 10_000)
+    start = time.perf_counter()
+    assert extract_boxed(different) is None
+    assert extract_boxed(same) == "6534"
+    assert time.perf_counter() - start < 2.0
 
 
 def test_extract_boxed_fallbacks_can_be_disabled():
@@ -372,3 +450,38 @@ def test_integers_match_their_padded_and_float_forms_only(value, pad):
     assert answers_match(f"{value}.0", str(value))
     assert not answers_match(str(value + 1), text)
     assert not answers_match(str(value * 10 + 1), text)
+
+
+# --------------------------------------------------------------------------------------
+# An agent's own final number (mappa_env.grading.answers)
+# --------------------------------------------------------------------------------------
+
+
+def test_numbers_in_and_last_number():
+    from mappa_env.grading.answers import last_number, numbers_in
+
+    assert numbers_in("x = 1,000 and -3, then 2.5 or 3/4") == ["1000", "-3", "2.5", "3/4"]
+    assert last_number("[stdout]\n6534\n") == "6534"
+    assert last_number("no digits") is None
+
+
+def test_stated_answer_reads_one_answer():
+    from mappa_env.grading.answers import stated_answer
+
+    assert stated_answer("so \\boxed{6534}") == "6534"
+    assert stated_answer("The answer is 6534.") == "6534"
+    assert stated_answer("The answer is 6534.", fallback=False) is None
+    assert stated_answer("\\boxed{42} \\boxed{6534} The answer is 6534.") is None
+    assert stated_answer(None) is None
+
+
+def test_the_code_executor_answer_is_its_last_printed_number_else_its_words():
+    from mappa_env.grading.answers import code_executor_answer, printed_answer
+
+    assert printed_answer(["12\n", "6534\n"]) == "6534"
+    assert printed_answer(["6534\n", "done\n", None]) == "6534"  # a later run printed none
+    assert printed_answer([None, ""]) is None
+    assert code_executor_answer(["6534\n"], "So \\boxed{42}") == "6534"
+    assert code_executor_answer([None], "So \\boxed{42}") == "42"
+    assert code_executor_answer([], "The answer is 42.") == "42"
+    assert code_executor_answer([], "\\boxed{1} \\boxed{2}") is None

@@ -150,6 +150,57 @@ def test_scripted_correct_episode_gets_high_rewards_for_everyone():
     env.close()
 
 
+def test_rerunning_the_same_cell_is_not_paid_twice():
+    script = {**GOOD_SCRIPT, "code_executor": [GOOD_SCRIPT["code_executor"][0]] * 2}
+    env = make_env()
+    play(env, script)
+    rewards = [r.reward for r in env.transcript if r.agent == "code_executor"]
+    assert rewards == [1.0, 0.7]
+    env.close()
+
+
+def test_infos_name_the_rubric_version_of_each_verdict():
+    env = make_env()
+    play(env, GOOD_SCRIPT)
+    assert {r.verdict.rubric_version for r in env.transcript} == {"mathchat-rules-v4"}
+    env.close()
+
+
+def test_the_rules_coach_follows_the_papers_reveal_with_an_answer_blind_rubric():
+    env = make_env(reveal="last_agent")
+    script = {
+        **GOOD_SCRIPT,
+        "problem_solver": ["123456789 * 987654321 = \\boxed{121932631112635269}"],
+    }
+    play(env, script)
+    versions = [(r.agent, r.verdict.valid, r.verdict.rubric_version) for r in env.transcript]
+    assert versions == [
+        ("problem_solver", True, "mathchat-rules-blind-v1"),
+        ("code_executor", True, "mathchat-rules-blind-v1"),
+        ("code_executor", True, "mathchat-rules-blind-v1"),
+        ("verifier", True, "mathchat-rules-v4"),
+    ]
+    # Blind: the draft's answer with steps, computed code, a hand-over of its output.
+    assert [r.reward for r in env.transcript] == [0.8, 0.8, 0.7, 1.0]
+    env.close()
+
+
+def test_an_answer_blind_coach_gets_no_answer_in_the_metadata():
+    task = MathTask(
+        id="two", prompt="Either works.", answer="080", metadata={"accepted_answers": ("080", "81")}
+    )
+    coach = FixedCoach()  # prefers reveal="last_agent"
+    env = make_env(coach=coach, tasks=[task])
+    play(env, GOOD_SCRIPT, task)
+    by_agent = {r.agent: r for r in coach.requests}
+    for agent in ("problem_solver", "code_executor"):
+        assert "accepted_answers" not in by_agent[agent].metadata
+        assert "accepted_answers" not in by_agent[agent].metadata["task_metadata"]
+    assert by_agent["verifier"].metadata["accepted_answers"] == ["080", "81"]
+    assert by_agent["code_executor"].metadata["draft_answer"] == "121932631112635269"
+    env.close()
+
+
 def test_scripted_wrong_code_blames_the_code_executor():
     env = make_env()
     script = {
@@ -184,6 +235,85 @@ def test_copying_the_problem_as_the_answer_earns_nothing():
     play(env, script, task)
     assert env.state()["outcome"]["correct"] is False
     assert all(r.reward <= 0.3 for r in env.transcript), [r.reward for r in env.transcript]
+    env.close()
+
+
+def test_a_verifier_boxing_two_answers_is_not_correct():
+    script = {**GOOD_SCRIPT, "verifier": ["\\boxed{42} \\boxed{121932631112635269}"]}
+    env = make_env()
+    play(env, script)
+    assert env.state()["outcome"]["correct"] is False
+    assert env.state()["outcome"]["predicted"] is None
+    assert env.transcript[-1].reward == 0.0
+    env.close()
+
+
+def test_the_outcome_grades_each_agent_by_its_own_number():
+    env = make_env()
+    play(env, GOOD_SCRIPT)
+    outcome = env.state()["outcome"]
+    right = TASK.answer
+    assert outcome["agent_answers"] == {
+        "problem_solver": right,
+        "code_executor": right,  # what its code printed
+        "verifier": right,
+    }
+    assert outcome["agent_correct"] == dict.fromkeys(outcome["agent_answers"], True)
+    env.close()
+
+
+@pytest.mark.parametrize(
+    ("script", "answers", "correct"),
+    [
+        (  # right draft, wrong code, a verifier that followed the code
+            {
+                "problem_solver": ["Multiply: \\boxed{5}"],
+                "code_executor": ["```python\nprint(2 * 3)\n```", "So \\boxed{6}"],
+                "verifier": ["\\boxed{6}"],
+            },
+            {"problem_solver": "5", "code_executor": "6", "verifier": "6"},
+            {"problem_solver": True, "code_executor": False, "verifier": False},
+        ),
+        (  # a hedging draft, code that printed nothing after a run that did, an unboxed verdict
+            {
+                "problem_solver": ["\\boxed{5} or \\boxed{6}"],
+                "code_executor": ["```python\nprint(2 + 3)\n```", "```python\nx = 1\n```"],
+                "verifier": ["The final answer is 5."],
+            },
+            {"problem_solver": None, "code_executor": "5", "verifier": None},
+            {"problem_solver": False, "code_executor": True, "verifier": False},
+        ),
+        (  # no code: the code executor's number is the one it states
+            {
+                "problem_solver": ["The answer is 4."],
+                "code_executor": ["I agree with 4? No: \\boxed{5}"],
+                "verifier": ["\\boxed{5}"],
+            },
+            {"problem_solver": "4", "code_executor": "5", "verifier": "5"},
+            {"problem_solver": False, "code_executor": True, "verifier": True},
+        ),
+    ],
+)
+def test_agent_answers_and_correctness(script, answers, correct):
+    env = make_env()
+    play(env, script, OTHER)
+    outcome = env.state()["outcome"]
+    assert outcome["agent_answers"] == answers
+    assert outcome["agent_correct"] == correct
+    assert outcome["agent_correct"]["verifier"] == outcome["correct"]
+    assert outcome["agent_answers"]["verifier"] == outcome["predicted"]
+    env.close()
+
+
+def test_a_cut_episode_lists_only_the_agents_that_acted():
+    env = make_env(max_cycles=2)
+    env.reset(options={"task": OTHER})
+    env.step("\\boxed{5}")
+    env.step("```python\nprint(2 + 3)\n```")
+    outcome = env.infos["verifier"]["outcome"]
+    assert outcome["agent_answers"] == {"problem_solver": "5", "code_executor": "5"}
+    assert outcome["agent_correct"] == {"problem_solver": True, "code_executor": True}
+    assert outcome["correct"] is False
     env.close()
 
 

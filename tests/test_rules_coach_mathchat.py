@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from mappa_env.coach.base import CoachRequest
-from mappa_env.coach.rules import RulesCoach, mathchat_rubric
+from mappa_env.coach.base import CoachRequest, CoachVerdict, VersionedRubric
+from mappa_env.coach.rules import (
+    MATHCHAT_BLIND_RUBRIC_VERSION,
+    MATHCHAT_RUBRIC_VERSION,
+    RulesCoach,
+    mathchat_blind_rubric,
+    mathchat_rubric,
+    shows_working,
+)
 
 
 def request(agent: str, action: str, tool: dict | None = None, **metadata) -> CoachRequest:
@@ -36,8 +43,16 @@ RAISED = {"ok": False, "stdout": "", "error": {"name": "NameError"}, "timed_out"
     [
         ("problem_solver", "So \\boxed{122}.", None, {}, 10),
         ("problem_solver", "The answer is 122.", None, {}, 7),
-        ("problem_solver", "So \\boxed{120}.", None, {}, 3),
+        ("problem_solver", "12 * 11 = 132, and 132 - 10 = 120. So \\boxed{120}.", None, {}, 3),
+        ("problem_solver", "12 * 11 = 132, and 132 - 10 = 120. The answer is 120.", None, {}, 3),
+        # Working without a conclusion beats a bare guess, which is no better than nothing.
+        ("problem_solver", "12 * 11 = 132, then subtract 10.", None, {}, 2),
+        ("problem_solver", "So \\boxed{120}.", None, {}, 1),
+        ("problem_solver", "The answer is 42.", None, {}, 1),
         ("problem_solver", "Let me think about it.", None, {}, 1),
+        # A placeholder or two different boxes are no answer.
+        ("problem_solver", "12 * 11 = 132. \\boxed{NUMBER}", None, {}, 2),
+        ("problem_solver", "12 * 11 = 132. \\boxed{120} or \\boxed{122}", None, {}, 2),
         ("problem_solver", "   ", None, {}, 0),
         ("code_executor", "```python\nprint(12*11-10)\n```", ran("122\n"), {}, 10),
         ("code_executor", "```python\nprint(12*11)\n```", ran("132\n"), {}, 4),
@@ -52,7 +67,7 @@ RAISED = {"ok": False, "stdout": "", "error": {"name": "NameError"}, "timed_out"
         ("code_executor", "```python\nn = 11\nprint(12 * n - 10)\n```", ran("122\n"), {}, 10),
         ("code_executor", "```python\n%time print(122)\n```", ran("122\n"), {}, 6),
         ("code_executor", "```python\nx: int = 122\nprint(x)\n```", ran("122\n"), {}, 6),
-        # Computed, though the answer's digits appear in a format spec or a start value.
+        # Computed, though the answer's digits appear in a format spec.
         (
             "code_executor",
             "```python\nx = 12 * 11 - 10\nprint(f'{x:.122}')\n```",
@@ -60,12 +75,13 @@ RAISED = {"ok": False, "stdout": "", "error": {"name": "NameError"}, "timed_out"
             {},
             10,
         ),
+        # The answer as a start value that the code only pretends to update is a copy.
         (
             "code_executor",
             "```python\nt = 122\nfor i in range(3):\n    t += 0\nprint(t)\n```",
             ran("122\n"),
             {},
-            10,
+            6,
         ),
         (
             "code_executor",
@@ -97,6 +113,13 @@ RAISED = {"ok": False, "stdout": "", "error": {"name": "NameError"}, "timed_out"
             {"earlier_stdout": "122\n", "earlier_code": "print(122)"},
             6,
         ),
+        (
+            "code_executor",
+            "So \\boxed{122}.",
+            None,
+            {"earlier_stdout": "122\n", "earlier_code": "print(int('122'))"},
+            6,
+        ),
         ("code_executor", "So \\boxed{122}.", None, {"earlier_stdout": ""}, 6),
         ("code_executor", "So \\boxed{7}.", None, {}, 2),
         ("code_executor", "Done.", None, {}, 1),
@@ -106,17 +129,180 @@ RAISED = {"ok": False, "stdout": "", "error": {"name": "NameError"}, "timed_out"
         ("verifier", "The final answer is 121.", None, {}, 1),
         ("verifier", "I cannot tell.", None, {}, 0),
         # The problem's expression copied as the answer is a wrong answer, not a right one.
-        ("problem_solver", "So \\boxed{12 * 11 - 10}.", None, {}, 3),
-        ("problem_solver", "The answer is 12 * 11 - 10.", None, {}, 3),
+        ("problem_solver", "So \\boxed{12 * 11 - 10}.", None, {}, 1),
+        ("problem_solver", "The answer is 12 * 11 - 10.", None, {}, 1),
         ("code_executor", "So \\boxed{12 * 11 - 10}.", None, {"earlier_stdout": "122\n"}, 2),
         ("verifier", "Final: \\boxed{12 * 11 - 10}", None, {}, 2),
         ("verifier", "Final: \\boxed{12 \\times 11 - 10}", None, {}, 2),
         ("verifier", "Final: \\boxed{1342/11}", None, {}, 2),
+        # Several different boxed answers are no answer: a hedge is not a choice.
+        ("verifier", "\\boxed{120} or rather \\boxed{122}", None, {}, 0),
+        ("verifier", "\\boxed{122} and again \\boxed{122.0}", None, {}, 10),
+        # A placeholder in the box is format without an answer: no answer.
+        ("verifier", "The final answer is \\boxed{NUMBER}", None, {}, 0),
+        ("verifier", "\\boxed{answer}", None, {}, 0),
+        ("verifier", "\\boxed{}", None, {}, 0),
+        ("code_executor", "\\boxed{120} \\boxed{122}", None, {"earlier_stdout": "122\n"}, 1),
     ],
 )
 def test_each_row_of_the_rubric(agent, action, tool, metadata, score):
     got, analysis = mathchat_rubric(request(agent, action, tool, **metadata))
     assert got == score, analysis
+
+
+PRODUCT = "Compute 76 * 89 - 230."
+
+
+def code_request(code: str, stdout: str, *, task: str = PRODUCT, truth: str = "6534"):
+    return CoachRequest(
+        env_id="MathChat-v0",
+        task_id="t",
+        task=task,
+        agent="code_executor",
+        system_description="",
+        role_description="",
+        agent_input=(),
+        action=f"```python\n{code}\n```",
+        tool_result=ran(stdout),
+        ground_truth=truth,
+    )
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "print(6534)",
+        "print(6534+0)",
+        "print(int('6534'))",
+        'print(float("6534"))',
+        "print('%d' % 6534)",
+        "x = 6534; y = x; print(y)",
+        "print(-(-6534))",
+        "print(6_534 * 1)",
+        "print(int('6_534'))",
+        "print(0x1986)",
+        "x = 76 * 89 - 230\nassert x == 6534\nprint(x)",
+        "import itertools\nprint(next(n for n in itertools.count() if n == 6534))",
+    ],
+)
+def test_the_answer_written_anywhere_in_the_code_is_copied(code):
+    score, analysis = mathchat_rubric(code_request(code, "6534\n"))
+    assert score == 6, analysis
+    assert "copied" in analysis
+
+
+@pytest.mark.parametrize(
+    ("code", "stdout", "task", "truth"),
+    [
+        ("print(76 * 89 - 230)", "6534\n", PRODUCT, "6534"),
+        ("a, b, c = 76, 89, 230\nprint(a * b - c)", "6534\n", PRODUCT, "6534"),
+        ("x = 76 * 89 - 230\nprint(f'{x:,}')", "6,534\n", PRODUCT, "6534"),
+        ("print(-(76 * 89 - 230))", "-6534\n", PRODUCT, "-6534"),
+        # The problem states the number: writing it is how the problem is computed.
+        ("print(6534 + 0)", "6534\n", "Compute 6534 + 0.", "6534"),
+        ("print(2 ** 10)", "1024\n", "Compute 2 ** 10.", "1024"),
+        # Small integers are everywhere in honest code (a range start, an exponent).
+        (
+            "print(sum(1 for n in range(2, 5) if all(n % d for d in range(2, n))))",
+            "2\n",
+            "How many primes are less than 5?",
+            "2",
+        ),
+        ("x = 3\nprint(x ** 2 - 7)", "2\n", "What is 3 squared minus 7?", "2"),
+        (
+            "count = 0\nfor n in [1, 2, 3]:\n    if n % 7 == 0:\n        count += 1\nprint(count)",
+            "0\n",
+            "How many of 1, 2, 3 are multiples of 7?",
+            "0",
+        ),
+    ],
+)
+def test_honest_computations_still_score_full(code, stdout, task, truth):
+    score, analysis = mathchat_rubric(code_request(code, stdout, task=task, truth=truth))
+    assert score == 10, analysis
+
+
+def test_a_printed_literal_is_copied_even_when_the_problem_states_it():
+    score, _ = mathchat_rubric(code_request("print(6534)", "6534\n", task="Compute 6534 + 0."))
+    assert score == 6
+    score, _ = mathchat_rubric(code_request("print(0)", "0\n", task="Is 5 even?", truth="0"))
+    assert score == 6
+
+
+@pytest.mark.parametrize(
+    "again",
+    [
+        "print(76 * 89 - 230)",
+        "\n  print(76 * 89 - 230)  \n\n",
+        "print(76*89 - 230)  # once more",
+    ],
+)
+def test_rerunning_the_earlier_code_earns_no_second_full_score(again):
+    first = code_request("print(76 * 89 - 230)", "6534\n")
+    assert mathchat_rubric(first)[0] == 10
+    rerun = CoachRequest(
+        **{
+            **code_request(again, "6534\n").__dict__,
+            "turn": 1,
+            "metadata": {"earlier_code": "print(76 * 89 - 230)\n", "earlier_stdout": "6534\n"},
+        }
+    )
+    score, analysis = mathchat_rubric(rerun)
+    assert score == 7, analysis
+    assert "earlier turn" in analysis
+    handover = CoachRequest(**{**rerun.__dict__, "action": "\\boxed{6534}", "tool_result": None})
+    assert mathchat_rubric(handover)[0] > score  # handing over is the better second turn
+
+
+def test_new_code_in_the_second_turn_is_judged_on_its_own():
+    request = CoachRequest(
+        **{
+            **code_request("x = 76 * 89\nprint(x - 230)", "6534\n").__dict__,
+            "metadata": {"earlier_code": "print(76 * 89 - 230)\n", "earlier_stdout": "6534\n"},
+        }
+    )
+    assert mathchat_rubric(request)[0] == 10
+    wrong_again = CoachRequest(
+        **{
+            **code_request("print(76 * 89)", "6764\n").__dict__,
+            "metadata": {"earlier_code": "print(76 * 89)", "earlier_stdout": "6764\n"},
+        }
+    )
+    assert mathchat_rubric(wrong_again)[0] == 4  # the cap only lowers
+
+
+@pytest.mark.parametrize(
+    ("text", "answer", "shown"),
+    [
+        ("76 * 89 = 6764, and 6764 - 230 = 6534.", "6534", True),
+        ("12 * 11 = 132, so the answer is 1.", "1", True),
+        ("Let $x^2 + 1$ be positive.", None, True),
+        ("so x = 5 then", None, True),
+        ("The answer is 42.", "42", False),
+        ("The answer is 12 * 11 - 10.", "12 * 11 - 10", False),
+        ("So \\boxed{12 * 11 - 10}.", None, False),
+        ("A 3-digit, well-known number. **Answer:** 5", "5", False),
+        ("<think>2 + 2 = 4</think> The answer is 42.", "42", False),
+    ],
+)
+def test_shows_working(text, answer, shown):
+    assert shows_working(text, answer) is shown
+
+
+def test_no_cheap_draft_outscores_honest_steps():
+    guess = mathchat_rubric(request("problem_solver", "The answer is 42."))[0]
+    boxed_guess = mathchat_rubric(request("problem_solver", "\\boxed{42}"))[0]
+    steps = mathchat_rubric(request("problem_solver", "12 * 11 = 132; minus 10."))[0]
+    steps_and_wrong = mathchat_rubric(request("problem_solver", "12 * 11 = 132. \\boxed{42}"))[0]
+    assert max(guess, boxed_guess) < steps < steps_and_wrong
+
+
+def test_a_placeholder_box_scores_below_an_unboxed_wrong_answer():
+    placeholders = ["\\boxed{NUMBER}", "\\boxed{answer}", "\\boxed{}", "\\boxed{...}"]
+    unboxed_wrong = mathchat_rubric(request("verifier", "The final answer is 121."))[0]
+    for text in placeholders:
+        score, analysis = mathchat_rubric(request("verifier", f"The final answer is {text}"))
+        assert score < unboxed_wrong, (text, analysis)
 
 
 def test_the_verifier_ladder_rewards_each_step_toward_the_job():
@@ -138,3 +324,188 @@ def test_without_the_truth_the_verdict_is_invalid_not_a_score():
     verdict = coach.score(blind)
     assert verdict.valid is False
     assert "ground truth" in verdict.analysis
+
+
+# ----------------------------------------------------------------------------- versions
+
+
+def test_every_verdict_names_the_rubric_version_that_scored_it():
+    verdict = RulesCoach().score(request("verifier", "Final: \\boxed{122}"))
+    assert verdict.score == 10
+    assert verdict.rubric_version == MATHCHAT_RUBRIC_VERSION == "mathchat-rules-v4"
+    assert verdict.to_dict()["rubric_version"] == "mathchat-rules-v4"
+    assert CoachVerdict(score=1.0, valid=True).to_dict()["rubric_version"] is None
+
+
+def test_a_plain_rubric_function_still_works_without_a_version():
+    def constant(req: CoachRequest) -> tuple[float, str]:
+        return 5.0, "always five"
+
+    coach = RulesCoach(rubrics={"MathChat-v0": constant})
+    verdict = coach.score(request("verifier", "\\boxed{122}"))
+    assert (verdict.score, verdict.rubric_version) == (5.0, None)
+    assert coach.rubric_versions("MathChat-v0") == {"truth_aware": None, "answer_blind": None}
+    constant.version = "constant-v1"  # a function may name its version as an attribute
+    assert coach.score(request("verifier", "x")).rubric_version == "constant-v1"
+
+
+def test_the_coach_picks_the_answer_blind_companion_without_the_truth():
+    def aware(req: CoachRequest) -> tuple[float, str]:
+        return 9.0, "with the truth"
+
+    def blind(req: CoachRequest) -> tuple[float, str]:
+        return 3.0, "without the truth"
+
+    rubric = VersionedRubric(aware, "toy-v2", blind=VersionedRubric(blind, "toy-blind-v1"))
+    coach = RulesCoach(rubrics={"MathChat-v0": rubric})
+    assert coach.rubric_versions("MathChat-v0") == {
+        "truth_aware": "toy-v2",
+        "answer_blind": "toy-blind-v1",
+    }
+    with_truth = request("problem_solver", "x")
+    without = CoachRequest(**{**with_truth.__dict__, "ground_truth": None})
+    last_without = CoachRequest(**{**without.__dict__, "is_last_agent": True})
+    scored = [coach.score(r) for r in (with_truth, without, last_without)]
+    assert [(v.score, v.rubric_version) for v in scored] == [
+        (9.0, "toy-v2"),
+        (3.0, "toy-blind-v1"),
+        (9.0, "toy-v2"),  # the last agent is always judged by the truth-aware rubric
+    ]
+
+
+def test_rubric_versions_of_an_environment_without_a_rubric_is_an_error():
+    with pytest.raises(ValueError, match="no rules rubric"):
+        RulesCoach().rubric_versions("Nowhere-v0")
+
+
+# ------------------------------------------------------------------ the answer-blind rubric
+
+
+def blind(agent: str, action: str, tool: dict | None = None, **metadata) -> CoachRequest:
+    """A request as ``reveal="last_agent"`` sends it for an agent before the last."""
+    return CoachRequest(
+        env_id="MathChat-v0",
+        task_id="t",
+        task=PRODUCT,
+        agent=agent,
+        system_description="",
+        role_description="",
+        agent_input=(),
+        action=action,
+        tool_result=tool,
+        ground_truth=None,
+        metadata=metadata,
+    )
+
+
+STEPS = "76 * 89 = 6764, and 6764 - 230 = 6534."
+CODE = "```python\nprint(76 * 89 - 230)\n```"
+
+
+@pytest.mark.parametrize(
+    ("agent", "action", "tool", "metadata", "score"),
+    [
+        ("problem_solver", f"{STEPS} So \\boxed{{6534}}.", None, {}, 8),
+        # Without the truth a wrong answer with steps is judged like a right one.
+        ("problem_solver", "76 * 89 = 6764, minus 230 is 6524. \\boxed{6524}", None, {}, 8),
+        ("problem_solver", f"{STEPS} The answer is 6534.", None, {}, 5),
+        ("problem_solver", "76 * 89 = 6764, then subtract 230.", None, {}, 3),
+        ("problem_solver", f"{STEPS} \\boxed{{NUMBER}}", None, {}, 3),
+        ("problem_solver", f"{STEPS} \\boxed{{6534}} or \\boxed{{6524}}", None, {}, 3),
+        ("problem_solver", "The answer is 42.", None, {}, 2),
+        ("problem_solver", "\\boxed{6534}", None, {}, 2),
+        ("problem_solver", "Let me think about it.", None, {}, 1),
+        ("problem_solver", " ", None, {}, 0),
+        ("code_executor", CODE, ran("6534\n"), {"draft_answer": "6534"}, 8),
+        ("code_executor", CODE, ran("6534\n"), {"draft_answer": "42"}, 8),
+        ("code_executor", CODE, ran("6534\n"), {"draft_answer": None}, 8),
+        ("code_executor", "```python\nprint(6534)\n```", ran("6534\n"), {}, 4),
+        ("code_executor", "```python\nprint(6534+0)\n```", ran("6534\n"), {}, 4),
+        ("code_executor", "```python\nprint(int('42'))\n```", ran("42\n"), {}, 4),
+        (
+            "code_executor",
+            "```python\nx = 76 * 89 - 230\nprint(x == 6534, x)\n```",
+            ran("True 6534\n"),
+            {"draft_answer": "6534"},
+            4,
+        ),
+        # A number the problem states is fine to write.
+        ("code_executor", "```python\nprint(89 * 76 - 230)\n```", ran("6534\n"), {}, 8),
+        ("code_executor", "```python\nprint('hi')\n```", ran("hi\n"), {}, 2),
+        ("code_executor", "```python\nprint(x)\n```", RAISED, {}, 2),
+        (
+            "code_executor",
+            CODE,
+            ran("6534\n"),
+            {"earlier_code": "print(76 * 89 - 230)", "earlier_stdout": "6534\n"},
+            6,
+        ),
+        (
+            "code_executor",
+            "So \\boxed{6534}.",
+            None,
+            {"earlier_code": "print(76 * 89 - 230)", "earlier_stdout": "6534\n"},
+            7,
+        ),
+        ("code_executor", "So \\boxed{6534}.", None, {}, 3),
+        (
+            "code_executor",
+            "So \\boxed{6534}.",
+            None,
+            {"earlier_code": "print(6534)", "earlier_stdout": "6534\n"},
+            3,
+        ),
+        (
+            "code_executor",
+            "So \\boxed{42}.",
+            None,
+            {"earlier_code": "print(76 * 89 - 230)", "earlier_stdout": "6534\n"},
+            2,
+        ),
+        ("code_executor", "Done.", None, {}, 1),
+    ],
+)
+def test_each_row_of_the_answer_blind_rubric(agent, action, tool, metadata, score):
+    got, analysis = mathchat_blind_rubric(blind(agent, action, tool, **metadata))
+    assert got == score, analysis
+    verdict = RulesCoach().score(blind(agent, action, tool, **metadata))
+    assert (verdict.score, verdict.rubric_version) == (score, MATHCHAT_BLIND_RUBRIC_VERSION)
+
+
+def test_the_blind_rubric_never_reads_the_truth():
+    cases = [
+        blind("problem_solver", f"{STEPS} \\boxed{{6534}}"),
+        blind("code_executor", CODE, ran("6534\n"), draft_answer="6534"),
+    ]
+    for case in cases:
+        told = CoachRequest(**{**case.__dict__, "ground_truth": "1", "metadata": {**case.metadata}})
+        assert mathchat_blind_rubric(case) == mathchat_blind_rubric(told)
+
+
+def test_no_cheap_action_outscores_the_job_without_the_truth():
+    def score(agent, action, tool=None, **metadata):
+        return mathchat_blind_rubric(blind(agent, action, tool, **metadata))[0]
+
+    job = score("problem_solver", f"{STEPS} \\boxed{{6534}}")
+    steps = score("problem_solver", "76 * 89 = 6764, then subtract 230.")
+    guesses = [score("problem_solver", g) for g in ("\\boxed{42}", "The answer is 42.")]
+    assert max(guesses) < steps < job
+    computed = score("code_executor", CODE, ran("6534\n"), draft_answer="6534")
+    copied = score("code_executor", "```python\nprint(6534)\n```", ran("6534\n"))
+    nothing = score("code_executor", "```python\npass\n```", ran(""))
+    assert nothing < copied < computed
+
+
+def test_the_last_agent_without_the_truth_is_not_scored():
+    verdict = RulesCoach().score(
+        CoachRequest(**{**blind("verifier", "\\boxed{6534}").__dict__, "is_last_agent": True})
+    )
+    assert verdict.valid is False
+    assert "ground truth" in verdict.analysis
+
+
+def test_rubric_versions_of_mathchat():
+    assert RulesCoach().rubric_versions("MathChat-v0") == {
+        "truth_aware": "mathchat-rules-v4",
+        "answer_blind": "mathchat-rules-blind-v1",
+    }

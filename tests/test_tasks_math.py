@@ -129,6 +129,13 @@ def test_answer_from_boxed_solution(tmp_path):
     assert task.metadata["answer_from"] == "solution"
 
 
+def test_a_reference_solution_boxing_intermediate_results_gives_its_last_box(tmp_path):
+    solution = "First $\\boxed{3}$ apples, so in all $\\boxed{17}$."
+    path = write_json(tmp_path / "f.json", [{"problem": "P", "solution": solution}])
+    (task,) = load_math_tasks(path)
+    assert task.answer == "17"
+
+
 def test_alternative_answers_are_recorded(tmp_path):
     path = write_json(
         tmp_path / "f.json", [{"prompt": "P", "answer": "080 or 081 (both were accepted)"}]

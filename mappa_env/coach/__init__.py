@@ -19,6 +19,7 @@ from mappa_env.coach.base import (
     CoachVerdict,
     FileInfo,
     RevealPolicy,
+    VersionedRubric,
 )
 from mappa_env.coach.cache import CachedVerdict, CoachCache, CoachCacheMiss
 from mappa_env.coach.ledger import CoachLedger
@@ -173,6 +174,7 @@ __all__ = [
     "LLMCoach",
     "RevealPolicy",
     "RulesCoach",
+    "VersionedRubric",
     "coach_report",
     "make_coach",
     "parse_model_spec",

@@ -97,6 +97,33 @@ Rubric = Callable[[CoachRequest], tuple[float, str]]
 
 
 @dataclass(frozen=True)
+class VersionedRubric:
+    """A rule-based rubric that names the version of its score table.
+
+    Verdicts it scores carry ``version`` (:attr:`CoachVerdict.rubric_version`), so
+    results scored by different tables are never mixed unknowingly. A plain function
+    is a rubric too; its verdicts carry no version. Call it like the function it wraps.
+
+    Attributes:
+        fn: The scorer, ``request -> (score, analysis)``.
+        version: Names the score table, e.g. ``"mathchat-rules-v4"``; change it
+            whenever any score changes.
+        blind: The rubric for actions judged without the ground truth (the
+            request's ``ground_truth`` is ``None``) by agents other than the last:
+            with ``reveal="last_agent"`` (the paper's setting) or ``"never"``.
+            ``None``: this rubric judges those too.
+    """
+
+    fn: Rubric
+    version: str
+    blind: Rubric | None = None
+
+    def __call__(self, request: CoachRequest) -> tuple[float, str]:
+        """Score ``request`` with :attr:`fn`."""
+        return self.fn(request)
+
+
+@dataclass(frozen=True)
 class CoachVerdict:
     """The coach's judgement of one action.
 
@@ -115,6 +142,9 @@ class CoachVerdict:
         attempts: Calls made (retries and format corrections included).
         cached: True when the verdict came from a cache.
         error: What went wrong when invalid.
+        rubric_version: The version of the score table that judged the action (a
+            :class:`VersionedRubric` of the rules coach); ``None`` when the judge
+            names none (a plain rubric function, an LLM coach).
     """
 
     score: float | None
@@ -128,6 +158,7 @@ class CoachVerdict:
     attempts: int = 1
     cached: bool = False
     error: str | None = None
+    rubric_version: str | None = None
 
     def __post_init__(self) -> None:
         if self.valid:

@@ -3,26 +3,48 @@ r"""The rules coach: deterministic, offline per-role rubrics that use the ground
 It is the offline default coach and the reference for tests. Each environment has a
 rubric (a function ``CoachRequest -> (score, analysis)``); :class:`RulesCoach` picks
 the rubric by ``request.env_id``. Users add rubrics for their own environments by
-passing ``rubrics={"MyEnv-v0": my_rubric}``.
+passing ``rubrics={"MyEnv-v0": my_rubric}``. A rubric wrapped in
+:class:`~mappa_env.coach.base.VersionedRubric` names the version of its score table,
+and every verdict it scores carries that version.
 
-MathChat-v0 rubric (scores out of 10). "Answer" means the last ``\boxed{}`` of the
-action, or a fallback ("the answer is 5") where noted; correctness is judged with
+MathChat-v0's table below is version ``"mathchat-rules-v4"``
+(:data:`MATHCHAT_RUBRIC_VERSION`).
+
+MathChat-v0 rubric (scores out of 10). "Answer" means the boxed answer of the action
+(:func:`mappa_env.grading.math.extract_boxed`: several different boxed answers, an
+empty box or a placeholder such as ``\boxed{NUMBER}`` are no answer), or a fallback
+("the answer is 5") where noted; correctness is judged with
 :func:`mappa_env.grading.math.answers_match` against the ground truth.
 
 problem_solver:
     10  boxed answer correct
      7  correct answer only as a fallback (no box)
-     3  an answer, but wrong
-     1  no answer at all (an answer-less draft must not score well)
+     3  a wrong answer, with working shown
+     2  no answer, but working shown
+     1  a wrong answer without working (a bare guess: "The answer is 42."), or neither
+        an answer nor working (an answer-less draft must not score well)
      0  empty action
+
+    "Working" is an equation or an arithmetic step written outside the answer itself
+    (:func:`shows_working`). A draft is worth to the chain its answer and the steps the
+    code executor can check. A wrong number without steps gives the code executor
+    nothing to check, so it scores no more than saying nothing and below honest steps
+    without a conclusion: guessing a number must never pay more than showing work.
+    The check is of form only (it cannot tell sound steps from decoration); only the
+    correct answer earns a high score.
 
 code_executor, a turn with code:
     10  the code ran and its last printed number is the correct answer, computed
      6  the code printed the correct answer, but as a number written in the code itself
-        (``print(393482)``: copied from the draft, not computed)
+        (``print(393482)``, ``print(393482 + 0)``, ``int('393482')``: copied from the
+        draft, not computed; see :func:`copied_literal` for what counts, and why a
+        number the problem states or a small integer does not)
      4  the code ran and printed a number that is not the correct answer
      2  the code ran but printed no number (nothing computed), or it raised, timed out
         or killed its interpreter
+     7  at most, for a turn whose code is its earlier turn's code again (lines stripped,
+        blank lines dropped, or the same Python): no new work, so below handing over
+        the answer that code computed
     code_executor, a turn without code (ends its slot):
      8  correct answer, and it matches what its earlier code printed and computed
      6  correct answer, not backed by code output
@@ -34,10 +56,50 @@ verifier:
      4  correct answer only as a fallback (no box): right, but in the wrong format
      2  boxed answer wrong (right format, wrong answer: above a missing one)
      1  a wrong answer, not boxed (an answer was given at all)
-     0  no answer
+     0  no answer (a box holding a placeholder or two different answers included: a
+        format without an answer, or a hedge, must not pay more than a plain wrong answer)
 
 The gaps are chosen so that no cheap behaviour (an empty reply, printing many numbers,
 copying an upstream answer without checking) outscores doing the job.
+
+MathChat-v0 answer-blind rubric, version ``"mathchat-rules-blind-v1"``
+(:data:`MATHCHAT_BLIND_RUBRIC_VERSION`). The paper shows the reference answer only to the
+last agent's coach (``reveal="last_agent"``): the problem solver's and the code
+executor's actions then arrive without the truth, and :class:`RulesCoach` judges them
+by what can be judged without it. The verifier keeps the table above. Scores:
+
+problem_solver:
+     8  a boxed final answer, with working shown (:func:`shows_working`)
+     5  a final answer only as a fallback ("the answer is 5"), with working
+     3  working, but no final answer
+     2  a final answer without working (a bare guess, boxed or not)
+     1  neither an answer nor working
+     0  empty action
+
+code_executor, a turn with code ("the draft's answer" is the problem solver's, read
+as the environment's ``agent_answers`` reads it, given as ``metadata["draft_answer"]``):
+     8  the code ran and printed a number it computed, whether or not it agrees with
+        the draft's answer. The code executor reads the draft before it writes code,
+        so agreement is not independent evidence, and paying for it would pay for
+        steering code toward the draft's number (``print(6533 + 1)`` is not caught
+        as a copy); disagreement is often the point of checking. The analysis says
+        which it is, and the verifier, judged against the truth, settles it.
+     4  it printed a number written in its code (:func:`copied_literal`), or the
+        code holds the draft's answer as a literal (``assert x == 6534``): copied,
+        not computed; numbers the problem states are fine
+     2  it printed no number, or it raised, timed out or killed its interpreter
+     6  at most, for a rerun of its earlier turn's code (:func:`repeats_code`)
+    code_executor, a turn without code:
+     7  its answer is the number its earlier code computed
+     3  an answer not backed by a number its code computed (no earlier run, or a
+        copied one)
+     2  an answer that contradicts the number its earlier code computed
+     1  no answer
+     0  empty action
+
+Without the truth the problem solver's rows judge form (an answer and steps), not
+correctness: a wrong answer with plausible steps scores like a right one, so the
+verifier's truth-aware score and the episode outcome carry correctness.
 """
 
 from __future__ import annotations
@@ -47,16 +109,21 @@ import asyncio
 import re
 from collections.abc import Mapping
 
-from mappa_env.coach.base import CoachRequest, CoachVerdict, RevealPolicy, Rubric
+from mappa_env.coach.base import (
+    CoachRequest,
+    CoachVerdict,
+    RevealPolicy,
+    Rubric,
+    VersionedRubric,
+)
+from mappa_env.grading.answers import last_number, numbers_in, stated_answer
+from mappa_env.grading.math import answers_match, answers_match_any, boxed_answers
 from mappa_env.registry import registered_env_attribute
 from mappa_env.text import extract_code_blocks, ipython_as_python, strip_think
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
-
-
-def _last_number(text: str) -> str | None:
-    matches = _NUMBER.findall(text)
-    return matches[-1].replace(",", "") if matches else None
+#: Integers this small are not taken for a copied answer when they merely appear in code
+#: (see :func:`copied_literal`); a printed one still is.
+SMALL_INTEGER = 10
 
 
 def _constant_text(node: ast.expr) -> str | None:
@@ -92,7 +159,7 @@ def _printed_literals(code: str) -> list[str]:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         # Code that ran but does not parse here (an integer literal over Python's
         # 4300-digit limit, say): every number written in it counts.
-        return [n.replace(",", "") for n in _NUMBER.findall(code)]
+        return numbers_in(code)
     last: dict[str, ast.expr] = {}
     updated: set[str] = set()
     assignments = [n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign))]
@@ -122,38 +189,227 @@ def _printed_literals(code: str) -> list[str]:
                 part = part.value
             text = _constant_text(part)
             if text is not None:
-                literals.extend(_NUMBER.findall(text) if isinstance(part, ast.Constant)
+                literals.extend(numbers_in(text) if isinstance(part, ast.Constant)
                                 and isinstance(part.value, str) else [text])  # fmt: skip
     return [literal.replace(",", "") for literal in literals]
 
 
-def _written_in(number: str, code: str) -> bool:
-    """Whether ``code`` printed ``number`` as a literal it holds (copied, not computed)."""
-    from mappa_env.grading.math import answers_match
+def _code_literals(code: str) -> list[str]:
+    """Every number written anywhere in ``code``.
 
-    return any(answers_match(literal, number) for literal in _printed_literals(code))
+    Its number constants, and the numbers inside its strings (``int('6534')``,
+    ``float("6534")``, ``'6_534'``), but not the format specs of f-strings
+    (``f'{x:.12}'`` formats, it states no number). In code that does not parse, every
+    number in the text.
+    """
+    try:
+        tree = ast.parse(ipython_as_python(code))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return numbers_in(code)
+    in_format_spec: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FormattedValue) and node.format_spec is not None:
+            in_format_spec.update(id(inner) for inner in ast.walk(node.format_spec))
+    literals: list[str] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Constant) or id(node) in in_format_spec:
+            continue
+        if isinstance(node.value, str):
+            # Python reads "6_534" as 6534 (int, float, Fraction, Decimal all do).
+            literals.extend(numbers_in(node.value.replace("_", "")))
+        else:
+            text = _constant_text(node)
+            if text is not None:
+                literals.append(text)
+    return literals
+
+
+def _same_magnitude(literal: str, number: str) -> bool:
+    """Whether ``literal`` is ``number`` up to its sign, on the grader's fast path."""
+    return answers_match(literal.lstrip("-"), number.lstrip("-"), timeout_s=0)
+
+
+def _is_small_integer(number: str) -> bool:
+    try:
+        return abs(int(number)) <= SMALL_INTEGER
+    except ValueError:
+        return False
+
+
+def copied_literal(number: str, code: str, problem: str) -> str | None:
+    """The literal of ``code`` that makes its printed ``number`` a copy, or None.
+
+    The number was written, not computed, when
+
+    1. ``code`` prints it as written: a printed constant, the constant last assigned to
+       a printed name, or a cell's last expression (``print(6534)``, ``x = 6534;
+       print(x)``), whatever the problem states; or
+    2. a literal equal to it (up to its sign) appears anywhere in ``code``: an
+       expression around it (``print(6534 + 0)``, ``print(-(-6534))``, ``'%d' % 6534``),
+       a name passed on (``x = 6534; y = x``), a string the code converts
+       (``int('6534')``) or a comparison (``assert x == 6534``: a literal in a test can
+       be routed to the output, ``next(n for n in count() if n == 6534)``, and
+       printing the computed value says the same). Two exceptions: a number the
+       problem itself states (``Compute 2 ** 10`` states 2 and 10: writing them is how
+       the problem is computed), and integers up to :data:`SMALL_INTEGER` in magnitude,
+       which honest code writes all the time (``range(2, n)``, ``x ** 2``, ``count =
+       0``, ``% 10``) and which an answer that small cannot be told apart from anyway
+       (``print(1 + 1)`` holds no 2).
+
+    Only a literal equal to the number counts: ``print(6533 + 1)`` is not caught.
+
+    Args:
+        number: A number the code printed.
+        code: The code (IPython lines are read as :func:`mappa_env.text.ipython_as_python`
+            does).
+        problem: The problem statement.
+
+    Returns:
+        The copied literal as written in the code, or None when the number was computed.
+    """
+    for literal in _printed_literals(code):
+        if _same_magnitude(literal, number):
+            return literal
+    if _is_small_integer(number):
+        return None
+    if any(_same_magnitude(stated, number) for stated in numbers_in(problem)):
+        return None
+    return next((lit for lit in _code_literals(code) if _same_magnitude(lit, number)), None)
 
 
 def _grade(answer: str | None, truths: tuple[str, ...]) -> bool:
-    from mappa_env.grading.math import answers_match_any
-
     return answer is not None and answers_match_any(answer, truths)
 
 
 def _answers(text: str) -> tuple[str | None, str | None]:
     """``(boxed answer, answer found by fallback)`` of an action."""
-    from mappa_env.grading.math import extract_boxed
-
-    visible = strip_think(text)
-    return extract_boxed(visible, fallback=False), extract_boxed(visible, fallback=True)
+    return stated_answer(text, fallback=False), stated_answer(text, fallback=True)
 
 
-def mathchat_rubric(request: CoachRequest) -> tuple[float, str]:
-    """Score one MathChat-v0 action; see the module docstring for the table."""
+_RELATION = r"=|≡|<|>|≤|≥|\\le(?:q)?(?![A-Za-z])|\\ge(?:q)?(?![A-Za-z])|\\equiv"
+_ARITHMETIC = r"[+*/^×÷·]|\\times|\\cdot|\\div|\\pmod"
+_STEP = re.compile(
+    rf"(?P<left>[\w)}}\]])\s*(?P<op>{_RELATION}|{_ARITHMETIC})\s*[-−(\[{{\\]*\s*(?P<right>\w)"
+    r"|\d\s*[-−]\s*\d"
+)
+_RELATION_OP = re.compile(_RELATION)
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\}")
+
+
+def shows_working(text: str, answer: str | None = None) -> bool:
+    """Whether ``text`` shows a step of working outside its final answer.
+
+    A step is an equation or relation (``x = 5``, ``a < b``) or an arithmetic operation
+    with a number on one side (``76 * 89``, ``x^2``, ``6764 - 230``, ``3 \\times 4``).
+    Boxes and the stated ``answer`` are removed first: ``\\boxed{12 * 11 - 10}`` or
+    "the answer is 12 * 11 - 10" states an answer, it shows no step. Hyphenated words
+    (``3-digit``, ``well-known``) are not steps. A form check only: it cannot tell
+    sound steps from decoration.
+
+    Args:
+        text: An agent's message (reasoning in ``<think>`` blocks is ignored).
+        answer: The answer the message states, when it states one.
+
+    Returns:
+        True when a step is shown.
+    """
+    visible = _BOXED.sub(" ", strip_think(text))
+    if answer and _STEP.search(answer):
+        # Only an answer that looks like a step is cut out: cutting a plain number
+        # ("1") would cut its digits out of the real steps ("12 * 11") too.
+        visible = visible.replace(answer, " ")
+    for step in _STEP.finditer(visible):
+        if step.group("op") is None:  # a subtraction between two numbers
+            return True
+        numeric = step.group("left").isdigit() or step.group("right").isdigit()
+        if numeric or _RELATION_OP.fullmatch(step.group("op")):
+            return True
+    return False
+
+
+def _why_no_answer(action: str) -> str:
+    """Why an action that looks answered has no answer, for the analysis text."""
+    several = boxed_answers(action)
+    if len(several) > 1:
+        return f" (several different boxed answers: {', '.join(several[:4])})"
+    if "\\boxed" in action or "\\fbox" in action:
+        return " (its box holds no answer: empty or a placeholder)"
+    return ""
+
+
+#: The most a code executor turn that reruns its earlier turn's code scores: one below
+#: handing over the answer that code computed (8), which is what the turn should do.
+REPEAT_CAP = 7.0
+
+
+def _normalized_code(code: str) -> tuple[str, ...]:
+    return tuple(line.strip() for line in code.splitlines() if line.strip())
+
+
+def _code_shape(code: str) -> str | None:
+    try:
+        return ast.dump(ast.parse(ipython_as_python(code)))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def repeats_code(action: str, metadata: Mapping[str, object]) -> bool:
+    """Whether ``action``'s code is the code of the agent's earlier turn again.
+
+    Two cells are the same when their lines are, each stripped, blank lines dropped, or
+    when they parse to the same Python (comments and spacing aside).
+
+    Args:
+        action: The code executor's action (its fenced blocks are the code).
+        metadata: The request's metadata; ``"earlier_code"`` is the code of the
+            agent's latest earlier turn that ran code (see
+            :meth:`mappa_env.envs.mathchat.MathChatEnv.coach_metadata`).
+
+    Returns:
+        True for a rerun of the earlier code; False when there is none.
+    """
+    earlier = str(metadata.get("earlier_code") or "")
+    code = "\n".join(extract_code_blocks(action))
+    if not earlier.strip() or not code.strip():
+        return False
+    if _normalized_code(code) == _normalized_code(earlier):
+        return True
+    shape = _code_shape(code)
+    return shape is not None and shape == _code_shape(earlier)
+
+
+def _code_turn(
+    request: CoachRequest, tool: Mapping[str, object], truth: tuple[str, ...]
+) -> tuple[float, str]:
+    """The truth-aware score of a code executor turn whose code ran."""
+    if not tool.get("ok", False):
+        err = tool.get("error") or {}
+        name = err.get("name", "failed") if isinstance(err, Mapping) else "failed"
+        why = "timed out" if tool.get("timed_out") else name
+        return 2.0, f"The code {why}."
+    printed = last_number(str(tool.get("stdout") or ""))
+    code = "\n".join(extract_code_blocks(request.action))
+    if _grade(printed, truth):
+        copied = copied_literal(printed, code, request.task)
+        if copied is not None:
+            return 6.0, (
+                f"The code printed the correct answer {printed}, but it is written in "
+                f"the code itself ({copied}): copied, not computed."
+            )
+        return 10.0, f"The code ran and printed the correct answer {printed}."
+    if printed is None:
+        # No better than code that fails: running nothing must not pay for itself.
+        return 2.0, "The code ran but printed no number."
+    return 4.0, f"The code ran, but its last printed number ({printed}) is not correct."
+
+
+def _score_mathchat_action(request: CoachRequest) -> tuple[float, str]:
+    """Score one MathChat-v0 action against the truth; see the module docstring."""
     if request.ground_truth is None:
         raise ValueError(
-            "the rules coach needs the ground truth for every action: "
-            "use reveal='always' (the default for this coach)"
+            "the truth-aware rules rubric needs the ground truth: use reveal='always' "
+            "(the default for this coach) or 'last_agent' (the answer-blind rubric judges "
+            "the agents before the last)"
         )
     # Some problems accept several answers; the environment lists them in the metadata.
     truth = tuple(request.metadata.get("accepted_answers") or (request.ground_truth,))
@@ -167,38 +423,36 @@ def mathchat_rubric(request: CoachRequest) -> tuple[float, str]:
             return 10.0, f"Boxed answer {boxed} is correct."
         if boxed is None and _grade(loose, truth):
             return 7.0, f"Correct answer {loose}, but not in \\boxed{{}}."
-        if boxed is not None or loose is not None:
-            return 3.0, f"Answer {boxed or loose} is wrong."
-        return 1.0, "No answer given."
+        answer = boxed or loose
+        working = shows_working(action, answer)
+        if answer is not None:
+            if working:
+                return 3.0, f"Answer {answer} is wrong; the draft shows working."
+            return 1.0, f"Answer {answer} is wrong, and no working is shown: a bare guess."
+        if working:
+            return 2.0, f"No answer given{_why_no_answer(action)}, but the draft shows working."
+        return 1.0, f"No answer given{_why_no_answer(action)}, and no working shown."
 
     if request.agent == "code_executor":
         tool = request.tool_result
         if tool is not None:
-            if not tool.get("ok", False):
-                err = tool.get("error") or {}
-                why = "timed out" if tool.get("timed_out") else err.get("name", "failed")
-                return 2.0, f"The code {why}."
-            printed = _last_number(tool.get("stdout", ""))
-            code = "\n".join(extract_code_blocks(request.action))
-            if _grade(printed, truth):
-                if _written_in(printed, code):
-                    return 6.0, (
-                        f"The code printed the correct answer {printed}, but it is written in "
-                        "the code itself: copied, not computed."
-                    )
-                return 10.0, f"The code ran and printed the correct answer {printed}."
-            if printed is None:
-                # No better than code that fails: running nothing must not pay for itself.
-                return 2.0, "The code ran but printed no number."
-            return 4.0, f"The code ran, but its last printed number ({printed}) is not correct."
+            score, analysis = _code_turn(request, tool, truth)
+            if score > REPEAT_CAP and repeats_code(request.action, request.metadata):
+                return REPEAT_CAP, (
+                    f"{analysis} But it is the code of its earlier turn again: no new work "
+                    "(scored below a hand-over of the computed answer)."
+                )
+            return score, analysis
         answer = boxed or loose
         if answer is None:
-            return 1.0, "No code and no answer."
+            return 1.0, f"No code and no answer{_why_no_answer(action)}."
         if not _grade(answer, truth):
             return 2.0, f"Answer {answer} is wrong."
-        earlier = _last_number(request.metadata.get("earlier_stdout", ""))
-        computed = not _written_in(earlier or "", request.metadata.get("earlier_code", ""))
-        if _grade(earlier, truth) and computed:
+        earlier = last_number(request.metadata.get("earlier_stdout", ""))
+        earlier_code = request.metadata.get("earlier_code", "")
+        copied = None if earlier is None else copied_literal(earlier, earlier_code, request.task)
+        computed = earlier is not None and copied is None
+        if computed and _grade(earlier, truth):
             return 8.0, f"Correct answer {answer}, backed by its code's output."
         return 6.0, f"Correct answer {answer}, but not backed by code output."
 
@@ -213,9 +467,127 @@ def mathchat_rubric(request: CoachRequest) -> tuple[float, str]:
             # Each step of the ladder (none < wrong < boxed < correct) is a signal: a
             # verifier scored 0 on every action learns nothing.
             return 1.0, f"Answer {loose} is wrong and not in \\boxed{{}}."
-        return 0.0, "No final answer."
+        return 0.0, f"No final answer{_why_no_answer(action)}."
 
     raise ValueError(f"no MathChat rubric for agent {request.agent!r}")
+
+
+#: The most an answer-blind code executor turn that reruns its earlier code scores:
+#: one below handing over the number that code computed (7).
+BLIND_REPEAT_CAP = 6.0
+
+
+def _blind_copy(number: str, code: str, problem: str, draft: str | None) -> str | None:
+    """Why ``code``'s printed ``number`` is not its own computation, or None."""
+    copied = copied_literal(number, code, problem)
+    if copied is not None:
+        return f"it printed {number}, written in the code itself ({copied})"
+    if draft is not None:
+        held = copied_literal(draft, code, problem)
+        if held is not None:
+            return f"the code holds the draft's answer as a literal ({held})"
+    return None
+
+
+def _blind_code_turn(
+    request: CoachRequest, tool: Mapping[str, object], draft: str | None
+) -> tuple[float, str]:
+    """The answer-blind score of a code executor turn whose code ran."""
+    if not tool.get("ok", False):
+        err = tool.get("error") or {}
+        name = err.get("name", "failed") if isinstance(err, Mapping) else "failed"
+        why = "timed out" if tool.get("timed_out") else name
+        return 2.0, f"The code {why}."
+    printed = last_number(str(tool.get("stdout") or ""))
+    if printed is None:
+        return 2.0, "The code ran but printed no number."
+    code = "\n".join(extract_code_blocks(request.action))
+    copied = _blind_copy(printed, code, request.task, draft)
+    if copied is not None:
+        return 4.0, f"Copied, not computed: {copied}."
+    if draft is None:
+        relation = "the draft gave no answer to compare with"
+    elif answers_match(printed, draft):
+        relation = f"it agrees with the draft's answer {draft} (weak evidence: not independent)"
+    else:
+        relation = f"it differs from the draft's answer {draft}, for the verifier to settle"
+    return 8.0, f"The code ran and printed a number it computed, {printed}; {relation}."
+
+
+def _score_mathchat_blind(request: CoachRequest) -> tuple[float, str]:
+    """Score a MathChat-v0 problem solver or code executor action without the truth."""
+    if request.agent not in ("problem_solver", "code_executor"):
+        raise ValueError(
+            f"the answer-blind MathChat rubric judges the problem solver and the code "
+            f"executor; {request.agent!r} is judged against the ground truth: use "
+            "reveal='last_agent' or 'always'"
+        )
+    action = request.action
+    if not action.strip():
+        return 0.0, "Empty action."
+    boxed, loose = _answers(action)
+    answer = boxed or loose
+
+    if request.agent == "problem_solver":
+        working = shows_working(action, answer)
+        if boxed is not None and working:
+            return 8.0, f"A boxed final answer ({boxed}), with working."
+        if loose is not None and working:
+            return 5.0, f"A final answer ({loose}) with working, but not in \\boxed{{}}."
+        if working:
+            return 3.0, f"Working, but no final answer{_why_no_answer(action)}."
+        if answer is not None:
+            return 2.0, f"A final answer ({answer}) without working: a bare guess."
+        return 1.0, f"Neither a final answer{_why_no_answer(action)} nor working."
+
+    draft = request.metadata.get("draft_answer")
+    draft = draft if isinstance(draft, str) and draft else None
+    tool = request.tool_result
+    if tool is not None:
+        score, analysis = _blind_code_turn(request, tool, draft)
+        if score > BLIND_REPEAT_CAP and repeats_code(action, request.metadata):
+            return BLIND_REPEAT_CAP, (
+                f"{analysis} But it is the code of its earlier turn again: no new work."
+            )
+        return score, analysis
+    if answer is None:
+        return 1.0, f"No code and no answer{_why_no_answer(action)}."
+    earlier = last_number(str(request.metadata.get("earlier_stdout") or ""))
+    earlier_code = str(request.metadata.get("earlier_code") or "")
+    if earlier is None or _blind_copy(earlier, earlier_code, request.task, draft) is not None:
+        return 3.0, f"Answer {answer}, not backed by a number its code computed."
+    if answers_match(answer, earlier):
+        return 7.0, f"Answer {answer}: the number its code computed."
+    return 2.0, f"Answer {answer} contradicts the number its code computed ({earlier})."
+
+
+MATHCHAT_BLIND_RUBRIC_VERSION = "mathchat-rules-blind-v1"
+"""The answer-blind MathChat-v0 score table (see the module docstring)."""
+
+mathchat_blind_rubric = VersionedRubric(_score_mathchat_blind, MATHCHAT_BLIND_RUBRIC_VERSION)
+"""MathChat-v0's answer-blind rubric, for the problem solver and the code executor."""
+
+MATHCHAT_RUBRIC_VERSION = "mathchat-rules-v4"
+"""The truth-aware MathChat-v0 score table above (v4: one answer or none, a copy is any
+literal equal to the answer, a rerun cell is capped, a bare guess pays no more than
+nothing)."""
+
+mathchat_rubric = VersionedRubric(
+    _score_mathchat_action, MATHCHAT_RUBRIC_VERSION, blind=mathchat_blind_rubric
+)
+"""The MathChat-v0 rubric: ``mathchat_rubric(request) -> (score, analysis)``.
+
+Needs ``request.ground_truth``; its :attr:`~mappa_env.coach.base.VersionedRubric.version`
+is :data:`MATHCHAT_RUBRIC_VERSION`. :class:`RulesCoach` judges the problem solver and
+the code executor by :data:`mathchat_blind_rubric` when their actions arrive without the
+truth.
+"""
+
+
+def rubric_version(rubric: Rubric | None) -> str | None:
+    """The version a rubric names (its ``version`` attribute, a string), else None."""
+    version = getattr(rubric, "version", None)
+    return version if isinstance(version, str) else None
 
 
 class RulesCoach:
@@ -224,14 +596,21 @@ class RulesCoach:
     An environment's rubric arrives with every request (``request.rules_rubric``, from
     the environment class's ``rules_rubric``; for a request without one, the rubric of
     the environment registered under ``request.env_id``), so a new environment needs no
-    change here.
+    change here. An action of an agent other than the last that arrives without the
+    ground truth (``reveal="last_agent"`` or ``"never"``) is judged by the rubric's
+    answer-blind companion (:attr:`~mappa_env.coach.base.VersionedRubric.blind`) when it
+    has one. Every verdict carries the version of the rubric that scored it
+    (:attr:`~mappa_env.coach.base.CoachVerdict.rubric_version`; ``None`` for a plain
+    rubric function).
 
     Args:
         rubrics: Rubrics keyed by environment id that replace the environment's own
             (or give one to an environment that has none).
 
     Attributes:
-        default_reveal: ``"always"``: rubrics judge correctness, so they need the truth.
+        default_reveal: ``"always"``: rubrics judge correctness, so they need the truth
+            (opt in to the paper's ``"last_agent"`` for an environment whose rubric has
+            an answer-blind companion, as MathChat's has).
     """
 
     default_reveal: RevealPolicy = "always"
@@ -244,29 +623,62 @@ class RulesCoach:
         """``"rules"``."""
         return "rules"
 
+    def _rubric(self, env_id: str, carried: Rubric | None = None) -> Rubric | None:
+        return (
+            self.rubrics.get(env_id)
+            or carried
+            # A request built by hand carries none: the registered environment's.
+            or registered_env_attribute(env_id, "rules_rubric")
+        )
+
+    def rubric_versions(self, env_id: str) -> dict[str, str | None]:
+        """The versions of the rubrics this coach would score ``env_id`` by.
+
+        For a results file to record before any verdict exists.
+
+        Args:
+            env_id: An environment id, e.g. ``"MathChat-v0"``.
+
+        Returns:
+            ``{"truth_aware": ..., "answer_blind": ...}``: the version of the rubric
+            that judges actions with the ground truth in view, and of the one that
+            judges the other agents' actions without it (the same rubric when it has
+            no answer-blind companion); ``None`` for a rubric that names no version.
+
+        Raises:
+            ValueError: When ``env_id`` has no rules rubric.
+        """
+        rubric = self._rubric(env_id)
+        if rubric is None:
+            raise ValueError(_no_rubric_message(env_id))
+        blind = getattr(rubric, "blind", None) or rubric
+        return {"truth_aware": rubric_version(rubric), "answer_blind": rubric_version(blind)}
+
     def score(self, request: CoachRequest) -> CoachVerdict:
         """Score ``request`` by its environment's rubric.
 
         Returns an invalid verdict (never a made-up score) when no rubric applies or the
         rubric cannot judge the request.
         """
-        rubric = (
-            self.rubrics.get(request.env_id)
-            or request.rules_rubric
-            # A request built by hand carries none: the registered environment's.
-            or registered_env_attribute(request.env_id, "rules_rubric")
-        )
+        rubric = self._rubric(request.env_id, request.rules_rubric)
         if rubric is None:
-            return CoachVerdict.invalid(
-                f"{request.env_id!r} has no rules rubric: give its environment class a "
-                "rules_rubric, pass RulesCoach(rubrics={env_id: fn}), or use an LLM coach",
-                coach=self.name,
-            )
+            return CoachVerdict.invalid(_no_rubric_message(request.env_id), coach=self.name)
+        if request.ground_truth is None and not request.is_last_agent:
+            rubric = getattr(rubric, "blind", None) or rubric
+        version = rubric_version(rubric)
         try:
             score, analysis = rubric(request)
         except (ValueError, KeyError, TypeError) as exc:
-            return CoachVerdict.invalid(f"rubric failed: {exc}", coach=self.name)
-        return CoachVerdict(score=float(score), valid=True, analysis=analysis, coach=self.name)
+            return CoachVerdict.invalid(
+                f"rubric failed: {exc}", coach=self.name, rubric_version=version
+            )
+        return CoachVerdict(
+            score=float(score),
+            valid=True,
+            analysis=analysis,
+            coach=self.name,
+            rubric_version=version,
+        )
 
     async def ascore(self, request: CoachRequest) -> CoachVerdict:
         """:meth:`score` in a worker thread: a symbolic answer check can take seconds."""
@@ -274,3 +686,10 @@ class RulesCoach:
 
     def __repr__(self) -> str:
         return f"RulesCoach(overrides={sorted(self.rubrics)})"
+
+
+def _no_rubric_message(env_id: str) -> str:
+    return (
+        f"{env_id!r} has no rules rubric: give its environment class a rules_rubric, "
+        "pass RulesCoach(rubrics={env_id: fn}), or use an LLM coach"
+    )

@@ -17,9 +17,12 @@ Card:
   ``outcome``: 1 to every action when the verifier's boxed answer is right, else 0;
   ``mixed``: a weighted sum. An invalid coach verdict is NaN and flagged, never 0.
 - **Outcome** (``infos[agent]["outcome"]``): ``correct``, ``predicted``, ``answer``,
-  ``reward``, ``task_id``, ``task_type``.
+  ``reward``, ``task_id``, ``task_type``, and per agent that acted ``agent_answers``
+  (its own final number: the solver's draft answer, the number the code executor's
+  code printed last, else the answer it stated, the verifier's graded answer) and
+  ``agent_correct`` (that number graded like the verifier's).
 - **Tasks**: generated problems (offline default), AIME/AMC files, or ``MathTask`` lists.
-- **Coaches**: ``"rules"`` (offline, :func:`~mappa_env.coach.rules.mathchat_rubric`) or
+- **Coaches**: ``"rules"`` (offline, :data:`~mappa_env.coach.rules.mathchat_rubric`) or
   an LLM coach judging by :data:`COACH_RUBRICS`.
 - **Options**: ``tasks``, ``verifier_sees_solver``, ``strict_boxed``, ``verifier_reply``,
   and every option of :class:`~mappa_env.envs.pipeline.PipelineEnv`.
@@ -40,6 +43,7 @@ from mappa_env.envs.pipeline import (
     PipelineEnv,
     ToolOutcome,
 )
+from mappa_env.grading.answers import code_executor_answer, stated_answer
 from mappa_env.grading.math import answers_match_any, extract_boxed
 from mappa_env.tasks import MathTask
 from mappa_env.text import extract_code_blocks, strip_think
@@ -351,16 +355,42 @@ class MathChatEnv(PipelineEnv):
             code=code, result=result, output=output, extra={"code_blocks": len(blocks)}
         )
 
-    async def episode_outcome(self) -> dict[str, Any]:
-        """Grade the verifier's boxed answer against the ground truth by rule."""
+    def agent_answers(self) -> dict[str, str | None]:
+        """Each agent's own final number so far, for the agents that acted.
+
+        ``problem_solver``: its draft's answer (boxed, else "the answer is N");
+        ``code_executor``: the last number its code printed, from its latest run that
+        printed one, else the answer its last message states; ``verifier``: its graded
+        answer (boxed only when ``strict_boxed``). Several different boxed answers are
+        no answer. Read with :mod:`mappa_env.grading.answers`, as the rules coach does.
+        """
+        answers: dict[str, str | None] = {}
+        draft = self.last_record(PROBLEM_SOLVER)
+        if draft is not None:
+            answers[PROBLEM_SOLVER] = stated_answer(draft.action)
+        turns = self.records_of(CODE_EXECUTOR)
+        if turns:
+            stdouts = [r.tool.result.stdout if r.tool.result else None for r in turns]
+            answers[CODE_EXECUTOR] = code_executor_answer(stdouts, turns[-1].action)
         verdict = self.last_record(VERIFIER)
-        predicted = (
-            extract_boxed(verdict.action, fallback=not self.strict_boxed) if verdict else None
-        )
+        if verdict is not None:
+            answers[VERIFIER] = extract_boxed(verdict.action, fallback=not self.strict_boxed)
+        return answers
+
+    def _grade_answers(self, answers: Mapping[str, str | None]) -> dict[str, bool]:
+        accepted = self.accepted_answers
+        return {
+            agent: answer is not None and answers_match_any(answer, accepted)
+            for agent, answer in answers.items()
+        }
+
+    async def episode_outcome(self) -> dict[str, Any]:
+        """Grade the verifier's answer, and each agent's own number, by rule."""
+        answers = self.agent_answers()
+        predicted = answers.get(VERIFIER)
         # Symbolic equivalence can take seconds: grade off the event loop.
-        correct = predicted is not None and await asyncio.to_thread(
-            answers_match_any, predicted, self.accepted_answers
-        )
+        agent_correct = await asyncio.to_thread(self._grade_answers, answers)
+        correct = agent_correct.get(VERIFIER, False)
         outcome = {
             "correct": bool(correct),
             "predicted": predicted,
@@ -369,6 +399,9 @@ class MathChatEnv(PipelineEnv):
             "task_id": self.task.id,
             # The problem's kind (generated tasks) or source file: groups for bias reports.
             "task_type": self.task.metadata.get("kind") or self.task.metadata.get("source"),
+            # Per agent: who got the number right (credit schemes and reports use it).
+            "agent_answers": answers,
+            "agent_correct": agent_correct,
         }
         if len(self.accepted_answers) > 1:
             # Kept with the outcome, so a saved episode can be graded again as it was.
@@ -415,12 +448,25 @@ class MathChatEnv(PipelineEnv):
         return tuple(accepted) if accepted else (self.task.answer,)
 
     def coach_metadata(self, record: ActionRecord) -> dict[str, Any]:
-        """Task metadata for the coach, and for the code executor its earlier code output."""
-        metadata: dict[str, Any] = {
-            "task_metadata": dict(self.task.metadata),
-            "accepted_answers": list(self.accepted_answers),
-        }
+        """Facts for the coach.
+
+        Task metadata; the accepted answers only when the coach sees the truth for this
+        action (``reveal``); for the code executor the draft's answer
+        (``draft_answer``, read as ``agent_answers`` reads it) and its earlier code and
+        output (``earlier_code``, ``earlier_stdout``).
+        """
+        is_last = record.agent == self.possible_agents[-1]
+        truth_shown = self.reveal == "always" or (self.reveal == "last_agent" and is_last)
+        task_metadata = dict(self.task.metadata)
+        metadata: dict[str, Any] = {"task_metadata": task_metadata}
+        if truth_shown:
+            metadata["accepted_answers"] = list(self.accepted_answers)
+        else:
+            # An answer-blind judge must not find the answer in the task's metadata.
+            task_metadata.pop("accepted_answers", None)
         if record.agent == CODE_EXECUTOR:
+            draft = self.last_record(PROBLEM_SOLVER)
+            metadata["draft_answer"] = stated_answer(draft.action) if draft else None
             # The record being judged is not in the transcript yet: these are earlier turns.
             earlier = [r.tool for r in self.records_of(CODE_EXECUTOR) if r.tool.result]
             metadata["earlier_stdout"] = earlier[-1].result.stdout if earlier else ""

@@ -5,6 +5,7 @@ from mappa_env.grading.math import (
     answers_match,
     answers_match_any,
     answers_match_async,
+    boxed_answers,
     default_checker,
     extract_boxed,
 )
@@ -14,6 +15,7 @@ __all__ = [
     "answers_match",
     "answers_match_any",
     "answers_match_async",
+    "boxed_answers",
     "default_checker",
     "extract_boxed",
 ]

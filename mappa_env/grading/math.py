@@ -2,7 +2,9 @@
 
 Two public steps:
 
-* :func:`extract_boxed` pulls the final answer out of a model's output.
+* :func:`extract_boxed` pulls the final answer out of a model's output (one answer:
+  a reply that boxes several different answers gives none; :func:`boxed_answers` lists
+  them).
 * :func:`answers_match` decides whether a predicted answer equals the ground truth.
 
 ``answers_match`` first tries a fast path (normalised strings and exact rational
@@ -73,6 +75,13 @@ _LEADING_MATH = re.compile(
     r"^(?:\$\$(?P<a>.+?)\$\$|\$(?P<b>.+?)\$|\\\((?P<c>.+?)\\\)|\\\[(?P<d>.+?)\\\])", re.DOTALL
 )
 _SENTENCE_END = re.compile(r"\.(?:\s|$)")
+# What prompts show where the answer goes (``\boxed{NUMBER}``, ``\boxed{answer}``,
+# ``\boxed{...}``) and the usual variants: a box holding one states no answer.
+_PLACEHOLDER = re.compile(
+    r"^(?:(?:the|your|final|a|an)[\s_]+)*(?:answer|number|value|result|solution)s?"
+    r"(?:[\s_]+here)?$|^(?:\.{2,}|…|\\[lc]?dots|\?+|_+)$",
+    re.IGNORECASE,
+)
 
 
 def _match_braces(text: str) -> dict[int, int]:
@@ -111,6 +120,74 @@ def _box_contents(text: str) -> list[str]:
     return contents
 
 
+def _is_placeholder(content: str) -> bool:
+    """Whether a box's content is a template's placeholder, not an answer."""
+    if len(content) > 64:
+        return False
+    bare = _unwrap_text_commands(content).strip().strip("<>[](){}*$ ").strip()
+    return _PLACEHOLDER.match(bare) is not None
+
+
+def _answer_key(answer: str) -> object:
+    """What two boxes must share to hold the same answer, decided on the fast path.
+
+    The normalised text (see :func:`answers_match`), or the exact value of a written
+    number, so ``6534``, ``6,534``, ``6534.0`` and ``x = 6534`` share a key, as do
+    ``\\frac{1}{2}`` and ``0.5``. Forms only the symbolic check could equate
+    (``\\sqrt{8}`` and ``2\\sqrt{2}``) get different keys: extraction stays fast.
+    """
+    if len(answer) > MAX_ANSWER_CHARS:
+        return answer
+    try:
+        normalized = _normalize(answer)
+        number = _parse_number(normalized)
+    except (ValueError, ArithmeticError, RecursionError, MemoryError) as exc:
+        logger.debug("normalising a boxed answer failed: %s", exc)
+        return answer
+    return normalized if number is None else number.value
+
+
+def boxed_answers(text: str) -> list[str]:
+    """The different answers boxed in ``text``, each once, in order of first appearance.
+
+    Reasoning inside ``<think>...</think>`` is ignored. Empty boxes, boxes that only
+    wrap other boxes and boxes holding a template's placeholder (``\\boxed{NUMBER}``,
+    ``\\boxed{answer}``, ``\\boxed{...}``) hold no answer and are skipped. Boxes whose
+    answers are equal on the fast path of :func:`answers_match` (the same normalised
+    text or the same written number: ``\\boxed{6534}`` and ``\\boxed{6,534}``) hold one
+    answer; its text is that of its last box.
+
+    Args:
+        text: A model's output.
+
+    Returns:
+        The boxed answers; empty for non-string input or text without one.
+    """
+    if not isinstance(text, str) or not text:
+        return []
+    return _different(_answer_boxes(strip_think(text)))
+
+
+def _answer_boxes(visible: str) -> list[str]:
+    """Contents of the boxes of ``visible`` that hold an answer, in order."""
+    return [
+        content
+        for content in _box_contents(visible)
+        # A box around other boxes is judged by the inner ones, which start later.
+        if content and not _BOX_COMMAND.search(content) and not _is_placeholder(content)
+    ]
+
+
+def _different(contents: list[str]) -> list[str]:
+    """``contents`` with equal answers merged (see :func:`boxed_answers`)."""
+    if len(set(contents)) <= 1:  # the common case: no normalising needed
+        return contents[-1:]
+    answers: dict[object, str] = {}
+    for content in contents:
+        answers[_answer_key(content)] = content
+    return list(answers.values())
+
+
 def _clean_fallback(raw: str) -> str | None:
     """Turn the text after an "answer is" phrase into the answer itself."""
     value = raw.strip().strip("*_ ").strip()
@@ -124,18 +201,23 @@ def _clean_fallback(raw: str) -> str | None:
     return value or None
 
 
-def extract_boxed(text: str, *, fallback: bool = True) -> str | None:
+def extract_boxed(text: str, *, fallback: bool = True, last_box_wins: bool = False) -> str | None:
     """Extract the final answer from a model's output.
 
     Reasoning inside ``<think>...</think>`` is ignored (see
     :func:`mappa_env.text.strip_think`). The answer is searched in this order; the
     first rule that finds a non-empty answer wins:
 
-    1. The **last** ``\\boxed{...}`` or ``\\fbox{...}`` (also ``\\boxed {...}`` and
-       ``\\boxed 5``). Nested braces and escaped braces (``\\{``) are matched
-       properly; in ``\\boxed{\\boxed{5}}`` the inner box is the last one, giving
-       ``5``. Empty and unclosed boxes, and boxes that only wrap other boxes, are
-       skipped.
+    1. The boxed answer: ``\\boxed{...}`` or ``\\fbox{...}`` (also ``\\boxed {...}``
+       and ``\\boxed 5``), read by :func:`boxed_answers`. Nested braces and escaped
+       braces (``\\{``) are matched properly; in ``\\boxed{\\boxed{5}}`` the inner box
+       is the answer, giving ``5``. Empty and unclosed boxes, boxes that only wrap
+       other boxes, and boxes holding a placeholder (``\\boxed{NUMBER}``) are skipped.
+       Several boxes holding the same answer (``\\boxed{6534} ... \\boxed{6,534}``)
+       give it (the text of the last one). Several boxes holding **different**
+       answers (``\\boxed{42} \\boxed{6534}``) give no answer, and no fallback is
+       tried: a reply that offers two answers has not chosen one, and taking the
+       last would let a hedge pass as an answer.
     2. Only with ``fallback=True``: the last "final answer is X" / "final answer: X".
     3. Only with ``fallback=True``: the last line that starts with "Answer:"
        (markdown emphasis allowed, e.g. ``**Answer:** X``).
@@ -144,29 +226,34 @@ def extract_boxed(text: str, *, fallback: bool = True) -> str | None:
     For the phrase fallbacks, X is the rest of the line: a leading math span
     (``$...$``, ``\\(...\\)``, ``\\[...\\]``) is taken whole, otherwise X ends at
     the first sentence-ending period, and emphasis markers and dollar signs around
-    it are removed.
+    it are removed. An X holding a box is skipped (its box was read by rule 1).
 
     Args:
         text: A model's output.
         fallback: Whether to use the phrase fallbacks (rules 2-4) when there is no box.
+        last_box_wins: Take the last box when boxes hold different answers. For
+            trusted text such as a dataset's reference solution, which may box
+            intermediate results; never for an agent's output.
 
     Returns:
         The answer text, stripped, or None when nothing was found (also for
-        non-string input).
+        non-string input, and for different boxed answers unless ``last_box_wins``).
     """
     if not isinstance(text, str) or not text:
         return None
     visible = strip_think(text)
-    for content in reversed(_box_contents(visible)):
-        # A box around other boxes is judged by the inner ones, which start later.
-        if content and not _BOX_COMMAND.search(content):
-            return content
+    contents = _answer_boxes(visible)
+    answers = _different(contents)
+    if len(answers) == 1:
+        return answers[0]
+    if answers:
+        return contents[-1] if last_box_wins else None
     if not fallback:
         return None
     for pattern in (_FINAL_ANSWER, _ANSWER_LINE, _ANSWER_IS):
         for found in reversed(list(pattern.finditer(visible))):
             value = _clean_fallback(found.group("value"))
-            if value:
+            if value and not _BOX_COMMAND.search(value):
                 return value
     return None
 

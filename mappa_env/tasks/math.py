@@ -251,7 +251,9 @@ def _row_to_task(
     if raw_answer is None:
         solution_key, solution = _field(row, SOLUTION_FIELDS)
         if isinstance(solution, str):
-            raw_answer = extract_boxed(solution, fallback=False)
+            # A reference solution may box intermediate results too: its last box is
+            # its answer (an agent's reply gets no such reading).
+            raw_answer = extract_boxed(solution, fallback=False, last_box_wins=True)
     fields = ", ".join(map(str, row)) or "none"
     if not isinstance(prompt, str) or not prompt.strip():
         raise TaskFormatError(
