@@ -1,0 +1,289 @@
+"""Arms of the reproduction experiment compared over seeds, from per-episode records.
+
+Seeds are the unit of replication and problems the unit of measurement inside a seed: a
+problem's accuracy is the mean over its samples, a seed's accuracy the mean over its
+problems. Two arms are compared over the seeds both ran: every seed's difference and
+exact paired tests (sign, Wilcoxon signed-rank).
+
+Pure functions over plain dicts: :class:`EvalRecord` rows.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TypedDict, get_origin, get_type_hints
+
+import numpy as np
+from scipy import stats
+
+from mappa_agents.metrics import mean_at_k
+
+Key = tuple[str, int, int, str]
+"""``(arm, seed, step, task_set)``: one evaluation of one run."""
+
+Problems = dict[Key, dict[str, float]]
+"""Per evaluation, task id -> the problem's accuracy (:func:`problem_accuracy`)."""
+
+DIGITS = 12
+"""Accuracies are ratios of small counts: differences are rounded to this many digits so
+that ``0.3 - 0.25`` counts as 0.05 and two equal differences count as a tie."""
+
+
+class EvalRecord(TypedDict):
+    """One held-out evaluation episode, as the experiment keeps it."""
+
+    arm: str
+    """The run's training arm (credit mode), e.g. ``"process"``."""
+    seed: int
+    """The run's seed: the unit of replication."""
+    step: int
+    """The training step whose weights were evaluated (0: the untrained system)."""
+    task_set: str
+    """The held-out set the problem belongs to, e.g. ``"in_family"``."""
+    task_id: str
+    """The problem: the unit of measurement inside a seed."""
+    sample: int
+    """Which of the problem's samples this episode is."""
+    correct: bool
+    """Whether the rule grader accepted the episode's answer."""
+    scores: dict[str, float | None]
+    """Each agent's coach score (0 to 10), None where the coach gave none."""
+
+
+_FIELDS: dict[str, type] = {
+    name: get_origin(hint) or hint for name, hint in get_type_hints(EvalRecord).items()
+}
+"""Field -> its type (``dict`` for ``scores``), read from :class:`EvalRecord`."""
+
+
+def _has_type(value: Any, kind: type) -> bool:
+    # bool is an int in Python: a seed of True is a mistake, not seed 1.
+    if kind is bool:
+        return isinstance(value, (bool, np.bool_))
+    if kind is int:
+        return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    return isinstance(value, Mapping if kind is dict else kind)
+
+
+def _score_ok(score: Any) -> bool:
+    if score is None:
+        return True
+    number = isinstance(score, (int, float, np.number)) and not isinstance(score, bool)
+    return number and 0 <= score <= 10  # NaN fails the range check
+
+
+def validate_records(records: Iterable[Mapping[str, Any]]) -> list[EvalRecord]:
+    """The records as a list, each checked against :class:`EvalRecord`.
+
+    Raises:
+        ValueError: Naming the record (its index, arm, seed, step, task) and the field,
+            when a field is missing or of the wrong type, a score is outside 0-10, or two
+            records are the same sample of the same evaluation; or when there are none.
+    """
+    checked: list[EvalRecord] = []
+    seen: dict[tuple[Any, ...], int] = {}
+    for index, record in enumerate(records):
+        if not isinstance(record, Mapping):
+            raise ValueError(f"record {index}: expected a dict, got {type(record).__name__}")
+        where = f"record {index} (" + ", ".join(
+            f"{f}={record[f]!r}" for f in ("arm", "seed", "step", "task_id") if f in record
+        )
+        for field, kind in _FIELDS.items():
+            if field not in record:
+                raise ValueError(f"{where}): missing field {field!r}")
+            if not _has_type(record[field], kind):
+                raise ValueError(
+                    f"{where}): field {field!r} must be {kind.__name__}, got {record[field]!r}"
+                )
+        for agent, score in record["scores"].items():
+            if not _score_ok(score):
+                raise ValueError(
+                    f"{where}): field 'scores': {agent!r} must be 0 to 10 or None, got {score!r}"
+                )
+        sample = tuple(record[f] for f in ("arm", "seed", "step", "task_set", "task_id", "sample"))
+        if sample in seen:
+            raise ValueError(
+                f"{where}): same sample of the same evaluation as record {seen[sample]}"
+            )
+        seen[sample] = index
+        checked.append(record)  # type: ignore[arg-type]
+    if not checked:
+        raise ValueError("no evaluation records")
+    return checked
+
+
+def problem_accuracy(records: Iterable[Mapping[str, Any]]) -> Problems:
+    """Every problem's accuracy in every evaluation.
+
+    ``acc(arm, seed, step, task_set, t) = c_t / n_t``: the mean correctness of problem
+    ``t``'s ``n_t`` samples, ``c_t`` of them correct (mean@k of the problem).
+
+    Returns:
+        ``{(arm, seed, step, task_set): {task_id: accuracy}}``, task ids sorted.
+    """
+    counts: dict[Key, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    for r in validate_records(records):
+        tally = counts[(r["arm"], int(r["seed"]), int(r["step"]), r["task_set"])][r["task_id"]]
+        tally[0] += 1
+        tally[1] += int(bool(r["correct"]))
+    return {
+        key: {task: mean_at_k(n, c) for task, (n, c) in sorted(tasks.items())}
+        for key, tasks in counts.items()
+    }
+
+
+def seed_accuracy(records: Iterable[Mapping[str, Any]]) -> dict[Key, float]:
+    """Every evaluation's accuracy: ``acc(seed) = (1 / P) * sum_t acc(t)`` over its P problems.
+
+    Returns:
+        ``{(arm, seed, step, task_set): accuracy}``.
+    """
+    return {
+        key: statistics.fmean(tasks.values()) for key, tasks in problem_accuracy(records).items()
+    }
+
+
+def _select(problems: Problems, arm: str, step: int, task_set: str) -> dict[int, dict[str, float]]:
+    """Seed -> problem accuracies of one arm's evaluations at ``step`` on ``task_set``."""
+    mine = {k[1]: v for k, v in problems.items() if (k[0], k[2], k[3]) == (arm, step, task_set)}
+    if not mine:
+        present = sorted({(k[0], k[2], k[3]) for k in problems})
+        raise ValueError(
+            f"no records of arm {arm!r} at step {step} on task set {task_set!r}; "
+            f"(arm, step, task_set) present: {present}"
+        )
+    return dict(sorted(mine.items()))
+
+
+def _paired(problems: Problems, arm_a: str, arm_b: str, step: int, task_set: str) -> dict[str, Any]:
+    """Per shared seed, ``acc_a(t) - acc_b(t)`` over the problems both arms have there."""
+    a, b = _select(problems, arm_a, step, task_set), _select(problems, arm_b, step, task_set)
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        raise ValueError(
+            f"{arm_a!r} (seeds {sorted(a)}) and {arm_b!r} (seeds {sorted(b)}) share no seed "
+            f"at step {step} on {task_set!r}"
+        )
+    by_problem: dict[int, np.ndarray] = {}
+    unpaired: dict[int, int] = {}
+    for seed in seeds:
+        shared = sorted(set(a[seed]) & set(b[seed]))
+        if not shared:
+            raise ValueError(f"seed {seed}: {arm_a!r} and {arm_b!r} share no problem")
+        by_problem[seed] = np.array([a[seed][t] - b[seed][t] for t in shared])
+        unpaired[seed] = len(a[seed]) + len(b[seed]) - 2 * len(shared)
+    return {
+        "arm_a": arm_a,
+        "arm_b": arm_b,
+        "step": step,
+        "task_set": task_set,
+        "differences": {s: float(d.mean()) for s, d in by_problem.items()},
+        "dropped_seeds": {arm_a: sorted(set(a) - set(b)), arm_b: sorted(set(b) - set(a))},
+        "unpaired_problems": {s: n for s, n in unpaired.items() if n},
+        "by_problem": by_problem,
+    }
+
+
+def paired_seed_differences(
+    records: Iterable[Mapping[str, Any]], arm_a: str, arm_b: str, step: int, task_set: str
+) -> dict[str, Any]:
+    """Per seed both arms ran at ``step``: ``d_s = acc_a(s) - acc_b(s)``.
+
+    ``d_s = (1 / P_s) * sum_t [acc_a(s, t) - acc_b(s, t)]`` over the ``P_s`` problems both
+    arms evaluated in seed ``s`` (every problem, when the held-out sets match).
+
+    Returns:
+        ``differences`` ({seed: d_s}), ``dropped_seeds`` ({arm: seeds only that arm has}),
+        ``unpaired_problems`` ({seed: problems only one arm has}, seeds with none left
+        out) and ``by_problem`` ({seed: array of per-problem differences}).
+
+    Raises:
+        ValueError: When an arm has no records there, or the arms share no seed.
+    """
+    return _paired(problem_accuracy(records), arm_a, arm_b, step, task_set)
+
+
+def exact_paired_tests(differences: Mapping[int, float] | Sequence[float]) -> dict[str, Any]:
+    """Two-sided exact sign and Wilcoxon signed-rank tests of paired seed differences.
+
+    Sign test: zero differences (ties) dropped, ``n = n_+ + n_-``,
+    ``p = P(|B - n/2| >= |n_+ - n/2|)`` for ``B ~ Binomial(n, 1/2)``; ``n`` differences
+    all of one sign give ``p = 2^(1-n)``.
+
+    Wilcoxon: ``zero_method="wilcox"`` drops zero differences, as the sign test does, so
+    both tests see the same seeds; the null distribution of the signed-rank statistic
+    conditional on the remaining ``n`` is then exact. (``"pratt"`` and ``"zsplit"`` keep
+    zeros in the ranking, which scipy's exact distribution does not account for.) With
+    distinct ``|d|`` it is scipy's ``method="exact"``; with tied ``|d|`` that table is
+    wrong, so all ``2^n`` sign flips are enumerated (``PermutationMethod``), exact too.
+
+    Returns:
+        ``n_pairs``, ``n`` (untied), ``positives``, ``negatives``, ``ties``, ``sign_p``,
+        ``wilcoxon_statistic`` (min of the rank sums), ``wilcoxon_p``,
+        ``wilcoxon_method`` and ``zero_method``. Without untied pairs both p are 1.
+
+    Raises:
+        ValueError: Without differences, or with a non-finite one.
+    """
+    values = list(differences.values()) if isinstance(differences, Mapping) else list(differences)
+    if not values:
+        raise ValueError("no paired differences to test")
+    d = np.round(np.asarray(values, dtype=float), DIGITS)
+    if not np.isfinite(d).all():
+        raise ValueError(f"paired differences must be finite, got {values}")
+    nonzero = d[d != 0]
+    positives, negatives = int((nonzero > 0).sum()), int((nonzero < 0).sum())
+    result: dict[str, Any] = {
+        "n_pairs": len(values),
+        "n": int(nonzero.size),
+        "positives": positives,
+        "negatives": negatives,
+        "ties": len(values) - int(nonzero.size),
+        "sign_p": 1.0,  # no untied pair: no evidence either way
+        "wilcoxon_statistic": None,
+        "wilcoxon_p": 1.0,
+        "wilcoxon_method": "none: every difference is 0",
+        "zero_method": "wilcox",
+    }
+    if nonzero.size == 0:
+        return result
+    result["sign_p"] = float(stats.binomtest(positives, int(nonzero.size), 0.5).pvalue)
+    tied = np.unique(np.abs(nonzero)).size < nonzero.size
+    method: Any = stats.PermutationMethod(n_resamples=2**nonzero.size) if tied else "exact"
+    test = stats.wilcoxon(nonzero, zero_method="wilcox", method=method)
+    result["wilcoxon_statistic"] = float(test.statistic)
+    result["wilcoxon_p"] = float(test.pvalue)
+    result["wilcoxon_method"] = "exact, all sign flips (tied |d|)" if tied else "exact"
+    return result
+
+
+def _summary(problems: Problems, arm: str, step: int, task_set: str) -> dict[str, Any]:
+    seeds = {
+        s: statistics.fmean(t.values()) for s, t in _select(problems, arm, step, task_set).items()
+    }
+    values = list(seeds.values())
+    return {
+        "arm": arm,
+        "step": step,
+        "task_set": task_set,
+        "seeds": seeds,
+        "mean": statistics.fmean(values),
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
+
+
+def arm_summary(
+    records: Iterable[Mapping[str, Any]], arm: str, step: int, task_set: str
+) -> dict[str, Any]:
+    """Every seed's accuracy of ``arm`` at ``step``, with their mean, median, min and max.
+
+    Returns:
+        ``arm``, ``step``, ``task_set``, ``seeds`` ({seed: accuracy}), ``mean``,
+        ``median``, ``min``, ``max``, ``n`` (seeds).
+    """
+    return _summary(problem_accuracy(records), arm, step, task_set)

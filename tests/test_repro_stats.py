@@ -1,0 +1,207 @@
+"""Statistics of the reproduction experiment: hand-computed numbers, edge cases, determinism."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from benchmarks import repro_stats as rs
+
+STEP, SET = 40, "in_family"
+
+
+def evaluation(arm, seed, correct, samples=4, step=STEP, task_set=SET):
+    """Records of one evaluation: ``correct[t]`` of ``samples`` samples right on problem t."""
+    return [
+        {"arm": arm, "seed": seed, "step": step, "task_set": task_set, "task_id": f"p{t}",
+         "sample": k, "correct": k < c, "scores": {"problem_solver": 7.0, "verifier": None}}
+        for t, c in enumerate(correct)
+        for k in range(samples)
+    ]  # fmt: skip
+
+
+# ---------------------------------------------------------------- records and accuracy
+
+
+def test_the_problem_is_the_unit_not_the_episode():
+    # p0: 1 sample, right; p1: 3 samples, all wrong. Episodes: 1 of 4 = 0.25; problems: 0.5.
+    records = evaluation("process", 0, [1], samples=1) + [
+        {**r, "task_id": "p1", "correct": False} for r in evaluation("process", 0, [0], samples=3)
+    ]
+    key = ("process", 0, STEP, SET)
+    assert rs.problem_accuracy(records) == {key: {"p0": 1.0, "p1": 0.0}}
+    assert rs.seed_accuracy(records) == {key: 0.5}
+
+
+def test_accuracy_keeps_evaluations_apart():
+    records = (
+        evaluation("process", 0, [4, 0])  # 0.5
+        + evaluation("process", 0, [1, 1], step=0)  # 0.25, the untrained system
+        + evaluation("process", 0, [4, 4], task_set="out_of_family")  # 1.0
+        + evaluation("outcome", 1, [3, 0])  # 0.375
+    )
+    assert rs.seed_accuracy(records) == {
+        ("process", 0, STEP, SET): 0.5,
+        ("process", 0, 0, SET): 0.25,
+        ("process", 0, STEP, "out_of_family"): 1.0,
+        ("outcome", 1, STEP, SET): 0.375,
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"correct": 1}, "record 3 (arm='process', seed=0, step=40, task_id='p0'): field "
+                         "'correct' must be bool, got 1"),
+        ({"seed": True}, "field 'seed' must be int, got True"),
+        ({"seed": "0"}, "field 'seed' must be int, got '0'"),
+        ({"scores": [7]}, "field 'scores' must be dict"),
+        ({"scores": {"verifier": 11}}, "'scores': 'verifier' must be 0 to 10 or None, got 11"),
+        ({"scores": {"verifier": float("nan")}}, "'verifier' must be 0 to 10 or None, got nan"),
+        ({"sample": 0}, "record 3 (arm='process', seed=0, step=40, task_id='p0'): same sample "
+                        "of the same evaluation as record 0"),
+    ],
+)  # fmt: skip
+def test_a_bad_record_is_named_with_its_field(change, message):
+    records = evaluation("process", 0, [1])
+    records[3] = {**records[3], **change}
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        rs.validate_records(records)
+
+
+def test_missing_fields_empty_records_and_non_dicts_are_clear_errors():
+    record = evaluation("outcome", 2, [1])[0]
+    del record["task_set"]
+    with pytest.raises(ValueError, match=r"record 0 \(arm='outcome', seed=2, step=40, task_id="
+                                         r"'p0'\): missing field 'task_set'"):  # fmt: skip
+        rs.validate_records([record])
+    with pytest.raises(ValueError, match="no evaluation records"):
+        rs.problem_accuracy([])
+    with pytest.raises(ValueError, match="record 0: expected a dict, got list"):
+        rs.validate_records([["process"]])
+    # numpy scalars, as a data frame hands them back, are accepted
+    ok = {**record, "task_set": SET, "seed": np.int64(2), "correct": np.bool_(True)}
+    assert rs.validate_records([ok]) == [ok]
+
+
+# ---------------------------------------------------------------- paired seed differences
+
+
+def test_paired_differences_use_shared_seeds_and_say_which_were_dropped():
+    records = (
+        evaluation("process", 0, [4, 4])
+        + evaluation("process", 1, [4, 2])  # 0.75
+        + evaluation("process", 2, [1, 0, 4])  # over shared p0, p1: 0.125
+        + evaluation("outcome", 1, [2, 2])  # 0.5
+        + evaluation("outcome", 2, [0, 1])  # 0.125
+        + evaluation("outcome", 3, [0, 0])
+    )
+    paired = rs.paired_seed_differences(records, "process", "outcome", STEP, SET)
+    assert paired["differences"] == {1: 0.25, 2: 0.0}
+    assert paired["dropped_seeds"] == {"process": [0], "outcome": [3]}
+    assert paired["unpaired_problems"] == {2: 1}  # p2 of process in seed 2
+    np.testing.assert_array_equal(paired["by_problem"][2], [0.25, -0.25])
+
+
+def test_pairing_errors_say_what_is_there():
+    records = evaluation("process", 0, [1]) + evaluation("outcome", 1, [1])
+    with pytest.raises(ValueError, match=r"'process' \(seeds \[0\]\) and 'outcome' \(seeds \[1\]\)"
+                                         " share no seed"):  # fmt: skip
+        rs.paired_seed_differences(records, "process", "outcome", STEP, SET)
+    with pytest.raises(
+        ValueError,
+        match=r"no records of arm 'agent_oracle' at step 40 on task "
+        r"set 'in_family'; .*\('outcome', 40, 'in_family'\)",
+    ):
+        rs.paired_seed_differences(records, "process", "agent_oracle", STEP, SET)  # fmt: skip
+    with pytest.raises(ValueError, match="no records of arm 'process' at step 10"):
+        rs.paired_seed_differences(records, "process", "outcome", 10, SET)
+
+
+# ---------------------------------------------------------------- exact tests
+
+
+def brute_force_wilcoxon(d):
+    """Two-sided signed-rank p by enumerating every sign flip (zeros dropped, midranks)."""
+    d = np.round(np.asarray(d, dtype=float), 12)
+    d = d[d != 0]
+    ranks = stats.rankdata(np.abs(d))
+    centre, observed = ranks.sum() / 2, ranks[d > 0].sum()
+    flips = itertools.product([False, True], repeat=len(d))
+    extreme = sum(
+        abs(ranks[list(f)].sum() - centre) >= abs(observed - centre) - 1e-9 for f in flips
+    )
+    return extreme / 2 ** len(d)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 6, 7, 10])
+def test_all_seeds_favouring_one_arm_give_two_to_the_one_minus_n(n):
+    result = rs.exact_paired_tests([0.01 * (i + 1) for i in range(n)])
+    assert result["sign_p"] == pytest.approx(2.0 ** (1 - n))
+    assert result["wilcoxon_p"] == pytest.approx(2.0 ** (1 - n))
+    assert (result["n"], result["positives"], result["negatives"]) == (n, n, 0)
+    negative = rs.exact_paired_tests({s: -0.1 * (s + 1) for s in range(n)})
+    assert negative["sign_p"] == pytest.approx(2.0 ** (1 - n))
+
+
+def test_exact_tests_drop_zero_differences_and_match_hand_counts():
+    # Zero dropped: n = 5, 4 up, 1 down. Sign: 2 * P(B <= 1) = 2 * 6 / 32 = 0.375.
+    # Wilcoxon: |d| ranks 0.05 -> 1, 0.1 -> 2, ...; T- = 1, P(T <= 1) = 2 / 32, two-sided 0.125.
+    result = rs.exact_paired_tests([0.1, 0.0, -0.05, 0.2, 0.3, 0.4])
+    assert result["sign_p"] == pytest.approx(0.375)
+    assert result["wilcoxon_p"] == pytest.approx(0.125)
+    assert result["wilcoxon_statistic"] == 1.0
+    assert (result["n_pairs"], result["n"], result["ties"]) == (6, 5, 1)
+    assert result["zero_method"] == "wilcox"
+    assert result["wilcoxon_method"] == "exact"
+
+
+def test_tied_differences_enumerate_every_sign_flip():
+    # scipy's exact table ignores ties (it gives 0.09375 here); midranks 2, 2, 2, 4, 5, 6
+    # with T- = 2: 4 + 4 of the 64 flips are as extreme -> 0.125.
+    tied = [0.1, 0.1, -0.1, 0.2, 0.3, 0.4]
+    result = rs.exact_paired_tests(tied)
+    assert result["wilcoxon_p"] == pytest.approx(0.125)
+    assert result["wilcoxon_method"] == "exact, all sign flips (tied |d|)"
+    # Differences equal up to float noise (0.3 - 0.25 and 0.05) are ties too.
+    noisy = [0.3 - 0.25, -0.05, 0.2, 0.05, -0.1, 0.4, 0.0]
+    assert rs.exact_paired_tests(noisy)["wilcoxon_p"] == pytest.approx(brute_force_wilcoxon(noisy))
+    assert rs.exact_paired_tests(noisy)["wilcoxon_method"].startswith("exact, all sign flips")
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        d = rng.integers(-3, 4, size=int(rng.integers(1, 9))) / 8
+        expected = brute_force_wilcoxon(d) if d.any() else 1.0
+        assert rs.exact_paired_tests(d)["wilcoxon_p"] == pytest.approx(expected)
+
+
+def test_exact_tests_without_evidence():
+    assert rs.exact_paired_tests([0.0, 0.0])["sign_p"] == 1.0
+    assert rs.exact_paired_tests([0.0, 0.0])["wilcoxon_p"] == 1.0
+    single = rs.exact_paired_tests({3: 0.2})  # one seed: p = 2^0 = 1
+    assert single["sign_p"] == 1.0
+    assert single["wilcoxon_p"] == 1.0
+    with pytest.raises(ValueError, match="no paired differences"):
+        rs.exact_paired_tests([])
+    with pytest.raises(ValueError, match="must be finite"):
+        rs.exact_paired_tests([0.1, float("nan")])
+
+
+# ---------------------------------------------------------------- arm summary
+
+
+def test_arm_summary_reports_every_seed_with_mean_and_median():
+    records = (
+        evaluation("outcome", 0, [1, 1])  # 0.25
+        + evaluation("outcome", 1, [2, 2])  # 0.5
+        + evaluation("outcome", 5, [4, 4])  # 1.0
+        + evaluation("outcome", 6, [4, 4], step=0)  # another step: not counted
+    )
+    summary = rs.arm_summary(records, "outcome", STEP, SET)
+    assert summary["seeds"] == {0: 0.25, 1: 0.5, 5: 1.0}
+    assert summary["mean"] == pytest.approx(1.75 / 3)
+    assert (summary["median"], summary["min"], summary["max"], summary["n"]) == (0.5, 0.25, 1.0, 3)
+    one = rs.arm_summary(records, "outcome", 0, SET)
+    assert (one["mean"], one["median"], one["n"]) == (1.0, 1.0, 1)
