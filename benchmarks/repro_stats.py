@@ -2,8 +2,9 @@
 
 Seeds are the unit of replication and problems the unit of measurement inside a seed: a
 problem's accuracy is the mean over its samples, a seed's accuracy the mean over its
-problems. Two arms are compared over the seeds both ran: every seed's difference and
-exact paired tests (sign, Wilcoxon signed-rank).
+problems. Two arms are compared over the seeds both ran: every seed's difference, exact
+paired tests (sign, Wilcoxon signed-rank) and a hierarchical bootstrap interval (seeds,
+then problems within each seed).
 
 Pure functions over plain dicts: :class:`EvalRecord` rows.
 """
@@ -25,6 +26,9 @@ Key = tuple[str, int, int, str]
 
 Problems = dict[Key, dict[str, float]]
 """Per evaluation, task id -> the problem's accuracy (:func:`problem_accuracy`)."""
+
+BOOTSTRAP_BLOCK = 1000
+"""Resamples drawn at a time: memory stays at BLOCK x seeds x problems numbers."""
 
 DIGITS = 12
 """Accuracies are ratios of small counts: differences are rounded to this many digits so
@@ -257,6 +261,66 @@ def exact_paired_tests(differences: Mapping[int, float] | Sequence[float]) -> di
     result["wilcoxon_p"] = float(test.pvalue)
     result["wilcoxon_method"] = "exact, all sign flips (tied |d|)" if tied else "exact"
     return result
+
+
+def _bootstrap(
+    by_problem: Sequence[np.ndarray], resamples: int, seed: int, confidence: float
+) -> dict[str, Any]:
+    """The hierarchical bootstrap of :func:`hierarchical_bootstrap` on per-problem arrays."""
+    counts = np.array([len(d) for d in by_problem])
+    n_seeds, width = len(by_problem), int(counts.max())
+    table = np.zeros((n_seeds, width))  # ragged seeds padded; padding is masked out below
+    for i, d in enumerate(by_problem):
+        table[i, : len(d)] = d
+    rng = np.random.default_rng(seed)
+    seed_draws = rng.integers(0, n_seeds, size=(resamples, n_seeds))
+    columns = np.arange(width)
+    means = np.empty(resamples)
+    for start in range(0, resamples, BOOTSTRAP_BLOCK):
+        drawn = seed_draws[start : start + BOOTSTRAP_BLOCK]  # (B, S)
+        n = counts[drawn][..., None]  # (B, S, 1): problems of each drawn seed
+        u = rng.random((len(drawn), n_seeds, width))
+        picks = np.minimum((u * n).astype(np.intp), n - 1)  # floor(u * P) in [0, P)
+        values = table[drawn[..., None], picks]
+        per_seed = np.where(columns < n, values, 0.0).sum(axis=-1) / n[..., 0]
+        means[start : start + len(drawn)] = per_seed.mean(axis=-1)
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(means, [tail, 1.0 - tail])
+    return {
+        "estimate": float(np.mean([d.mean() for d in by_problem])),
+        "low": float(low),
+        "high": float(high),
+        "confidence": confidence,
+        "resamples": resamples,
+        "seed": seed,
+    }
+
+
+def hierarchical_bootstrap(
+    records: Iterable[Mapping[str, Any]],
+    arm_a: str,
+    arm_b: str,
+    step: int,
+    task_set: str,
+    resamples: int = 10_000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> dict[str, Any]:
+    """Percentile interval of ``D = (1 / S) * sum_s [acc_a(s) - acc_b(s)]`` over paired seeds.
+
+    Each resample draws ``S`` seeds with replacement, then within each drawn seed its
+    ``P_s`` shared problems with replacement, the same problems for both arms (the pair
+    is the problem), and recomputes ``D* = mean_s* mean_t* [acc_a(t) - acc_b(t)]``. The
+    interval is the ``(1 - confidence) / 2`` and ``(1 + confidence) / 2`` quantiles of
+    the ``D*``. Draws, from ``numpy.random.default_rng(seed)``: all seed indices first
+    (``integers(0, S, (resamples, S))``), then uniforms ``u`` of shape ``(resamples, S,
+    max P)`` whose first ``P`` per drawn seed pick problems ``floor(u * P)``.
+
+    Returns:
+        ``estimate`` (``D``), ``low``, ``high``, ``confidence``, ``resamples``, ``seed``.
+    """
+    paired = paired_seed_differences(records, arm_a, arm_b, step, task_set)
+    return _bootstrap(list(paired["by_problem"].values()), resamples, seed, confidence)
 
 
 def _summary(problems: Problems, arm: str, step: int, task_set: str) -> dict[str, Any]:

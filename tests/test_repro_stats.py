@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -205,3 +206,95 @@ def test_arm_summary_reports_every_seed_with_mean_and_median():
     assert (summary["median"], summary["min"], summary["max"], summary["n"]) == (0.5, 0.25, 1.0, 3)
     one = rs.arm_summary(records, "outcome", 0, SET)
     assert (one["mean"], one["median"], one["n"]) == (1.0, 1.0, 1)
+
+
+# ---------------------------------------------------------------- hierarchical bootstrap
+
+
+def loop_bootstrap(by_problem, resamples, seed, confidence=0.95):
+    """The documented draws, one resample, one seed and one problem at a time."""
+    rng = np.random.default_rng(seed)
+    n_seeds, width = len(by_problem), max(len(d) for d in by_problem)
+    seed_draws = rng.integers(0, n_seeds, size=(resamples, n_seeds))
+    uniforms = rng.random((resamples, n_seeds, width))
+    means = []
+    for r in range(resamples):
+        per_seed = []
+        for j, s in enumerate(seed_draws[r]):
+            problems = by_problem[s]
+            picks = [int(uniforms[r, j, i] * len(problems)) for i in range(len(problems))]
+            per_seed.append(sum(problems[p] for p in picks) / len(problems))
+        means.append(sum(per_seed) / n_seeds)
+    tail = (1 - confidence) / 2
+    return np.quantile(means, [tail, 1 - tail])
+
+
+def test_bootstrap_matches_a_plain_loop_on_ragged_seeds(monkeypatch):
+    # Seeds with 2, 3 and 5 shared problems; small blocks so that several are drawn.
+    monkeypatch.setattr(rs, "BOOTSTRAP_BLOCK", 7)
+    a = evaluation("process", 0, [4, 1]) + evaluation("process", 1, [0, 3, 2])
+    a += evaluation("process", 2, [1, 1, 4, 0, 2])
+    b = evaluation("outcome", 0, [2, 1]) + evaluation("outcome", 1, [1, 0, 2])
+    b += evaluation("outcome", 2, [0, 3, 4, 1, 0])
+    result = rs.hierarchical_bootstrap(a + b, "process", "outcome", STEP, SET, 500, seed=11)
+    by_problem = [[0.5, 0.0], [-0.25, 0.75, 0.0], [0.25, -0.5, 0.0, -0.25, 0.5]]
+    low, high = loop_bootstrap(by_problem, 500, seed=11)
+    assert result["low"] == pytest.approx(low, abs=1e-12)
+    assert result["high"] == pytest.approx(high, abs=1e-12)
+    assert result["estimate"] == pytest.approx((0.25 + 0.5 / 3 + 0.0) / 3)
+    assert low < result["estimate"] < high
+
+
+def test_identical_arms_give_a_degenerate_interval_at_zero():
+    records = []
+    for seed, correct in enumerate([[0, 4, 2, 1], [3, 3, 0, 4], [1, 2, 2, 2]]):
+        records += evaluation("process", seed, correct) + evaluation("outcome", seed, correct)
+    result = rs.hierarchical_bootstrap(records, "process", "outcome", STEP, SET)
+    assert (result["estimate"], result["low"], result["high"]) == (0.0, 0.0, 0.0)
+    assert (result["resamples"], result["seed"], result["confidence"]) == (10_000, 0, 0.95)
+
+
+def test_a_constant_shift_on_every_problem_gives_exactly_that_interval():
+    # Problems of any difficulty, +1 of 4 samples each: pairing by problem leaves no spread.
+    rng = np.random.default_rng(0)
+    records = []
+    for seed in range(6):
+        base = rng.integers(0, 4, size=64)
+        records += evaluation("process", seed, base + 1) + evaluation("outcome", seed, base)
+    result = rs.hierarchical_bootstrap(records, "process", "outcome", STEP, SET)
+    assert (result["estimate"], result["low"], result["high"]) == (0.25, 0.25, 0.25)
+
+
+def test_seed_spread_alone_gives_the_hand_computed_interval():
+    # Seed 0 differs by 0 on every problem, seed 1 by 0.5: D* is 0, 0.25 or 0.5 with
+    # chances 1/4, 1/2, 1/4, so the 2.5% and 97.5% quantiles are 0 and 0.5.
+    records = evaluation("process", 0, [1, 3]) + evaluation("outcome", 0, [1, 3])
+    records += evaluation("process", 1, [2, 4]) + evaluation("outcome", 1, [0, 2])
+    result = rs.hierarchical_bootstrap(records, "process", "outcome", STEP, SET)
+    assert (result["estimate"], result["low"], result["high"]) == (0.25, 0.0, 0.5)
+    narrower = rs.hierarchical_bootstrap(records, "process", "outcome", STEP, SET, confidence=0.4)
+    assert (narrower["low"], narrower["high"]) == (0.25, 0.25)
+
+
+def six_seeds(shift=0.1, problems=64, samples=4, arms=("process", "outcome"), seeds=range(6)):
+    """Records of arms whose chance of a right sample is 0.4 plus ``shift`` per arm index."""
+    rng = np.random.default_rng(5)
+    records = []
+    for index, arm in enumerate(arms):
+        for seed in seeds:
+            chance = 0.4 + shift * (len(arms) - 1 - index)
+            records += evaluation(arm, seed, rng.binomial(samples, chance, problems), samples)
+    return records
+
+
+def test_bootstrap_is_deterministic_and_fast():
+    records = six_seeds()
+    started = time.perf_counter()
+    first = rs.hierarchical_bootstrap(records, "process", "outcome", STEP, SET)
+    seconds = time.perf_counter() - started
+    assert first == rs.hierarchical_bootstrap(records, "process", "outcome", STEP, SET)
+    other = rs.hierarchical_bootstrap(records, "process", "outcome", STEP, SET, seed=1)
+    assert (other["low"], other["high"]) != (first["low"], first["high"])
+    assert other["estimate"] == first["estimate"]
+    assert first["low"] < first["estimate"] < first["high"]
+    assert seconds < 1.0  # 10,000 resamples of 6 seeds x 64 problems (x 4 samples)
