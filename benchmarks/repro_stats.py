@@ -3,10 +3,13 @@
 Seeds are the unit of replication and problems the unit of measurement inside a seed: a
 problem's accuracy is the mean over its samples, a seed's accuracy the mean over its
 problems. Two arms are compared over the seeds both ran: every seed's difference, exact
-paired tests (sign, Wilcoxon signed-rank) and a hierarchical bootstrap interval (seeds,
-then problems within each seed).
+paired tests (sign, Wilcoxon signed-rank), a hierarchical bootstrap interval (seeds, then
+problems within each seed), and a void flag for an arm that could not learn (no
+successful training episode, every KL or every gradient norm exactly 0).
 
-Pure functions over plain dicts: :class:`EvalRecord` rows.
+Pure functions over plain dicts: :class:`EvalRecord` rows and the trainer's per-step
+metrics. The result of :func:`compare_arms` prints with ``benchmarks._common.print_table``
+through :func:`format_comparison_table`.
 """
 
 from __future__ import annotations
@@ -351,3 +354,244 @@ def arm_summary(
         ``median``, ``min``, ``max``, ``n`` (seeds).
     """
     return _summary(problem_accuracy(records), arm, step, task_set)
+
+
+def _run_failures(steps: Sequence[Mapping[str, Any]]) -> tuple[dict[str, str], int]:
+    """The void checks one run fails, each with what it logged; and its training episodes."""
+    successes = episodes = 0
+    logged: dict[str, list[float]] = {"kl": [], "grad_norm": []}
+    for metrics in steps:
+        count = int(metrics.get("rollout/episodes") or 0)
+        # The rate is over finished episodes: rate * episodes is 0 exactly when none succeeded.
+        successes += round(float(metrics.get("rollout/success_rate") or 0.0) * count)
+        episodes += count
+        for key, value in metrics.items():
+            name = key.partition("/")[2]  # per-agent keys: "<agent>/kl"
+            if name in logged and value is not None:
+                logged[name].append(float(value))
+    failures = {}
+    if successes == 0:
+        failures["success"] = f"0 of {episodes:,} training episodes succeeded"
+    for name, label in (("kl", "KL"), ("grad_norm", "gradient norm")):
+        if not any(logged[name]):
+            n = len(logged[name])
+            failures[name] = f"all {n:,} logged {label} values are 0" if n else f"no {label} logged"
+    return failures, episodes
+
+
+_HEADLINES = {  # check -> (what failed, its scope when every seed failed)
+    "success": ("no training episode succeeded", "any seed"),
+    "kl": ("every logged KL is exactly 0", "every seed"),
+    "grad_norm": ("every logged gradient norm is exactly 0", "every seed"),
+}
+
+
+def void_reasons(
+    training_metrics: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]],
+    seeds: Iterable[int] | None = None,
+) -> dict[str, list[str]]:
+    """Why each arm could not learn: a comparison with such an arm is void.
+
+    A run (arm, seed) cannot learn when ``sum_steps round(success_rate * episodes) = 0``
+    (no training episode succeeded), when every logged ``<agent>/kl`` is exactly 0, or
+    when every logged ``<agent>/grad_norm`` is exactly 0 (none logged counts as 0). Any
+    such run voids its arm: the paired test is over seeds fixed in advance, and dropping
+    a seed after seeing its run would be choosing the evidence.
+
+    Args:
+        training_metrics: ``{arm: {seed: [per-step metrics of mappa_train's trainer]}}``.
+        seeds: Seeds every arm must have metrics for (default: the seeds given).
+
+    Returns:
+        ``{arm: reasons}``, empty where the arm is valid: per failed check a line
+        (``"outcome: no training episode succeeded in any seed (0 of 1,920)"``), then
+        one per failed seed (``"outcome seed 0: 0 of 320 training episodes succeeded"``).
+    """
+    reasons: dict[str, list[str]] = {}
+    for arm, runs in training_metrics.items():
+        wanted = sorted(set(runs) | set(seeds or ()))
+        lines = [] if wanted else [f"{arm}: no training metrics recorded"]
+        failed: dict[str, dict[int, str]] = defaultdict(dict)
+        episodes: dict[int, int] = {}
+        for seed in wanted:
+            if not runs.get(seed):
+                lines.append(f"{arm} seed {seed}: no training metrics recorded")
+                continue
+            failures, episodes[seed] = _run_failures(runs[seed])
+            for check, detail in failures.items():
+                failed[check][seed] = detail
+        for check, (what, everywhere) in _HEADLINES.items():
+            if not failed[check]:
+                continue
+            listed = ("seed " if len(failed[check]) == 1 else "seeds ") + ", ".join(
+                map(str, failed[check])
+            )
+            scope = everywhere if len(failed[check]) == len(wanted) else listed
+            total = sum(episodes[s] for s in failed[check])
+            count = f" (0 of {total:,})" if check == "success" else ""
+            lines.append(f"{arm}: {what} in {scope}{count}")
+            lines += [f"{arm} seed {s}: {detail}" for s, detail in failed[check].items()]
+        reasons[arm] = lines
+    return reasons
+
+
+def _verdict(
+    pair: Mapping[str, Any], min_difference: float, alpha: float, min_seeds: int
+) -> dict[str, Any]:
+    """Whether ``treatment - other`` met the goal, and every reason it did not."""
+    difference = round(pair["interval"]["estimate"], DIGITS)
+    low = round(pair["interval"]["low"], DIGITS)
+    sign_p, n = pair["tests"]["sign_p"], len(pair["seeds"])
+    checks = {
+        "difference": difference >= min_difference,
+        "sign_test": sign_p < alpha,
+        "interval_excludes_0": low > 0,
+    }
+    why = [f"void: {reason}" for reason in pair["void_reasons"]]
+    if n < min_seeds:
+        why.append(f"{n} paired seeds, fewer than the {min_seeds} the goal needs")
+    if not checks["difference"]:
+        why.append(f"difference {difference:+.4f} is below {min_difference:g}")
+    if not checks["sign_test"]:
+        why.append(f"sign test p = {sign_p:.4g} is not below {alpha:g}")
+    if not checks["interval_excludes_0"]:
+        why.append(f"interval low end {low:+.4f} is not above 0")
+    return {
+        "met": not why,
+        "checks": checks,
+        "why": why,
+        "thresholds": {"min_difference": min_difference, "alpha": alpha, "min_seeds": min_seeds},
+    }
+
+
+def compare_arms(
+    records: Iterable[Mapping[str, Any]],
+    training_metrics: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]],
+    arms: Sequence[str],
+    step: int,
+    task_set: str,
+    *,
+    treatment: str | None = None,
+    min_difference: float = 0.05,
+    alpha: float = 0.05,
+    min_seeds: int = 6,
+    resamples: int = 10_000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> dict[str, Any]:
+    """Every arm's seeds, and the treatment against each other arm, with a verdict.
+
+    Each pair ``treatment - other`` gets its per-seed differences
+    (:func:`paired_seed_differences`), both exact tests (:func:`exact_paired_tests`),
+    the hierarchical bootstrap interval (:func:`hierarchical_bootstrap`), the void
+    reasons of both arms over the paired seeds (:func:`void_reasons`), and a verdict:
+    the goal is met when ``D >= min_difference``, sign-test ``p < alpha`` and the
+    interval's low end is above 0, and never when the pair is void or has fewer than
+    ``min_seeds`` paired seeds (n seeds all of one sign give ``p = 2^(1-n)``: 6 are
+    needed for ``p < 0.05``).
+
+    Args:
+        records: :class:`EvalRecord` rows of every arm.
+        training_metrics: ``{arm: {seed: [per-step training metrics]}}``.
+        arms: The arms to report, the treatment among them.
+        step: The evaluation step compared (decided before the runs).
+        task_set: The held-out set compared.
+        treatment: The arm compared against each other one (default: ``arms[0]``).
+        min_difference: The goal's smallest mean difference (0.05: 5 points).
+        alpha: The sign test's significance level.
+        min_seeds: The fewest paired seeds a met goal needs.
+        resamples: Bootstrap resamples.
+        seed: Bootstrap seed.
+        confidence: Bootstrap interval coverage.
+
+    Returns:
+        ``step``, ``task_set``, ``treatment``, ``arms`` ({arm: :func:`arm_summary`}) and
+        ``pairs``: per other arm ``treatment``, ``other``, ``seeds``, ``differences``,
+        ``dropped_seeds``, ``unpaired_problems``, ``tests``, ``interval``, ``void``,
+        ``void_reasons`` and ``verdict`` (``met``, ``checks``, ``why``, ``thresholds``).
+    """
+    treatment = arms[0] if treatment is None else treatment
+    if treatment not in arms:
+        raise ValueError(f"treatment {treatment!r} is not one of the arms {list(arms)}")
+    problems = problem_accuracy(records)
+    pairs = []
+    for other in arms:
+        if other == treatment:
+            continue
+        paired = _paired(problems, treatment, other, step, task_set)
+        seeds = sorted(paired["differences"])
+        # Only the paired seeds' runs count: a seed one arm lacks is not in this test.
+        runs = {
+            arm: {s: run for s, run in training_metrics.get(arm, {}).items() if s in seeds}
+            for arm in (treatment, other)
+        }
+        void = void_reasons(runs, seeds)
+        pair = {
+            "treatment": treatment,
+            "other": other,
+            "seeds": seeds,
+            **{k: paired[k] for k in ("differences", "dropped_seeds", "unpaired_problems")},
+            "tests": exact_paired_tests(paired["differences"]),
+            "interval": _bootstrap(
+                list(paired["by_problem"].values()), resamples, seed, confidence
+            ),
+            "void_reasons": void[treatment] + void[other],
+        }
+        pair["void"] = bool(pair["void_reasons"])
+        pair["verdict"] = _verdict(pair, min_difference, alpha, min_seeds)
+        pairs.append(pair)
+    return {
+        "step": step,
+        "task_set": task_set,
+        "treatment": treatment,
+        "arms": {arm: _summary(problems, arm, step, task_set) for arm in arms},
+        "pairs": pairs,
+    }
+
+
+def _points(value: float, sign: str = "") -> str:
+    return f"{100 * value:{sign}.1f}"
+
+
+def format_comparison_table(
+    comparison: Mapping[str, Any],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Rows of :func:`compare_arms` for ``benchmarks._common.print_table``, in points.
+
+    Returns:
+        ``(arm_rows, pair_rows)``: per arm its accuracy in every seed (``-`` where it
+        has none), mean, median and seed count; per pair the paired seeds, the mean
+        difference, both p values, the interval, whether it is void and the verdict.
+    """
+    seeds = sorted({s for summary in comparison["arms"].values() for s in summary["seeds"]})
+    arm_rows = [
+        {
+            "arm": arm,
+            **{
+                f"seed {s}": _points(summary["seeds"][s]) if s in summary["seeds"] else "-"
+                for s in seeds
+            },
+            "mean": _points(summary["mean"]),
+            "median": _points(summary["median"]),
+            "n": summary["n"],
+        }
+        for arm, summary in comparison["arms"].items()
+    ]
+    pair_rows = []
+    for pair in comparison["pairs"]:
+        interval = pair["interval"]
+        pair_rows.append(
+            {
+                "pair": f"{pair['treatment']} - {pair['other']}",
+                "seeds": len(pair["seeds"]),
+                "diff": _points(interval["estimate"], "+"),
+                "sign p": f"{pair['tests']['sign_p']:.4g}",
+                "wilcoxon p": f"{pair['tests']['wilcoxon_p']:.4g}",
+                f"{interval['confidence']:.0%} interval": (
+                    f"[{_points(interval['low'], '+')}, {_points(interval['high'], '+')}]"
+                ),
+                "void": "yes" if pair["void"] else "no",
+                "goal": "met" if pair["verdict"]["met"] else "not met",
+            }
+        )
+    return arm_rows, pair_rows

@@ -10,6 +10,7 @@ import pytest
 from scipy import stats
 
 from benchmarks import repro_stats as rs
+from benchmarks._common import print_table
 
 STEP, SET = 40, "in_family"
 
@@ -298,3 +299,184 @@ def test_bootstrap_is_deterministic_and_fast():
     assert other["estimate"] == first["estimate"]
     assert first["low"] < first["estimate"] < first["high"]
     assert seconds < 1.0  # 10,000 resamples of 6 seeds x 64 problems (x 4 samples)
+
+
+# ---------------------------------------------------------------- the void rule
+
+
+def training_run(
+    steps=10, episodes=32, success=0.25, kl=0.01, grad=1.5, agents=("solver", "coder")
+):
+    """Per-step metrics with the trainer's key names (mappa_train.trainer.learn); a None
+    KL or gradient norm is not logged. The first step's KL is 0, as the trainer logs it
+    (the policy is still the reference)."""
+    run = []
+    for step in range(steps):
+        metrics = {"step": step + 1, "rollout/episodes": episodes, "lr": 1e-6,
+                   "rollout/success_rate": success, "rollout/mean_reward": 0.3}  # fmt: skip
+        for agent in agents:
+            metrics[f"{agent}/mean_reward"] = 0.3
+            if kl is not None:
+                metrics[f"{agent}/kl"] = kl if step else 0.0
+            if grad is not None:
+                metrics[f"{agent}/grad_norm"] = grad
+        run.append(metrics)
+    return run
+
+
+def test_an_arm_that_never_succeeded_is_void_with_its_counts():
+    metrics = {
+        "process": {s: training_run() for s in range(6)},
+        "outcome": {s: training_run(success=0.0) for s in range(6)},
+    }
+    reasons = rs.void_reasons(metrics)
+    assert reasons["process"] == []
+    assert reasons["outcome"] == [
+        "outcome: no training episode succeeded in any seed (0 of 1,920)",
+        *(f"outcome seed {s}: 0 of 320 training episodes succeeded" for s in range(6)),
+    ]
+
+
+def test_zero_kl_zero_gradient_and_missing_runs_are_void():
+    metrics = {
+        "outcome": {0: training_run(), 1: training_run(kl=0.0), 2: training_run(grad=0.0)},
+        "agent_oracle": {0: training_run(kl=0.0, grad=0.0), 1: training_run(kl=None)},
+    }
+    reasons = rs.void_reasons(metrics, seeds=[0, 1, 2])
+    assert reasons["outcome"] == [
+        "outcome: every logged KL is exactly 0 in seed 1",
+        "outcome seed 1: all 20 logged KL values are 0",
+        "outcome: every logged gradient norm is exactly 0 in seed 2",
+        "outcome seed 2: all 20 logged gradient norm values are 0",
+    ]
+    assert reasons["agent_oracle"] == [
+        "agent_oracle seed 2: no training metrics recorded",
+        "agent_oracle: every logged KL is exactly 0 in seeds 0, 1",
+        "agent_oracle seed 0: all 20 logged KL values are 0",
+        "agent_oracle seed 1: no KL logged",
+        "agent_oracle: every logged gradient norm is exactly 0 in seed 0",
+        "agent_oracle seed 0: all 20 logged gradient norm values are 0",
+    ]
+    assert rs.void_reasons({"process": {}}) == {
+        "process": ["process: no training metrics recorded"]
+    }
+    # one step of one agent with a KL is enough: the policy moved
+    moved = training_run(kl=0.0)
+    moved[-1]["coder/kl"] = 1e-9
+    assert rs.void_reasons({"process": {0: moved}}) == {"process": []}
+
+
+# ---------------------------------------------------------------- comparing arms
+
+
+def test_comparison_meets_the_goal_only_with_enough_valid_seeds():
+    arms = ("process", "outcome", "agent_oracle")
+    records = six_seeds(shift=0.1, arms=arms)
+    metrics = {arm: {s: training_run() for s in range(6)} for arm in arms}
+    metrics["agent_oracle"] = {s: training_run(success=0.0) for s in range(6)}
+    comparison = rs.compare_arms(records, metrics, arms, STEP, SET)
+    assert comparison["treatment"] == "process"
+    assert list(comparison["arms"]) == list(arms)
+    versus_outcome, versus_oracle = comparison["pairs"]
+    assert versus_outcome["other"] == "outcome"
+    assert versus_outcome["seeds"] == list(range(6))
+    assert versus_outcome["tests"]["positives"] == 6
+    assert versus_outcome["tests"]["sign_p"] == pytest.approx(0.03125)
+    assert not versus_outcome["void"]
+    summary = comparison["arms"]
+    assert versus_outcome["interval"]["estimate"] == pytest.approx(
+        summary["process"]["mean"] - summary["outcome"]["mean"]
+    )
+    assert versus_outcome["verdict"]["met"], versus_outcome["verdict"]["why"]
+    assert versus_outcome["verdict"]["checks"] == {
+        "difference": True, "sign_test": True, "interval_excludes_0": True
+    }  # fmt: skip
+    # agent_oracle is better still, so the difference is negative, and the arm is void
+    assert versus_oracle["void"]
+    assert not versus_oracle["verdict"]["met"]
+    assert versus_oracle["verdict"]["why"][0] == (
+        "void: agent_oracle: no training episode succeeded in any seed (0 of 1,920)"
+    )
+    assert rs.compare_arms(records, metrics, arms, STEP, SET) == comparison
+
+
+def test_comparison_with_fewer_than_six_seeds_or_a_weak_difference_is_not_met():
+    records = six_seeds(shift=0.3, seeds=range(5))
+    metrics = {arm: {s: training_run() for s in range(6)} for arm in ("process", "outcome")}
+    pair = rs.compare_arms(records, metrics, ["process", "outcome"], STEP, SET)["pairs"][0]
+    assert pair["tests"]["sign_p"] == pytest.approx(0.0625)  # 5 of 5: 2^-4
+    assert pair["interval"]["low"] > 0.2
+    assert not pair["verdict"]["met"]
+    assert pair["verdict"]["why"] == [
+        "5 paired seeds, fewer than the 6 the goal needs",
+        "sign test p = 0.0625 is not below 0.05",
+    ]
+    # the treatment need not come first; the thresholds are arguments
+    strict = rs.compare_arms(
+        six_seeds(shift=0.1), metrics, ["outcome", "process"], STEP, SET,
+        treatment="process", min_difference=0.5,
+    )["pairs"][0]  # fmt: skip
+    assert strict["other"] == "outcome"
+    assert strict["verdict"]["checks"]["difference"] is False
+    assert strict["verdict"]["why"][0].startswith("difference +0.")
+    assert strict["verdict"]["thresholds"]["min_difference"] == 0.5
+    with pytest.raises(ValueError, match="treatment 'x' is not one of the arms"):
+        rs.compare_arms(records, metrics, ["process", "outcome"], STEP, SET, treatment="x")
+
+
+def test_a_difference_of_exactly_five_points_counts_despite_float_noise():
+    # Per seed 0.3 - 0.25 (0.04999... in floating point) on 20 problems with 20 samples.
+    records, metrics = [], {}
+    for seed in range(6):
+        records += evaluation("process", seed, [6] * 20, samples=20)
+        records += evaluation("outcome", seed, [5] * 20, samples=20)
+    for arm in ("process", "outcome"):
+        metrics[arm] = {s: training_run() for s in range(6)}
+    pair = rs.compare_arms(records, metrics, ["process", "outcome"], STEP, SET)["pairs"][0]
+    assert pair["interval"]["estimate"] == pytest.approx(0.05)
+    assert pair["verdict"]["met"], pair["verdict"]["why"]
+
+
+def test_void_counts_only_the_paired_seeds():
+    # outcome's seed 7 never succeeded, but process has no seed 7: it is not in this test.
+    records = six_seeds(shift=0.1) + evaluation("outcome", 7, [1, 1])
+    metrics = {arm: {s: training_run() for s in range(6)} for arm in ("process", "outcome")}
+    metrics["outcome"][7] = training_run(success=0.0)
+    pair = rs.compare_arms(records, metrics, ["process", "outcome"], STEP, SET)["pairs"][0]
+    assert pair["dropped_seeds"] == {"process": [], "outcome": [7]}
+    assert not pair["void"]
+    del metrics["process"][3]
+    pair = rs.compare_arms(records, metrics, ["process", "outcome"], STEP, SET)["pairs"][0]
+    assert pair["void_reasons"] == ["process seed 3: no training metrics recorded"]
+    assert not pair["verdict"]["met"]
+
+
+def test_table_rows_show_every_seed_and_each_pair(capsys):
+    records = six_seeds(shift=0.1) + evaluation("process", 9, [4] * 64)
+    metrics = {arm: {s: training_run() for s in range(10)} for arm in ("process", "outcome")}
+    comparison = rs.compare_arms(records, metrics, ["process", "outcome"], STEP, SET)
+    arm_rows, pair_rows = rs.format_comparison_table(comparison)
+    assert list(arm_rows[0]) == ["arm", *(f"seed {s}" for s in (0, 1, 2, 3, 4, 5, 9)),
+                                 "mean", "median", "n"]  # fmt: skip
+    assert arm_rows[0]["seed 9"] == "100.0"
+    assert arm_rows[1]["seed 9"] == "-"
+    outcome = comparison["arms"]["outcome"]
+    assert arm_rows[1]["seed 0"] == f"{100 * outcome['seeds'][0]:.1f}"
+    assert arm_rows[1]["median"] == f"{100 * outcome['median']:.1f}"
+    (row,) = pair_rows
+    interval = comparison["pairs"][0]["interval"]
+    assert row == {
+        "pair": "process - outcome",
+        "seeds": 6,
+        "diff": f"{100 * interval['estimate']:+.1f}",
+        "sign p": "0.03125",
+        "wilcoxon p": "0.03125",
+        "95% interval": f"[{100 * interval['low']:+.1f}, {100 * interval['high']:+.1f}]",
+        "void": "no",
+        "goal": "met",
+    }
+    print_table(arm_rows)
+    print_table(pair_rows)
+    printed = capsys.readouterr().out
+    assert "process - outcome" in printed
+    assert "seed 9" in printed
