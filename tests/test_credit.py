@@ -247,3 +247,35 @@ def test_the_trainer_trains_on_the_saved_reward_and_refuses_other_credit(tmp_pat
                 tmp_path / "c", model_dir, env="Letter-v0", env_options={"credit_mode": "mixed"}
             )
         )
+
+
+def test_mathchat_pays_agent_oracle_credit_from_each_agents_own_number():
+    import mappa_env
+    from mappa_env.tasks import MathTask
+    from tests.fakes import InProcessSandbox
+
+    task = MathTask(id="t", prompt="Compute 76 * 89 - 230.", answer="6534")
+    env = mappa_env.make(
+        "MathChat-v0",
+        tasks=[task],
+        sandbox=InProcessSandbox,
+        coach=None,
+        credit_mode="agent_oracle",
+    )
+    env.reset(options={"task": task})
+    env.step("76 * 89 is 6764, minus 230 gives \\boxed{6434}.")  # wrong draft
+    env.step("```python\nprint(76 * 89 - 230)\n```")  # computes the right number
+    env.step("No more code: \\boxed{6534}")
+    env.step("The final answer is \\boxed{6534}")
+    assert env.outcome["agent_correct"] == {
+        "problem_solver": False,
+        "code_executor": True,
+        "verifier": True,
+    }
+    assert [(r.agent, r.reward) for r in env.transcript] == [
+        ("problem_solver", 0.0),
+        ("code_executor", 1.0),
+        ("code_executor", 1.0),
+        ("verifier", 1.0),
+    ]
+    env.close()

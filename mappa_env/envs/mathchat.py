@@ -13,9 +13,11 @@ Card:
   agent: the problem, what earlier agents handed on, its own earlier turns.
 - **Action**: any string (cut at ``max_action_chars``). The code executor's fenced
   ```` ```python ```` blocks run in one Jupyter kernel per episode.
-- **Rewards**: ``process`` (default): the coach's score of each action / 10;
-  ``outcome``: 1 to every action when the verifier's boxed answer is right, else 0;
-  ``mixed``: a weighted sum. An invalid coach verdict is NaN and flagged, never 0.
+- **Rewards** (``credit_mode``, :mod:`mappa_env.credit`): ``process`` (default): the
+  coach's score of each action / 10; ``outcome``: 1 to every action when the verifier's
+  boxed answer is right, else 0; ``agent_oracle``: 1 to each action of an agent whose
+  own final number is right (``agent_correct``), else 0; ``mixed``, ``backprop``. An
+  invalid coach verdict is NaN and flagged, never 0.
 - **Outcome** (``infos[agent]["outcome"]``): ``correct``, ``predicted``, ``answer``,
   ``reward``, ``task_id``, ``task_type``, and per agent that acted ``agent_answers``
   (its own final number: the solver's draft answer, the number the code executor's
@@ -238,6 +240,7 @@ class MathChatEnv(PipelineEnv):
     coach_rubrics = COACH_RUBRICS
     rules_rubric = staticmethod(mathchat_rubric)
     tool_agent = CODE_EXECUTOR
+    reports_agent_correct = True
     default_code_timeout_s = 30.0
 
     def __init__(
@@ -455,8 +458,7 @@ class MathChatEnv(PipelineEnv):
         (``draft_answer``, read as ``agent_answers`` reads it) and its earlier code and
         output (``earlier_code``, ``earlier_stdout``).
         """
-        is_last = record.agent == self.possible_agents[-1]
-        truth_shown = self.reveal == "always" or (self.reveal == "last_agent" and is_last)
+        truth_shown = self.coach_sees_truth(record.agent)
         task_metadata = dict(self.task.metadata)
         metadata: dict[str, Any] = {"task_metadata": task_metadata}
         if truth_shown:

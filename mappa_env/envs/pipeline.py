@@ -190,8 +190,9 @@ class PipelineEnv(AECEnv):
         outcome_weight: Weight ``w`` of the outcome in ``mixed`` credit.
         backprop_decay: Decay per action of the outcome's error in ``backprop`` credit.
         reveal: Which actions the coach judges with the ground truth in view; ``None``
-            takes the coach's own ``default_reveal`` (the rules coach needs the truth
-            everywhere; LLM coaches default to the last agent, as in the paper).
+            takes the coach's own ``default_reveal`` (the rules coach: ``"always"``,
+            with an answer-blind rubric for the other agents under ``"last_agent"``;
+            LLM coaches: the last agent, as in the paper).
         max_action_chars: Longer actions are cut to this length; ``infos`` flags it.
         max_cycles: Truncate the episode after this many actions in total (all agents
             together); ``None`` bounds episodes only by the agents' turn limits.
@@ -670,6 +671,17 @@ class PipelineEnv(AECEnv):
             self._workdir = workdir
         return self._workdir
 
+    def coach_sees_truth(self, agent: str) -> bool:
+        """Whether the coach judges ``agent``'s actions with the ground truth in view.
+
+        As :attr:`reveal` says: every agent (``"always"``), the last one
+        (``"last_agent"``) or none (``"never"``). Environments that hand the coach more
+        facts (:meth:`coach_metadata`) hold back the ones that give the answer away when
+        this is False.
+        """
+        is_last = agent == self.possible_agents[-1]
+        return self.reveal == "always" or (self.reveal == "last_agent" and is_last)
+
     def spec_of(self, agent: str) -> AgentSpec:
         """The :class:`AgentSpec` of ``agent``."""
         return self._specs[agent]
@@ -720,7 +732,6 @@ class PipelineEnv(AECEnv):
             )
         task_id, task_text, truth = self.task_facts()
         is_last = record.agent == self.possible_agents[-1]
-        show_truth = self.reveal == "always" or (self.reveal == "last_agent" and is_last)
         tool = record.tool
         request = CoachRequest(
             env_id=self.env_id,
@@ -737,7 +748,7 @@ class PipelineEnv(AECEnv):
             tool_output=tool.output,
             files=_file_infos(tool.extra.get("files", ())),
             upstream_files=_file_infos(tool.extra.get("upstream_files", ())),
-            ground_truth=truth if show_truth else None,
+            ground_truth=truth if self.coach_sees_truth(record.agent) else None,
             metadata=self.coach_metadata(record),
             rubric=self.coach_rubrics.get(record.agent),
             shows_workspace=self.shows_workspace,
