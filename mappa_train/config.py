@@ -37,6 +37,12 @@ class TrainConfig:
     """Keyword arguments of the held-out evaluation environment (its ``tasks``);
     ``None`` reuses ``env_options``."""
 
+    eval_sets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Further held-out task sets, evaluated beside the main one at every evaluation:
+    name -> environment options laid over ``eval_env_options`` (e.g. ``{"out_of_family":
+    {"tasks": "more.json"}}``). Logged as ``eval/<name>/...``, episodes saved under
+    ``eval/<name>/``; so held-out problems of other kinds are reported apart."""
+
     system: str | dict[str, str] = "smollm2-135m"
     """Initial model of every agent (``smollm2-135m``, an HF id or local path), or a
     mapping agent -> model. Each agent gets its own trainable copy and its own frozen
@@ -339,6 +345,19 @@ class TrainConfig:
                 "mappa_train.register_estimator(name, fn) before building the config"
             )
         self.train_agents = _agent_list(self.train_agents)
+        if not isinstance(self.eval_sets, dict) or not all(
+            isinstance(options, dict) for options in self.eval_sets.values()
+        ):
+            raise ValueError(
+                "eval_sets must map a set name to environment options, e.g. "
+                f"{{'out_of_family': {{'tasks': 'more.json'}}}}; got {self.eval_sets!r}"
+            )
+        for name in self.eval_sets:
+            if not isinstance(name, str) or not name or "/" in name:
+                raise ValueError(
+                    f"eval set names become metric and folder names: use a non-empty name "
+                    f"without '/', got {name!r}"
+                )
         choices = {
             "credit_mode": CREDIT_MODES,
             "normalize_scope": ("agent", "all"),

@@ -29,6 +29,7 @@ schedule, logging, evaluation and checkpoints of :meth:`Trainer.train` stay as t
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -183,7 +184,8 @@ class Trainer:
             "outcome_weight": config.outcome_weight,
             "backprop_decay": config.backprop_decay,
         }
-        for options in (config.env_options, config.eval_env_options or {}):
+        given = (config.env_options, config.eval_env_options or {}, *config.eval_sets.values())
+        for options in given:
             clash = {k: v for k, v in options.items() if k in credit and v != credit[k]}
             if clash:
                 raise ValueError(
@@ -203,6 +205,19 @@ class Trainer:
         self.eval_env_factory = eval_env_factory or (
             lambda: mappa_env.make(config.env, coach=self.coach, **eval_options)
         )
+        if config.eval_sets and eval_env_factory is not None:
+            raise ValueError(
+                "eval_sets are made from the config's environment and options; with an "
+                "eval_env_factory of your own, evaluate further sets yourself (or drop "
+                "eval_env_factory and give their options in eval_sets)"
+            )
+        self.eval_set_factories: dict[str, EnvFactory] = {
+            name: functools.partial(
+                mappa_env.make, config.env, coach=self.coach, **{**eval_options, **options}
+            )
+            for name, options in config.eval_sets.items()
+        }
+        """The further held-out sets (``config.eval_sets``), by name."""
         self._runners: dict[str, RolloutRunner] = {}
         probe = self.env_factory()
         self.agents: list[str] = list(probe.possible_agents)
@@ -213,6 +228,11 @@ class Trainer:
         probe = self.eval_env_factory()
         self.eval_task_ids: list[str] = [t.id for t in getattr(probe, "tasks", [])]
         probe.close()
+        self.eval_set_task_ids: dict[str, list[str]] = {}
+        for name, factory in self.eval_set_factories.items():
+            probe = factory()
+            self.eval_set_task_ids[name] = [t.id for t in getattr(probe, "tasks", [])]
+            probe.close()
         self.specs: dict[str, str] = parse_system_spec(config.system, self.agents)
         self.trained_agents: list[str] = self._select_trained_agents()
         self.estimator = get_estimator(config.advantage_estimator)
@@ -665,7 +685,11 @@ class Trainer:
         temperature: float,
         seed: int,
     ) -> list[EpisodeResult]:
-        """Episodes with the current weights; ``kind`` is ``"train"`` or ``"eval"``."""
+        """Episodes with the current weights.
+
+        ``kind``: ``"train"``, ``"eval"`` (the main held-out set) or ``"eval/<name>"``
+        (a set of ``config.eval_sets``).
+        """
         config = self.config
         for learner in self.learners.values():
             if learner.model is not None:  # None: the agent acts on engines elsewhere
@@ -673,8 +697,13 @@ class Trainer:
         runner = self._runners.get(kind)
         if runner is None:
             system = AgentSystem(self.policies)
+            factories = {
+                "train": self.env_factory,
+                "eval": self.eval_env_factory,
+                **{f"eval/{name}": f for name, f in self.eval_set_factories.items()},
+            }
             runner = RolloutRunner(
-                self.env_factory if kind == "train" else self.eval_env_factory,
+                factories[kind],
                 system,
                 concurrency=config.concurrency,
                 progress=False,
@@ -1087,35 +1116,51 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation
 
     def evaluate(self) -> dict[str, Any]:
-        """Held-out evaluation: success rate (rule-graded), tool use and lengths per agent."""
-        config = self.config
-        if not self.eval_task_ids:
-            return {}
-        options = [
-            {"task_id": self.eval_task_ids[i % len(self.eval_task_ids)]}
-            for i in range(config.eval_episodes)
+        """Held-out evaluation: success rate (rule-graded), tool use and lengths per agent.
+
+        The main set logs ``eval/...``; each set of ``config.eval_sets`` logs
+        ``eval/<name>/...``. Every episode is saved (``eval/step-N.jsonl``,
+        ``eval/<name>/step-N.jsonl``), so results can be analysed per problem.
+        """
+        metrics: dict[str, Any] = {}
+        sets = [("eval", self.eval_task_ids)] + [
+            (f"eval/{name}", ids) for name, ids in self.eval_set_task_ids.items()
         ]
+        for kind, task_ids in sets:
+            if task_ids:
+                metrics.update(self._evaluate_set(kind, task_ids))
+        return metrics
+
+    def _evaluate_set(self, kind: str, task_ids: Sequence[str]) -> dict[str, Any]:
+        """One held-out set's episodes (saved) and metrics, keyed ``<kind>/...``."""
+        config = self.config
+        options = [{"task_id": task_ids[i % len(task_ids)]} for i in range(config.eval_episodes)]
+        # The main set keeps the seeds it always had; another set's depend on its name.
+        salt = () if kind == "eval" else (kind,)
         started = time.perf_counter()
         episodes = self._run_episodes(
-            "eval", options, config.eval_temperature, derive_seed(config.seed, "eval", self.step)
+            kind,
+            options,
+            config.eval_temperature,
+            derive_seed(config.seed, "eval", *salt, self.step),
         )
         elapsed = time.perf_counter() - started
         # Kept beside the training rollouts (not among them: a directory of rollouts is
         # training data), so a held-out success can be read, not only counted.
         save_jsonl(
-            self.out / "eval" / f"step-{self.step:06d}.jsonl",
+            self.out / kind / f"step-{self.step:06d}.jsonl",
             [a for e in episodes for a in e.actions],
         )
         report = summarize(episodes, wall_time_s=elapsed)
         metrics: dict[str, Any] = {
-            "eval/seconds": elapsed,
-            "eval/success_rate": report["success_rate"],
-            "eval/mean_outcome_reward": report["mean_outcome_reward"],
+            f"{kind}/seconds": elapsed,
+            f"{kind}/success_rate": report["success_rate"],
+            f"{kind}/mean_outcome_reward": report["mean_outcome_reward"],
         }
         for agent, stats in report["per_agent"].items():
-            metrics[f"eval/{agent}/tool_call_rate"] = stats["tool_call_rate"]
-            metrics[f"eval/{agent}/mean_response_tokens"] = stats["mean_response_tokens"]
-            metrics[f"eval/{agent}/mean_coach_score"] = stats["mean_coach_score"]
+            metrics[f"{kind}/{agent}/tool_call_rate"] = stats["tool_call_rate"]
+            metrics[f"{kind}/{agent}/mean_response_tokens"] = stats["mean_response_tokens"]
+            metrics[f"{kind}/{agent}/mean_coach_score"] = stats["mean_coach_score"]
         return metrics
 
     # ------------------------------------------------------------------ persistence, logs

@@ -613,3 +613,30 @@ def test_eval_at_start_logs_the_untrained_system_once(tmp_path):
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2]
     assert (tmp_path / "run" / "training.png").exists()
+
+
+def test_further_eval_sets_are_evaluated_and_saved_apart(tmp_path):
+    model_dir = tiny_model_dir(tmp_path / "model")
+    config = _toy_config(
+        tmp_path,
+        model_dir,
+        env="tests.toy_env:LetterEnv",
+        steps=1,
+        eval_every=1,
+        eval_episodes=4,
+        eval_sets={"unseen": {"task_prefix": "unseen"}},
+    )
+    trainer = Trainer(config)
+    (metrics,) = trainer.train()
+    assert metrics["eval/success_rate"] is not None
+    assert metrics["eval/unseen/success_rate"] is not None
+    assert "eval/unseen/writer/mean_coach_score" in metrics
+    main = load_jsonl(tmp_path / "run" / "eval" / "step-000001.jsonl")
+    unseen = load_jsonl(tmp_path / "run" / "eval" / "unseen" / "step-000001.jsonl")
+    assert {s.task_id for s in main} == {"toy-0", "toy-1", "toy-2", "toy-3"}
+    assert {s.task_id for s in unseen} == {"unseen-0", "unseen-1", "unseen-2", "unseen-3"}
+    with pytest.raises(ValueError, match="eval set names"):
+        TrainConfig(eval_sets={"a/b": {}})
+    with pytest.raises(ValueError, match="eval_sets"):
+        Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
+

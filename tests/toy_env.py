@@ -39,8 +39,8 @@ class LetterEnv(PipelineEnv):
     roles = (AgentSpec("writer", "writer", 1),)
     rules_rubric = staticmethod(letter_rubric)
 
-    def __init__(self, **options: Any) -> None:
-        self.tasks = [ToyTask(f"toy-{i}", f"say something {i}") for i in range(4)]
+    def __init__(self, task_prefix: str = "toy", **options: Any) -> None:
+        self.tasks = [ToyTask(f"{task_prefix}-{i}", f"say something {i}") for i in range(4)]
         self.task = self.tasks[0]
         options.setdefault("coach", "rules")
         super().__init__(**options)
