@@ -87,39 +87,53 @@ def comparable(metrics: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _one_process(mode: str, root: Path, model_dir: Path) -> dict[str, Any]:
-    from mappa_train.trainer import Trainer
+def _trainer(root: Path, name: str, model_dir: Path, **changes: Any) -> Any:
+    """A trainer of the toy pair (environments paid under the config's credit)."""
+    from mappa_train.trainer import make_trainer
     from tests.toy_env import LetterPairEnv
 
-    config = _settings(root / f"one-{mode}", model_dir, credit_mode=mode)
-    envs = functools.partial(LetterPairEnv, credit_mode=mode)
-    trainer = Trainer(config, env_factory=envs, eval_env_factory=envs)
+    config = _settings(root / name, model_dir, **changes)
+    envs = functools.partial(LetterPairEnv, credit_mode=config.credit_mode)
+    return make_trainer(config, env_factory=envs, eval_env_factory=envs)
+
+
+def _train(trainer: Any) -> dict[str, Any]:
+    """Train to the end; the figures and each trained agent's final weights.
+
+    The weights are read just before the trainer closes: engines and learner groups
+    are gone after. Where an agent acts through engines its group's weights are read,
+    else the trainer's own copy (which after each sync equals its group's).
+    """
+    weights: dict[str, str] = {}
+    close = trainer.close
+
+    def read_then_close() -> None:
+        for agent, learner in sorted(trainer.learners.items()):
+            group = getattr(learner, "group", None)
+            state = group.weights() if learner.model is None else learner.model.state_dict()
+            weights[agent] = weights_digest(state)
+        close()
+
+    trainer.close = read_then_close
     history = trainer.train()
-    return {
-        "metrics": [comparable(m) for m in history],
-        "weights": {
-            agent: weights_digest(learner.model.state_dict())
-            for agent, learner in sorted(trainer.learners.items())
-        },
-    }
+    return {"metrics": [comparable(m) for m in history], "weights": weights}
+
+
+def _one_process(mode: str, root: Path, model_dir: Path) -> dict[str, Any]:
+    return _train(_trainer(root, f"one-{mode}", model_dir, credit_mode=mode))
 
 
 def _ray(mode: str, root: Path, model_dir: Path) -> dict[str, Any]:
-    from mappa_train.ray_trainer import RayTrainer
-    from tests.toy_env import LetterPairEnv
+    ray = {"distributed": "ray", "ranks_per_agent": 2}
+    return _train(_trainer(root, f"ray-{mode}", model_dir, credit_mode=mode, **ray))
 
-    config = _settings(
-        root / f"ray-{mode}", model_dir, credit_mode=mode, distributed="ray", ranks_per_agent=2
-    )
-    envs = functools.partial(LetterPairEnv, credit_mode=mode)
-    trainer = RayTrainer(config, env_factory=envs, eval_env_factory=envs)
-    history = trainer.train()  # closes the groups at the end
-    # The driver's rollout copy holds exactly its group's weights after each sync.
-    weights = {
-        agent: weights_digest(learner.model.state_dict())
-        for agent, learner in sorted(trainer.learners.items())
-    }
-    return {"metrics": [comparable(m) for m in history], "weights": weights}
+
+def _resumed(root: Path, model_dir: Path) -> dict[str, Any]:
+    """Killed after its first step's checkpoint (as ``train(until=1)`` leaves it), resumed."""
+    first = _trainer(root, "resume", model_dir, save_every=1)
+    first.train(until=1)
+    first.close()
+    return _train(_trainer(root, "resume", model_dir, save_every=1))
 
 
 RUNS: dict[str, Callable[[Path, Path], dict[str, Any]]] = {
@@ -128,6 +142,14 @@ RUNS: dict[str, Callable[[Path, Path], dict[str, Any]]] = {
         for mode in CREDIT_MODES
     },
     **{f"ray/{mode}": (lambda root, model, m=mode: _ray(m, root, model)) for mode in CREDIT_MODES},
+    "one_process/lora": lambda root, model: _train(_trainer(root, "lora", model, lora_rank=4)),
+    "one_process/frozen_writer": lambda root, model: _train(
+        _trainer(root, "frozen", model, train_agents=["editor"])
+    ),
+    "one_process/resumed": _resumed,
+    "ray/engines": lambda root, model: _train(
+        _trainer(root, "engines", model, distributed="ray", ranks_per_agent=2, engines_per_agent=1)
+    ),
 }
 """Every recorded configuration, by name: ``"<backend>/<credit mode>"``."""
 
