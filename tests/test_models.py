@@ -334,7 +334,7 @@ def test_policy_modules_import_without_backends():
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
-    assert "mappa[agents]" in result.stdout
+    assert "mappa-rl[agents]" in result.stdout
 
 
 # ---------------------------------------------------------------- vLLM
