@@ -36,6 +36,7 @@ openenv-core 0.3 leaves ``metadata`` out of what it sends, so clients read ``inf
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -460,6 +461,23 @@ class MappaEnvClient(EnvClient[MappaAction, MappaObservation, MappaState]):
                 reply = my_model(result.observation.messages)
                 result = env.step(MappaAction(text=reply, agent=result.observation.agent))
     """
+
+    async def disconnect(self) -> None:
+        """End the session: ask the server to close, and wait until it has.
+
+        openenv-core 0.3's client closes its end at once, and the server's own close
+        of the WebSocket then fails with a logged traceback; waiting for the server's
+        close frame ends the session cleanly.
+        """
+        if self._ws is None:
+            return
+        with contextlib.suppress(Exception):  # the connection may already be gone
+            await self._send({"type": "close"})
+            # recv() ends (ConnectionClosed) once the server's close frame arrives.
+            await asyncio.wait_for(self._ws.recv(), timeout=self._message_timeout)
+        with contextlib.suppress(Exception):
+            await self._ws.close()
+        self._ws = None
 
     def _step_payload(self, action: MappaAction) -> dict[str, Any]:
         return action.model_dump(exclude={"metadata"})
