@@ -80,7 +80,10 @@ def main() -> int:
         venv.create(env_dir, with_pip=True)
         python = env_dir / "bin" / "python"
         constraints = ROOT / "requirements" / "cpu-constraints.txt"
-        run([str(python), "-m", "pip", "install", "--quiet", "-c", str(constraints), str(wheel)])
+        # --no-compile: byte-compiling every installed module (scipy, sympy, pandas, ...)
+        # took 3-4x the install itself here; the runs below compile what they import.
+        install = [str(python), "-m", "pip", "install", "--quiet", "--no-compile"]
+        run([*install, "-c", str(constraints), str(wheel)])
         installed = time.perf_counter()
 
         # A directory of its own, under the system's temporary folder: nothing of the
