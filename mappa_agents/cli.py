@@ -1,4 +1,4 @@
-"""``mappa eval``: benchmark a multiagent system on an environment.
+"""``mappa eval`` (benchmark a multiagent system) and ``mappa serve`` (an OpenEnv server).
 
 The ``mappa`` command itself is :mod:`mappa_train.command`, the one package that may
 import every other.
@@ -19,8 +19,12 @@ from mappa_env.credit import CREDIT_MODES
 logger = logging.getLogger("mappa")
 
 
-def _env_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The environment's options: common flags, its own task flags, then --env-option."""
+def env_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The environment's options from the flags of :func:`add_env_arguments`.
+
+    Common flags first, then the environment's own task flags (its ``cli_options``),
+    then ``--env-option KEY=VALUE`` pairs over both.
+    """
     from mappa_env.registry import env_class
 
     cls = env_class(args.env)
@@ -62,8 +66,8 @@ def _parse_env_options(pairs: Sequence[str]) -> dict[str, Any]:
     return options
 
 
-def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``mappa eval`` (shared with ``mappa train`` where they apply)."""
+def add_env_arguments(parser: argparse.ArgumentParser) -> None:
+    """The environment's arguments (eval and serve): its id, tasks, coach, sandbox, credit."""
     parser.add_argument(
         "--env",
         default="MathChat-v0",
@@ -79,14 +83,6 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         "repeatable",
     )
     parser.add_argument(
-        "--system",
-        default="smollm2-135m",
-        help="one model for every agent (smollm2-135m, an HF id or path, "
-        "api:<litellm model>[?api_base=URL&api_key=KEY&timeout_s=S], vllm:<model>, or a "
-        "`mappa train` run dir / checkpoint: runs/x means its newest checkpoint, each agent "
-        "with its own weights) or per agent: 'problem_solver=a,code_executor=b,verifier=c'",
-    )
-    parser.add_argument(
         "--coach",
         default="rules",
         help="rules, or llm:<litellm model>[?api_base=URL&max_tokens=N&timeout=S&...]. "
@@ -97,45 +93,6 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         "first token, e.g. 512 tokens at 50 tok/s -> timeout=30. Timeouts and invalid "
         "verdicts show in the progress line",
     )
-    parser.add_argument(
-        "--episodes",
-        type=int,
-        default=None,
-        help="episodes to run (default 8), cycling through the environment's tasks in "
-        "order; not with --samples-per-task/--num-eval-tasks, which set the episodes to "
-        "tasks x samples",
-    )
-    parser.add_argument(
-        "--samples-per-task",
-        type=int,
-        default=None,
-        metavar="K",
-        help="run K episodes of each task (e.g. 4 at --temperature 0.6, as papers report "
-        "mean accuracy of 4 samples) and report mean@K and pass@K with 95%% intervals; "
-        "the tasks are the first --num-eval-tasks of the environment's task list (default: "
-        "all of them), so the run has tasks x K episodes",
-    )
-    parser.add_argument(
-        "--num-eval-tasks",
-        type=int,
-        default=None,
-        metavar="N",
-        help="evaluate the first N tasks of the environment's task list, each "
-        "--samples-per-task times (default 1)",
-    )
-    parser.add_argument("--concurrency", type=int, default=8, help="episodes in flight")
-    parser.add_argument(
-        "--schedule",
-        default="ticks",
-        choices=["ticks", "continuous"],
-        help="how generation is batched: ticks (deterministic: a seed repeats a run) or "
-        "continuous (each policy serves requests as they arrive: faster when steps take "
-        "uneven time, not reproducible)",
-    )
-    parser.add_argument("--max-new-tokens", type=int, default=512, help="tokens per action")
-    parser.add_argument("--temperature", type=float, default=0.6, help="sampling temperature")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0, help="run seed")
     parser.add_argument(
         "--tasks",
         default=None,
@@ -172,6 +129,13 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         "(process), the episode's outcome, the acting agent's own correctness "
         "(agent_oracle), or a mix",
     )
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    """How local and API models generate (``mappa eval`` and ``mappa serve``)."""
+    parser.add_argument("--max-new-tokens", type=int, default=512, help="tokens per action")
+    parser.add_argument("--temperature", type=float, default=0.6, help="sampling temperature")
+    parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--device", default="auto", help="torch device for local models")
     parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float32, float16")
     parser.add_argument(
@@ -179,6 +143,57 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="local models on CUDA: decode with a static KV cache and CUDA graphs "
         "(the first batches compile; see HFPolicy)",
+    )
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``mappa eval``: the environment's, the system, sampling, the run."""
+    add_env_arguments(parser)
+    add_sampling_arguments(parser)
+    parser.add_argument("--seed", type=int, default=0, help="run seed")
+    parser.add_argument(
+        "--system",
+        default="smollm2-135m",
+        help="one model for every agent (smollm2-135m, an HF id or path, "
+        "api:<litellm model>[?api_base=URL&api_key=KEY&timeout_s=S], vllm:<model>, "
+        "script:<module>:<function> (a function messages -> reply, no model), or a "
+        "`mappa train` run dir / checkpoint: runs/x means its newest checkpoint, each agent "
+        "with its own weights) or per agent: 'problem_solver=a,code_executor=b,verifier=c'",
+    )
+    parser.add_argument(
+        "--episodes",
+        type=int,
+        default=None,
+        help="episodes to run (default 8), cycling through the environment's tasks in "
+        "order; not with --samples-per-task/--num-eval-tasks, which set the episodes to "
+        "tasks x samples",
+    )
+    parser.add_argument(
+        "--samples-per-task",
+        type=int,
+        default=None,
+        metavar="K",
+        help="run K episodes of each task (e.g. 4 at --temperature 0.6, as papers report "
+        "mean accuracy of 4 samples) and report mean@K and pass@K with 95%% intervals; "
+        "the tasks are the first --num-eval-tasks of the environment's task list (default: "
+        "all of them), so the run has tasks x K episodes",
+    )
+    parser.add_argument(
+        "--num-eval-tasks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="evaluate the first N tasks of the environment's task list, each "
+        "--samples-per-task times (default 1)",
+    )
+    parser.add_argument("--concurrency", type=int, default=8, help="episodes in flight")
+    parser.add_argument(
+        "--schedule",
+        default="ticks",
+        choices=["ticks", "continuous"],
+        help="how generation is batched: ticks (deterministic: a seed repeats a run) or "
+        "continuous (each policy serves requests as they arrive: faster when steps take "
+        "uneven time, not reproducible)",
     )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
@@ -244,7 +259,7 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    env_options = _env_options(args)
+    env_options = env_options_from_args(args)
     # One coach for every environment, so its concurrency limit, cache and ledger are shared.
     coach = make_coach(args.coach)
     env_options["coach"] = coach
@@ -351,4 +366,107 @@ def add_eval_parser(commands: Any) -> argparse.ArgumentParser:
 
 def _eval_handler(args: argparse.Namespace) -> int:
     run_eval(args)
+    return 0
+
+
+def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
+    """Add the ``serve`` sub-command (an OpenEnv server) to ``commands``."""
+    parser = commands.add_parser(
+        "serve",
+        help="serve an environment over OpenEnv (HTTP and WebSocket; the openenv extra)",
+        description="Serve a registered environment as an OpenEnv server: in ego mode the "
+        "client plays one agent and the server plays the others with the policies of "
+        "--others; in multiplexed mode the client plays every agent, naming it in each "
+        "action. Each WebSocket session has its own environment, workspace and sandbox.",
+    )
+    add_env_arguments(parser)
+    add_sampling_arguments(parser)
+    parser.add_argument(
+        "--mode",
+        default="ego",
+        choices=["ego", "multiplexed"],
+        help="ego: the client plays --ego, the server the others; multiplexed: the client "
+        "plays every agent",
+    )
+    parser.add_argument(
+        "--ego", default=None, help="ego mode: the agent the client plays (default: the first)"
+    )
+    parser.add_argument(
+        "--others",
+        default=None,
+        help="ego mode: the policies of the other agents, one spec for all or "
+        "'agent=spec,agent=spec'; specs as for `mappa eval --system` (smollm2-135m, an HF id "
+        "or path, api:<litellm model>, vllm:<model>, script:<module>:<function>)",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on")
+    parser.add_argument(
+        "--max-sessions",
+        type=int,
+        default=4,
+        help="most concurrent sessions (each holds an environment and its sandbox)",
+    )
+    parser.set_defaults(handler=_serve_handler)
+    return parser
+
+
+def serve_config_from_args(args: argparse.Namespace) -> Any:
+    """The :class:`~mappa_agents.openenv_server.ServeConfig` of ``mappa serve``'s flags.
+
+    Loads the other agents' policies (ego mode).
+
+    Raises:
+        SystemExit: When ego mode lacks ``--others`` or multiplexed mode is given them.
+        mappa_env._optional.MissingExtraError: Without the ``openenv`` extra.
+    """
+    import mappa_env
+    from mappa_agents.openenv_server import ServeConfig
+    from mappa_agents.policy import SamplingParams
+    from mappa_agents.system import AgentSystem
+
+    options = env_options_from_args(args)
+    options["coach"] = args.coach  # a spec: each session builds its own and closes it
+    probe = mappa_env.make(args.env, **options)
+    try:
+        agents = list(probe.possible_agents)
+        probe.check_sandbox()
+    finally:
+        probe.close()
+    sampling = SamplingParams(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p
+    )
+    others: dict[str, Any] = {}
+    if args.mode == "ego":
+        ego = args.ego or agents[0]
+        rest = [a for a in agents if a != ego]
+        if rest and not args.others:
+            raise SystemExit(
+                f"mappa serve: ego mode needs --others, the policies of {rest} "
+                "(e.g. --others api:openai/gpt-4.1-mini or 'agent=script:my_mod:reply,...')"
+            )
+        if rest:
+            system = AgentSystem.from_spec(args.others, rest, device=args.device, dtype=args.dtype)
+            others = dict(system.policies)
+        return ServeConfig(
+            args.env, options, "ego", ego, others, sampling, max_sessions=args.max_sessions
+        )
+    if args.others or args.ego:
+        raise SystemExit("mappa serve: --ego and --others are for ego mode (--mode ego)")
+    return ServeConfig(args.env, options, "multiplexed", max_sessions=args.max_sessions)
+
+
+def _serve_handler(args: argparse.Namespace) -> int:
+    from mappa_agents.openenv_server import serve
+
+    config = serve_config_from_args(args)
+    who = f"ego {config.ego_agent or '(first agent)'}" if config.mode == "ego" else "every agent"
+    logger.warning(
+        "serving %s over OpenEnv on http://%s:%d (%s mode, the client plays %s)",
+        args.env,
+        args.host,
+        args.port,
+        config.mode,
+        who,
+    )
+    serve(config, host=args.host, port=args.port)
     return 0

@@ -12,6 +12,7 @@ Cache root: ``$MAPPA_CACHE_DIR`` when set, else ``~/.cache/mappa/models``.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.metadata
 import importlib.util
 import json
@@ -214,7 +215,10 @@ def load_policy(spec: str, **kwargs: Any) -> Policy:
         spec: ``"smollm2-135m"``, an HF id or a local path -> :class:`~mappa_agents.hf.
             HFPolicy`; ``"api:<litellm model>"`` (e.g. ``"api:openai/gpt-4.1-mini"``) ->
             :class:`~mappa_agents.api.LiteLLMPolicy`; ``"vllm:<model>"`` (a short name,
-            HF id or path) -> :class:`~mappa_agents.vllm_policy.VLLMPolicy`.
+            HF id or path) -> :class:`~mappa_agents.vllm_policy.VLLMPolicy`;
+            ``"script:<module>:<function>"`` -> :class:`~mappa_agents.scripted.
+            ScriptedPolicy` answering with ``function(messages) -> str`` (no model: a
+            frozen, rule-based agent, e.g. beside a trained one).
         **kwargs: Passed to the policy's constructor. ``device``, ``dtype`` and
             ``compile_decode`` (which callers such as ``mappa eval`` pass for every
             spec) only apply to local models: an ``api:`` spec drops all three (a
@@ -232,6 +236,10 @@ def load_policy(spec: str, **kwargs: Any) -> Policy:
     """
     spec = spec.strip()
     backend, separator, rest = spec.partition(":")
+    if separator and backend == "script":
+        from mappa_agents.scripted import ScriptedPolicy
+
+        return ScriptedPolicy(load_script(rest), name=spec)
     if separator and backend == "api":
         from mappa_agents.api import LiteLLMPolicy
 
@@ -260,6 +268,31 @@ def load_policy(spec: str, **kwargs: Any) -> Policy:
     if resolved != spec:
         kwargs.setdefault("name", spec)
     return HFPolicy(resolved, **kwargs)
+
+
+def load_script(path: str) -> Callable[[list[dict[str, str]]], str]:
+    """The function a ``script:`` spec names: ``"module:function"``, imported.
+
+    Raises:
+        ValueError: When the path is not ``module:function``, the module cannot be
+            imported, or the attribute is not callable.
+    """
+    module_name, separator, attribute = path.partition(":")
+    if not separator or not module_name or not attribute:
+        raise ValueError(
+            f"'script:' needs module:function (a function messages -> reply text), got {path!r}"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ValueError(
+            f"cannot import {module_name!r} for 'script:{path}': {exc}. Run from the "
+            "folder that holds it, or install it"
+        ) from exc
+    function = getattr(module, attribute, None)
+    if not callable(function):
+        raise ValueError(f"'script:{path}': {module_name} has no function {attribute!r}")
+    return function
 
 
 API_SPEC_OPTIONS: dict[str, Callable[[str], Any]] = {

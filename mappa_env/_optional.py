@@ -5,6 +5,10 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+DISTRIBUTION = "mappa-rl"
+"""The name mappa is installed under (``pip install mappa-rl``); the import names are
+``mappa_env``, ``mappa_agents`` and ``mappa_train``."""
+
 
 class MissingExtraError(ImportError):
     """An optional dependency is missing; the message names the extra that provides it."""
@@ -30,5 +34,5 @@ def require(module: str, extra: str, *, purpose: str = "") -> ModuleType:
         why = f" for {purpose}" if purpose else ""
         raise MissingExtraError(
             f"{module!r} is needed{why} but is not installed. "
-            f"Install it with: pip install 'mappa[{extra}]'"
+            f"Install it with: pip install '{DISTRIBUTION}[{extra}]'"
         ) from exc

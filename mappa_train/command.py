@@ -1,4 +1,4 @@
-"""The ``mappa`` command: ``mappa eval`` (from :mod:`mappa_agents.cli`) and ``mappa train``.
+"""The ``mappa`` command: ``mappa eval`` and ``serve`` (:mod:`mappa_agents.cli`), ``mappa train``.
 
 It lives here because ``mappa_train`` is the one package allowed to import all the
 others (``mappa_env`` <- ``mappa_agents`` <- ``mappa_train``); ``python -m mappa_train``
@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from mappa_agents.cli import add_eval_parser
+from mappa_agents.cli import add_eval_parser, add_serve_parser
 from mappa_agents.compare import add_compare_parser
 from mappa_train.cli import add_train_parser
 
@@ -22,13 +22,14 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``mappa`` argument parser."""
     parser = argparse.ArgumentParser(
         prog="mappa",
-        description="Multiagent LLM systems with per-action coach rewards: evaluate and train.",
+        description="Multiagent LLM systems with per-action coach rewards: evaluate, train, serve.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True)
     add_eval_parser(commands)
     add_train_parser(commands)
     add_compare_parser(commands)
+    add_serve_parser(commands)
     return parser
 
 

@@ -22,7 +22,7 @@ tokenizer and ``optimizer.pt``); the weights are the float32 masters and
 ``optimizer.pt`` holds the group's AdamW state as one full state dict, so a killed run
 resumes exactly with the same number of ranks or any other.
 
-Needs the ``distributed`` extra (``pip install 'mappa[distributed]'``).
+Needs the ``distributed`` extra (``pip install 'mappa-rl[distributed]'``).
 """
 
 from __future__ import annotations

@@ -131,6 +131,28 @@ def test_a_failed_build_leaves_nothing(tmp_path):
 # ---------------------------------------------------------------- load_policy
 
 
+def test_load_policy_script_spec_answers_with_the_named_function(tmp_path, monkeypatch):
+    from mappa_agents.policy import SamplingParams
+    from mappa_agents.scripted import ScriptedPolicy
+
+    (tmp_path / "my_agents.py").write_text(
+        "def echo_last(messages):\n    return 'you said: ' + messages[-1]['content']\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    policy = load_policy("script:my_agents:echo_last", device="cpu", dtype="auto")
+    assert isinstance(policy, ScriptedPolicy)
+    assert policy.name == "script:my_agents:echo_last"
+    (generation,) = policy.generate([[{"role": "user", "content": "hi"}]], SamplingParams())
+    assert generation.text == "you said: hi"
+    assert not generation.trainable
+    with pytest.raises(ValueError, match="module:function"):
+        load_policy("script:my_agents")
+    with pytest.raises(ValueError, match="no function 'missing'"):
+        load_policy("script:my_agents:missing")
+    with pytest.raises(ValueError, match="cannot import 'no_such_module_here'"):
+        load_policy("script:no_such_module_here:f")
+
+
 def test_load_policy_api_spec():
     from mappa_agents.api import LiteLLMPolicy
 
@@ -309,7 +331,7 @@ def test_load_policy_local_directory(tmp_path):
 
 def test_load_policy_vllm_without_vllm_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` fail
-    with pytest.raises(MissingExtraError, match=r"mappa\[vllm\]"):
+    with pytest.raises(MissingExtraError, match=r"mappa-rl\[vllm\]"):
         load_policy("vllm:Qwen/Qwen3-4B")
     with pytest.raises(ValueError, match="model name"):
         load_policy("vllm:")
@@ -334,7 +356,7 @@ def test_policy_modules_import_without_backends():
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
-    assert "mappa[agents]" in result.stdout
+    assert "mappa-rl[agents]" in result.stdout
 
 
 # ---------------------------------------------------------------- vLLM

@@ -16,7 +16,10 @@ from mappa_env._optional import MissingExtraError
 from mappa_env.grading import answers_match, answers_match_any
 from mappa_env.tasks import (
     BENCH_DIR_ENV,
+    PUBLIC_BENCHMARKS,
+    BenchmarkUnavailableError,
     MathTask,
+    PublicBenchmark,
     TaskFormatError,
     find_bench_dir,
     load_math_tasks,
@@ -208,8 +211,10 @@ def test_short_names_resolve_in_the_configured_directory(tmp_path, monkeypatch):
     for name in ("aime_2099", "AIME_2099", "aime_2099.json"):
         (task,) = load_math_tasks(name)
         assert (task.id, task.answer) == ("aime_2099-0", "042")
-    with pytest.raises(FileNotFoundError, match=r"Known names: aime_2099"):
+    # A name the folder lacks and no public dataset serves: the error says both.
+    with pytest.raises(BenchmarkUnavailableError, match=r"it holds: aime_2099") as error:
         load_math_tasks("aime_1900")
+    assert "no public dataset" in str(error.value)
 
 
 def test_bench_dir_env_pointing_nowhere_is_reported(tmp_path, monkeypatch):
@@ -223,7 +228,7 @@ def test_no_bench_dir_error_lists_what_was_tried(tmp_path, monkeypatch):
     monkeypatch.delenv(BENCH_DIR_ENV, raising=False)
     monkeypatch.setattr(tasks_math, "bench_dir_candidates", lambda: tried)
     with pytest.raises(FileNotFoundError) as error:
-        load_math_tasks("aime_2025")
+        find_bench_dir()
     message = str(error.value)
     assert all(str(path) in message for path in tried)
     assert BENCH_DIR_ENV in message
@@ -283,8 +288,140 @@ def test_hf_ids_with_a_slash_config_and_limit(fake_datasets):
 
 def test_hf_without_datasets_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` fail
-    with pytest.raises(MissingExtraError, match=r"mappa\[agents\]"):
+    with pytest.raises(MissingExtraError, match=r"mappa-rl\[datasets\]"):
         load_math_tasks("hf:someone/math-set")
+
+
+# --------------------------------------------------------------------------------------
+# Benchmark names: a local folder first, else the public dataset (a local stand-in here)
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def offline_hub(tmp_path, monkeypatch):
+    """The real `datasets` package, refusing the network, caching under tmp_path."""
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
+    return datasets
+
+
+def _public_stand_in(tmp_path, monkeypatch, name, rows, **fields):
+    """Serve `name`'s public dataset from a local dataset directory of `rows`."""
+    directory = tmp_path / f"{name}-dataset"
+    directory.mkdir()
+    table = PUBLIC_BENCHMARKS[name]
+    lines = (json.dumps(row) for row in rows)
+    (directory / f"{table.split}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    stand_in = dataclasses.replace(table, dataset_id=str(directory), **fields)
+    monkeypatch.setitem(PUBLIC_BENCHMARKS, name, stand_in)
+    return stand_in
+
+
+def test_the_public_table_names_real_datasets_with_their_columns():
+    assert PUBLIC_BENCHMARKS["aime_2025"].dataset_id == "math-ai/aime25"
+    assert PUBLIC_BENCHMARKS["AIME_1983_2024"].dataset_id == "di-zhang-fdu/AIME_1983_2024"
+    assert PUBLIC_BENCHMARKS["amc"].dataset_id == "AI-MO/aimo-validation-amc"
+    for name, table in PUBLIC_BENCHMARKS.items():
+        assert isinstance(table, PublicBenchmark)
+        assert {"prompt", "answer"} <= set(table.columns), name
+        assert table.rows > 0, name
+
+
+def test_a_name_no_folder_holds_comes_from_its_public_dataset(tmp_path, monkeypatch, offline_hub):
+    # The folder is configured but lacks the file: the public dataset serves it, in its
+    # own column names, mapped onto ours.
+    (tmp_path / "bench").mkdir()
+    monkeypatch.setenv(BENCH_DIR_ENV, str(tmp_path / "bench"))
+    rows = [
+        {
+            "ID": "1983-1",
+            "Year": 1983,
+            "Problem Number": 1,
+            "Question": "Q1",
+            "Answer": 60,
+            "Part": None,
+        },
+        {
+            "ID": "1983-2",
+            "Year": 1983,
+            "Problem Number": 2,
+            "Question": "Q2",
+            "Answer": 23,
+            "Part": None,
+        },
+    ]
+    _public_stand_in(tmp_path, monkeypatch, "AIME_1983_2024", rows)
+    tasks = load_math_tasks("aime_1983_2024")  # names are case-insensitive
+    assert [(t.id, t.prompt, t.answer) for t in tasks] == [
+        ("1983-1", "Q1", "60"),
+        ("1983-2", "Q2", "23"),
+    ]
+    assert tasks[0].metadata["year"] == 1983
+    assert tasks[0].metadata["problem_number"] == 1
+    assert tasks[0].metadata["source"] == "AIME_1983_2024"
+    assert [t.id for t in load_math_tasks("AIME_1983_2024", limit=1)] == ["1983-1"]
+    # A MathChat environment takes the name as its tasks.
+    import mappa_env
+
+    env = mappa_env.make("MathChat-v0", tasks="AIME_1983_2024", sandbox=None)
+    try:
+        assert [t.id for t in env.tasks] == ["1983-1", "1983-2"]
+    finally:
+        env.close()
+
+
+def test_amc_rows_are_numbered_by_row_and_float_answers_read_as_integers(
+    tmp_path, monkeypatch, offline_hub
+):
+    (tmp_path / "bench").mkdir()
+    monkeypatch.setenv(BENCH_DIR_ENV, str(tmp_path / "bench"))
+    rows = [  # the dataset's own id restarts each year: two rows share id 0
+        {"id": 0, "problem": "P2022", "answer": 142.0, "url": "u1"},
+        {"id": 0, "problem": "P2023", "answer": 18.0, "url": "u2"},
+    ]
+    _public_stand_in(tmp_path, monkeypatch, "amc", rows)
+    tasks = load_math_tasks("amc")
+    assert [(t.id, t.answer) for t in tasks] == [("amc-0", "142"), ("amc-1", "18")]
+    assert tasks[1].metadata["url"] == "u2"
+
+
+def test_a_local_file_wins_over_the_public_dataset(tmp_path, monkeypatch, offline_hub):
+    write_json(tmp_path / "aime_2025.json", [{"prompt": "local", "answer": "1"}])
+    monkeypatch.setenv(BENCH_DIR_ENV, str(tmp_path))
+    _public_stand_in(tmp_path, monkeypatch, "aime_2025", [{"problem": "hub", "answer": "2"}])
+    (task,) = load_math_tasks("aime_2025")
+    assert task.prompt == "local"
+
+
+def test_neither_folder_nor_network_says_which_is_needed(tmp_path, monkeypatch, offline_hub):
+    tried = [tmp_path / "shared" / "data" / "bench"]
+    monkeypatch.delenv(BENCH_DIR_ENV, raising=False)
+    monkeypatch.setattr(tasks_math, "bench_dir_candidates", lambda: tried)
+    with pytest.raises(BenchmarkUnavailableError) as error:
+        load_math_tasks("aime_2025")
+    message = str(error.value)
+    assert str(tried[0]) in message  # where a folder was looked for
+    assert BENCH_DIR_ENV in message  # the folder to set ...
+    assert "aime_2025.json" in message
+    assert "math-ai/aime25" in message  # ... or the dataset that needs the network
+    assert "network access" in message
+    assert isinstance(error.value, FileNotFoundError)
+
+
+def test_a_public_benchmark_without_datasets_names_the_extra_and_the_folder(tmp_path, monkeypatch):
+    (tmp_path / "bench").mkdir()
+    monkeypatch.setenv(BENCH_DIR_ENV, str(tmp_path / "bench"))
+    monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` fail
+    with pytest.raises(MissingExtraError, match=r"mappa-rl\[datasets\]") as error:
+        load_math_tasks("amc")
+    assert BENCH_DIR_ENV in str(error.value)
+
+
+def test_a_split_is_refused_for_benchmark_names(tmp_path, monkeypatch):
+    monkeypatch.setenv(BENCH_DIR_ENV, str(tmp_path))
+    with pytest.raises(ValueError, match="picks its own"):
+        load_math_tasks("aime_2025", split="test")
 
 
 # --------------------------------------------------------------------------------------

@@ -1,9 +1,12 @@
-"""Task sources: math problems from files, datasets or a seeded generator."""
+"""Task sources: math problems from files, named benchmarks, datasets or a seeded generator."""
 
 from mappa_env.tasks.generator import DEFAULT_KINDS, DIFFICULTY_LEVELS, KINDS, generate_math_tasks
 from mappa_env.tasks.math import (
     BENCH_DIR_ENV,
+    PUBLIC_BENCHMARKS,
+    BenchmarkUnavailableError,
     MathTask,
+    PublicBenchmark,
     TaskFormatError,
     bench_dir_candidates,
     find_bench_dir,
@@ -17,8 +20,11 @@ __all__ = [
     "DEFAULT_KINDS",
     "DIFFICULTY_LEVELS",
     "KINDS",
+    "PUBLIC_BENCHMARKS",
     "TASK_SECRET_ENV",
+    "BenchmarkUnavailableError",
     "MathTask",
+    "PublicBenchmark",
     "TaskFormatError",
     "bench_dir_candidates",
     "find_bench_dir",

@@ -3,12 +3,14 @@
 Supported sources (see :func:`load_math_tasks`):
 
 * a JSON array file, a JSON-lines file, or a JSON object keyed by task id;
-* a short name of a benchmark file (``"aime_2025"``, ``"AIME_1983_2024"``,
-  ``"amc_eval_32"``) looked up in the benchmark directory (:func:`find_bench_dir`);
+* a benchmark name (``"aime_2025"``, ``"AIME_1983_2024"``, ``"amc"``, ``"amc_eval_32"``):
+  the file of that name in the benchmark directory (:func:`find_bench_dir`) when there
+  is one, else the benchmark's public Hugging Face dataset (:data:`PUBLIC_BENCHMARKS`);
 * a Hugging Face dataset (``"hf:<id>"``, or any string that is not a file and holds
   a ``/``), when the ``datasets`` package is installed.
 
-The benchmark files are read where they are; nothing is copied.
+The benchmark files are read where they are; nothing is copied. Public datasets are
+downloaded once by ``datasets``, which caches them (``HF_DATASETS_CACHE``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from mappa_env._optional import require
+from mappa_env._optional import MissingExtraError, require
 from mappa_env.grading.math import extract_boxed
 
 logger = logging.getLogger(__name__)
@@ -83,6 +85,74 @@ class TaskFormatError(ValueError):
     """A task file or dataset row is malformed; the message says which file and row."""
 
 
+class BenchmarkUnavailableError(FileNotFoundError):
+    """A named benchmark is in no local folder and its public dataset could not be loaded.
+
+    The message says which folder would serve it and which dataset needs network access.
+    """
+
+
+@dataclass(frozen=True)
+class PublicBenchmark:
+    """Where a named benchmark is published on the Hugging Face Hub, and how to read it.
+
+    Attributes:
+        dataset_id: The dataset's id on the Hub (or a local dataset directory).
+        split: The split holding the problems.
+        columns: Our field -> the dataset's column: ``"prompt"`` and ``"answer"``
+            always, ``"id"`` when the dataset has a unique one; any other key copies
+            that column into the task's metadata under our name.
+        config: The dataset's configuration, when it has several.
+        revision: A git revision of the dataset to pin, or ``None`` for its main branch.
+        rows: Problems the dataset holds (what a load returns without ``limit``).
+        note: How it relates to the file of the same name in the benchmark folder.
+    """
+
+    dataset_id: str
+    split: str
+    columns: Mapping[str, str]
+    config: str | None = None
+    revision: str | None = None
+    rows: int = 0
+    note: str = ""
+
+
+#: Benchmark name -> its public dataset, for names that no local folder holds. Each was
+#: checked against the benchmark folder's file of the same name (first rows identical).
+PUBLIC_BENCHMARKS: dict[str, PublicBenchmark] = {
+    "aime_2025": PublicBenchmark(
+        dataset_id="math-ai/aime25",
+        split="test",
+        columns={"prompt": "problem", "answer": "answer", "id": "id"},
+        rows=30,
+        note="AIME 2025 I and II, the same 30 problems as aime_2025.json",
+    ),
+    "AIME_1983_2024": PublicBenchmark(
+        dataset_id="di-zhang-fdu/AIME_1983_2024",
+        split="train",
+        columns={
+            "prompt": "Question",
+            "answer": "Answer",
+            "id": "ID",
+            "year": "Year",
+            "problem_number": "Problem Number",
+            "part": "Part",
+        },
+        rows=933,
+        note="the same 933 problems and ids (1983-1, ...) as AIME_1983_2024.json",
+    ),
+    "amc": PublicBenchmark(
+        dataset_id="AI-MO/aimo-validation-amc",
+        split="train",
+        # Its `id` restarts at 0 for each year, so tasks are numbered by row instead.
+        columns={"prompt": "problem", "answer": "answer", "url": "url"},
+        rows=83,
+        note="AMC 12 2022 and 2023 rewritten to integer answers: the first 83 of the "
+        "117 problems of amc.json",
+    ),
+}
+
+
 # --------------------------------------------------------------------------------------
 # Locating benchmark files
 # --------------------------------------------------------------------------------------
@@ -119,10 +189,12 @@ def find_bench_dir(required: bool = True) -> Path | None:
         The first existing directory of :func:`bench_dir_candidates`.
 
     Raises:
-        FileNotFoundError: If ``required`` and none exists; the message lists what was tried.
+        FileNotFoundError: If ``MAPPA_BENCH_DIR`` names no directory (whether or not
+            ``required``: a misspelt setting must not pass unnoticed), or if
+            ``required`` and none exists; the message lists what was tried.
     """
     configured = os.environ.get(BENCH_DIR_ENV)
-    if configured and not Path(configured).expanduser().is_dir() and required:
+    if configured and not Path(configured).expanduser().is_dir():
         raise FileNotFoundError(
             f"{BENCH_DIR_ENV}={configured!r} is not a directory. Point it at the folder "
             "that holds AIME_1983_2024.json, aime_2025.json, amc*.json."
@@ -141,20 +213,44 @@ def find_bench_dir(required: bool = True) -> Path | None:
     )
 
 
-def _resolve_name(name: str) -> Path:
-    """Find the file a short name such as ``"aime_2025"`` refers to."""
-    directory = find_bench_dir()
-    assert directory is not None  # required=True raises instead
+def _stem(name: str) -> str:
+    """``"AMC.json"`` -> ``"amc"``: how benchmark names are compared."""
     wanted = name.lower()
-    stem = wanted[: -len(Path(wanted).suffix)] if wanted.endswith(_JSON_SUFFIXES) else wanted
+    return wanted[: -len(Path(wanted).suffix)] if wanted.endswith(_JSON_SUFFIXES) else wanted
+
+
+def _local_benchmark(name: str) -> Path | None:
+    """The file a benchmark name refers to in the benchmark directory, if there is one."""
+    directory = find_bench_dir(required=False)
+    if directory is None:
+        return None
+    wanted, stem = name.lower(), _stem(name)
     files = sorted(p for p in directory.iterdir() if p.suffix.lower() in _JSON_SUFFIXES)
     for path in files:
         if path.name.lower() == wanted or path.stem.lower() == stem:
             return path
-    known = ", ".join(p.stem for p in files) or "(no .json files)"
-    raise FileNotFoundError(
-        f"No task file named {name!r} in {directory}. Known names: {known}. "
-        "Pass a file path, or 'hf:<dataset id>' for a Hugging Face dataset."
+    return None
+
+
+def public_benchmark(name: str) -> PublicBenchmark | None:
+    """The public dataset of a benchmark name (case-insensitive, ``.json`` allowed), if any."""
+    stem = _stem(name)
+    return next((b for key, b in PUBLIC_BENCHMARKS.items() if key.lower() == stem), None)
+
+
+def _unavailable(name: str, why: str) -> str:
+    """The part of an error that says where a benchmark would come from."""
+    directory = find_bench_dir(required=False)
+    if directory is not None:
+        held = sorted(p.stem for p in directory.iterdir() if p.suffix.lower() in _JSON_SUFFIXES)
+        folder = f"{directory} holds no {name}.json (it holds: {', '.join(held) or 'nothing'})"
+    else:
+        tried = ", ".join(str(c) for c in bench_dir_candidates())
+        folder = f"no benchmark folder was found ({BENCH_DIR_ENV} is not set; tried {tried})"
+    return (
+        f"Benchmark {name!r} is unavailable: {folder}, and {why}. Either set "
+        f"{BENCH_DIR_ENV} to a folder holding {name}.json, or give this process network "
+        "access to the Hugging Face Hub once (the dataset is cached afterwards)."
     )
 
 
@@ -320,7 +416,10 @@ def load_math_tasks(
     2. ``"hf:<dataset id>"`` (optionally ``"hf:<id>:<config>"``): a Hugging Face
        dataset (needs the ``datasets`` package).
     3. A name without a ``/`` (``"aime_2025"``, ``"AMC_EVAL_32.json"``): the file of
-       that stem in :func:`find_bench_dir`, case-insensitive.
+       that stem in :func:`find_bench_dir`, case-insensitive, when that folder holds
+       one; otherwise the benchmark's public Hugging Face dataset from
+       :data:`PUBLIC_BENCHMARKS` (``aime_2025``, ``amc``, ``AIME_1983_2024``), read
+       through ``datasets`` with its columns mapped (downloaded once, then cached).
     4. Any other string with a ``/`` that does not end in ``.json``/``.jsonl``: a
        Hugging Face dataset id.
 
@@ -339,11 +438,15 @@ def load_math_tasks(
 
     Raises:
         FileNotFoundError: If the file or name cannot be found (the message lists
-            what was tried).
+            what was tried); for a benchmark name in no local folder whose public
+            dataset cannot be loaded, :class:`BenchmarkUnavailableError`, naming the
+            folder and the dataset.
         TaskFormatError: For malformed JSON and rows without problem or answer
             (the message names the row).
-        ValueError: For a ``split`` given with a local file, or a negative ``limit``.
-        mappa_env._optional.MissingExtraError: For a dataset id without ``datasets``.
+        ValueError: For a ``split`` given with a local file or a benchmark name, or a
+            negative ``limit``.
+        mappa_env._optional.MissingExtraError: For a dataset id (or a benchmark name
+            that no local folder holds) without ``datasets``.
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
@@ -359,7 +462,15 @@ def load_math_tasks(
             return _load_hf(text, split, limit)
         if looks_like_file and ("/" in text or os.sep in text):
             raise FileNotFoundError(f"Task file not found: {path}")
-        path = _resolve_name(text)
+        if split is not None:
+            raise ValueError(
+                f"split={split!r} applies to Hugging Face dataset ids; the benchmark name "
+                f"{text!r} picks its own"
+            )
+        local = _local_benchmark(text)
+        if local is None:
+            return _load_public(text, limit)
+        path = local
     if split is not None:
         raise ValueError(f"split={split!r} applies to Hugging Face datasets; {path} is a file")
     rows = _read_rows(path)
@@ -373,9 +484,59 @@ def load_math_tasks(
     return _assign_ids(tasks, path.stem)
 
 
+def _load_public(name: str, limit: int | None) -> list[MathTask]:
+    """A benchmark name that no local folder holds, from its public dataset."""
+    benchmark = public_benchmark(name)
+    if benchmark is None:
+        known = ", ".join(PUBLIC_BENCHMARKS)
+        raise BenchmarkUnavailableError(
+            _unavailable(name, f"it has no public dataset in mappa's table (those: {known})")
+        )
+    try:
+        datasets = require("datasets", "datasets", purpose=f"the public dataset of {name!r}")
+    except MissingExtraError as exc:
+        raise MissingExtraError(
+            f"{exc} (or set {BENCH_DIR_ENV} to a folder holding {name}.json)"
+        ) from exc
+    split_spec = benchmark.split if limit is None else f"{benchmark.split}[:{limit}]"
+    try:
+        dataset = datasets.load_dataset(
+            benchmark.dataset_id,
+            benchmark.config,
+            split=split_spec,
+            revision=benchmark.revision,
+        )
+    except (OSError, ValueError) as exc:  # no network, offline mode, a moved dataset
+        raise BenchmarkUnavailableError(
+            _unavailable(
+                name,
+                f"its public dataset {benchmark.dataset_id} could not be loaded "
+                f"({type(exc).__name__}: {exc})",
+            )
+        ) from exc
+    source = _canonical(name)
+    where = f"{benchmark.dataset_id} [{benchmark.split}]"
+    tasks = []
+    for index, row in enumerate(dataset):
+        fields = {ours: row.get(theirs) for ours, theirs in benchmark.columns.items()}
+        fields["source"] = source
+        fields["dataset"] = benchmark.dataset_id
+        tasks.append(
+            _row_to_task(fields, index=index, key=None, source=source, where=f"{where} row {index}")
+        )
+    logger.info("loaded %d %s tasks from the dataset %s", len(tasks), name, benchmark.dataset_id)
+    return _assign_ids(tasks, source)
+
+
+def _canonical(name: str) -> str:
+    """The table's spelling of a benchmark name (``"AIME_1983_2024"`` for ``"aime_1983_2024"``)."""
+    stem = _stem(name)
+    return next(key for key in PUBLIC_BENCHMARKS if key.lower() == stem)
+
+
 def _load_hf(dataset_id: str, split: str | None, limit: int | None) -> list[MathTask]:
     """Load tasks from a Hugging Face dataset, mapping the common column names."""
-    datasets = require("datasets", "agents", purpose="loading math tasks from Hugging Face")
+    datasets = require("datasets", "datasets", purpose="loading math tasks from Hugging Face")
     name, _, config = dataset_id.partition(":")
     split = split or "train"
     split_spec = f"{split}[:{limit}]" if limit is not None else split
