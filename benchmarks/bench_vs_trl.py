@@ -65,10 +65,11 @@ Where they differ, and why:
 - Rollouts. mappa's go through its runner: environment reset and step, the rules coach,
   the rollouts written to JSONL; TRL calls the reward function on decoded completions.
 - vLLM. Both engines run in the trainer's process with the same
-  ``gpu_memory_utilization``; mappa loads the new weights after each update, TRL before
-  each generation. TRL fixes ``max_num_batched_tokens`` at 4096; mappa leaves vLLM's
-  default. Each trainer runs in a fresh child process with ``--processes each`` (the
-  default with vLLM): two vLLM engines and their GPU memory never share one process.
+  ``gpu_memory_utilization``, in bf16 (:func:`half_precision_copy`); mappa loads the
+  new weights after each update, TRL before each generation. TRL fixes
+  ``max_num_batched_tokens`` at 4096; mappa leaves vLLM's default. Each trainer runs
+  in a fresh child process with ``--processes each`` (the default with vLLM): two vLLM
+  engines and their GPU memory never share one process.
 - Gradient checkpointing is off for both (TRL's default is on; ``--gradient-checkpointing``
   turns it on for both).
 
@@ -805,8 +806,8 @@ def build_model(model: str, directory: Path) -> tuple[str, PromptStyle]:
 
     ``tiny``: a tiny random Llama with a BPE tokenizer, built here; a shape of
     ``benchmarks.bench_train_gpu.SHAPES`` (``0.5b``, ``1.5b``, ``4b``): random weights
-    with a word-level tokenizer; anything else: ``mappa_agents.models.resolve_model``
-    (``smollm2-135m``, an HF id or a directory).
+    (bf16) with a word-level tokenizer; anything else: ``mappa_agents.models.resolve_model``
+    (``smollm2-135m``, an HF id or a directory; see :func:`half_precision_copy`).
     """
     if model == "tiny":
         from mappa_agents.tiny_models import tiny_model_dir
@@ -818,7 +819,30 @@ def build_model(model: str, directory: Path) -> tuple[str, PromptStyle]:
         return str(random_model_dir(model, directory / model)), "words"
     from mappa_agents.models import resolve_model
 
-    return str(resolve_model(model)), "english"
+    return half_precision_copy(str(resolve_model(model)), directory / "bf16"), "english"
+
+
+def half_precision_copy(source: str, directory: Path) -> str:
+    """``source``, or on CUDA a bf16 copy of it when its config says float32.
+
+    TRL passes no dtype to its colocated vLLM engine, so the engine takes the config's;
+    mappa's engines run in the run's dtype (bf16 on CUDA). SmolLM2's directory,
+    converted from GGUF, says float32 (its hub config says bfloat16): both trainers load
+    this copy, so both engines decode in bf16. The trainers choose their own training
+    dtypes as before (mappa bf16, TRL ``--trl-dtype``).
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if not torch.cuda.is_available():
+        return source
+    config = AutoConfig.from_pretrained(source)
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if str(dtype).removeprefix("torch.") != "float32":
+        return source
+    AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16).save_pretrained(directory)
+    AutoTokenizer.from_pretrained(source).save_pretrained(directory)
+    return str(directory)
 
 
 def model_label(model: str) -> str:
