@@ -462,6 +462,19 @@ def trl_config(work: Workload, output_dir: str | Path) -> Any:
     )
 
 
+#: The ``GRPOConfig`` fields :func:`trl_config` sets, recorded in the JSON.
+TRL_FIELDS = (
+    "max_steps", "num_generations", "generation_batch_size", "per_device_train_batch_size",
+    "gradient_accumulation_steps", "num_iterations", "max_completion_length", "temperature",
+    "top_p", "top_k", "scale_rewards", "beta", "use_bias_correction_kl", "epsilon",
+    "loss_type", "mask_truncated_completions", "learning_rate", "lr_scheduler_type",
+    "warmup_steps", "adam_beta1", "adam_beta2", "weight_decay", "max_grad_norm",
+    "gradient_checkpointing", "bf16", "use_cpu", "model_init_kwargs", "shuffle_dataset",
+    "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization",
+    "vllm_importance_sampling_correction", "seed",
+)  # fmt: skip
+
+
 def import_trl() -> Any:
     """TRL, or an error naming the extra that installs it."""
     from mappa_env._optional import require
@@ -594,6 +607,8 @@ def run_mappa(work: Workload, directory: Path) -> dict[str, Any]:
     del reference, learner
     free_trainer(trainer)
     return {
+        "config": config.to_dict(),
+        "device": _device_name(),
         "setup_s": round(setup_s, 2),
         "steps": steps,
         **summarize(steps, work.warmup_steps),
@@ -645,11 +660,12 @@ def run_trl(work: Workload, directory: Path) -> dict[str, Any]:
         return rewards
 
     tokenizer = AutoTokenizer.from_pretrained(work.model_dir, padding_side="left")
+    config = trl_config(work, directory / "trl")
     started = time.perf_counter()
     trainer = trl.GRPOTrainer(
         model=work.model_dir,
         reward_funcs=[char_share_reward],
-        args=trl_config(work, directory / "trl"),
+        args=config,
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
     )
@@ -722,6 +738,9 @@ def run_trl(work: Workload, directory: Path) -> dict[str, Any]:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return {
+        # The fields this benchmark sets (the rest are TRL's defaults).
+        "config": {key: getattr(config, key) for key in TRL_FIELDS},
+        "device": _device_name(),
         "setup_s": round(setup_s, 2),
         "steps": steps,
         **summarize(steps, work.warmup_steps),
@@ -967,8 +986,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             result = RUNNERS[args.only](work, scratch)
             Path(args.result_file).write_text(json.dumps(result, default=str))
             return result
-        import torch
-
         runs, rows = [], []
         for samples in sizes:
             work = workload(args, samples, model_dir, style)
@@ -985,25 +1002,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 {
                     "samples_per_step": samples,
                     "workload": dataclasses.asdict(work),
-                    "mappa_config": mappa_config(work, "<run dir>").to_dict(),
-                    "trl_config": _trl_settings(work),
+                    "mappa_config": results["mappa"].pop("config"),
+                    "trl_config": results["trl"].pop("config"),
                     "mappa": results["mappa"],
                     "trl": results["trl"],
                     "ratios": {r["what"]: r["mappa/trl"] for r in run_rows},
                 }
             )
-        import transformers
-
-        trl = import_trl()
+        # Facts from the runs and the installed packages: this process (the parent of
+        # the children with --processes each) never touches the GPU itself.
         summary = {
             "model": args.model,
-            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-            "versions": {
-                "torch": torch.__version__,
-                "transformers": transformers.__version__,
-                "trl": trl.__version__,
-                "vllm": _version("vllm") if args.engine == "vllm" else None,
-            },
+            "device": runs[0]["mappa"]["device"],
+            "versions": {name: _version(name) for name in ("torch", "transformers", "trl", "vllm")},
             "settings": {k: v for k, v in vars(args).items() if k != "out"},
             "processes": processes,
             "ratio": "mappa / TRL: below 1 for seconds, above 1 for tokens/s means mappa is faster",
@@ -1019,23 +1030,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-#: The ``GRPOConfig`` fields :func:`trl_config` sets, recorded in the JSON.
-TRL_FIELDS = (
-    "max_steps", "num_generations", "generation_batch_size", "per_device_train_batch_size",
-    "gradient_accumulation_steps", "num_iterations", "max_completion_length", "temperature",
-    "top_p", "top_k", "scale_rewards", "beta", "use_bias_correction_kl", "epsilon",
-    "loss_type", "mask_truncated_completions", "learning_rate", "lr_scheduler_type",
-    "warmup_steps", "adam_beta1", "adam_beta2", "weight_decay", "max_grad_norm",
-    "gradient_checkpointing", "bf16", "use_cpu", "model_init_kwargs", "shuffle_dataset",
-    "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization",
-    "vllm_importance_sampling_correction", "seed",
-)  # fmt: skip
+def _device_name() -> str:
+    import torch
 
-
-def _trl_settings(work: Workload) -> dict[str, Any]:
-    """The ``GRPOConfig`` fields this benchmark sets (the rest are TRL's defaults)."""
-    config = trl_config(work, "<run dir>")
-    return {key: getattr(config, key) for key in TRL_FIELDS}
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
 def _version(module: str) -> str | None:

@@ -81,13 +81,17 @@ def test_summary_takes_medians_of_the_timed_steps_and_totals_for_rates():
 
 def test_a_child_process_runs_one_trainer_at_one_size(tmp_path, monkeypatch):
     """``--processes each``: the parent's options reach each child, with its own size."""
-    pytest.importorskip("trl")
     seen = []
 
     def fake_runner(name):
         def run(work, directory):
             seen.append((name, work.samples_per_step, work.prompt_style, work.model_dir))
-            return {"step_s": 2.0 if name == "mappa" else 4.0, "generated_tok_s": 100.0}
+            return {
+                "config": {"trainer": name},
+                "device": "cpu",
+                "step_s": 2.0 if name == "mappa" else 4.0,
+                "generated_tok_s": 100.0,
+            }
 
         return run
 
@@ -107,6 +111,8 @@ def test_a_child_process_runs_one_trainer_at_one_size(tmp_path, monkeypatch):
     assert {style for _, _, style, _ in seen} == {"english"}
     assert len({model_dir for *_, model_dir in seen}) == 1  # built once, by the parent
     assert [run["ratios"]["step s"] for run in summary["runs"]] == [0.5, 0.5]
+    assert summary["runs"][0]["mappa_config"] == {"trainer": "mappa"}  # as the child ran it
+    assert summary["runs"][0]["trl_config"] == {"trainer": "trl"}
     assert json.loads((out / "vs_trl_tiny.json").read_text())["processes"] == "each"
 
 
