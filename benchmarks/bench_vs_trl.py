@@ -78,7 +78,7 @@ Run (GPU; ``VLLM_USE_FLASHINFER_SAMPLER=0`` where flashinfer is not installed)::
     python -m benchmarks.bench_vs_trl --model smollm2-135m --engine vllm --samples 64,256
     python -m benchmarks.bench_vs_trl --model 0.5b --engine vllm --samples 64,256
     python -m benchmarks.bench_vs_trl --model tiny --engine hf --samples 8 \\
-        --samples-per-prompt 4 --max-new-tokens 16 --warmup-steps 0 --steps 1 --out /tmp/vs
+        --samples-per-prompt 4 --max-new-tokens 16 --warmup-steps 0 --steps 1 --out runs/vs-trl
 
 The last line is the CPU smoke (a tiny random model built in-process, HF generation).
 TRL is an optional extra of the benchmarks only (``pip install "mappa-rl[trl]"``).
