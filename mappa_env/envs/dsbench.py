@@ -765,7 +765,7 @@ class DSBenchEnv(PipelineEnv):
 
     async def run_action(self, agent: str, action: str) -> ToolOutcome:
         """Run the action's Python in the agent's own interpreter; inspect artifacts."""
-        blocks = extract_code_blocks(action)
+        blocks = await asyncio.to_thread(extract_code_blocks, action)
         extra: dict[str, Any] = {"code_blocks": len(blocks)}
         code = "\n".join(blocks) if blocks else None
         result = None

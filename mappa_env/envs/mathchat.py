@@ -346,7 +346,7 @@ class MathChatEnv(PipelineEnv):
         """Run the code executor's fenced Python; other agents only write text."""
         if agent != CODE_EXECUTOR:
             return ToolOutcome()
-        blocks = extract_code_blocks(action)
+        blocks = await asyncio.to_thread(extract_code_blocks, action)
         if not blocks:
             return ToolOutcome(ends_slot=True, extra={"code_blocks": 0})
         code = "\n".join(blocks)
@@ -389,9 +389,10 @@ class MathChatEnv(PipelineEnv):
 
     async def episode_outcome(self) -> dict[str, Any]:
         """Grade the verifier's answer, and each agent's own number, by rule."""
-        answers = self.agent_answers()
+        # Answers are read from agent text, and symbolic equivalence can take seconds:
+        # both off the event loop.
+        answers = await asyncio.to_thread(self.agent_answers)
         predicted = answers.get(VERIFIER)
-        # Symbolic equivalence can take seconds: grade off the event loop.
         agent_correct = await asyncio.to_thread(self._grade_answers, answers)
         correct = agent_correct.get(VERIFIER, False)
         outcome = {

@@ -554,10 +554,13 @@ class PipelineEnv(AECEnv):
 
         self._cumulative_rewards[agent] = 0.0
         self._clear_rewards()
+        # Prompts are built from agents' earlier text: off the event loop, like every
+        # reading of agent text, so no action can stall other episodes' steps.
+        messages = await asyncio.to_thread(self.agent_messages, agent)
         record = ActionRecord(
             agent=agent,
             turn=self.turns[agent],
-            messages=tuple(self.agent_messages(agent)),
+            messages=tuple(messages),
             action=text,
             action_truncated=cut,
             tool=ToolOutcome(),
@@ -730,10 +733,32 @@ class PipelineEnv(AECEnv):
                 f"not scored: the sandbox could not run this action's code ({result.error.value})",
                 coach=self.coach.name,
             )
+        failure = record.tool.extra.get("environment_error")
+        if failure is not None:
+            # The environment could not carry the action out: whatever a coach made of
+            # it would score the environment's fault as the agent's.
+            return CoachVerdict.invalid(
+                f"not scored: the environment could not carry out this action ({failure})",
+                coach=self.coach.name,
+            )
+        # The request's facts are read from agent text (answers, code): off the loop.
+        request = await asyncio.to_thread(self._coach_request, record)
+        try:
+            return await self.coach.ascore(request)
+        except CoachStop:
+            raise
+        except Exception as exc:  # a coach bug must not lose the episode
+            logger.exception("coach %s raised while scoring %s", self.coach.name, record.agent)
+            return CoachVerdict.invalid(
+                f"coach raised {type(exc).__name__}: {exc}", coach=self.coach.name
+            )
+
+    def _coach_request(self, record: ActionRecord) -> CoachRequest:
+        """What the coach is shown about ``record``."""
         task_id, task_text, truth = self.task_facts()
         is_last = record.agent == self.possible_agents[-1]
         tool = record.tool
-        request = CoachRequest(
+        return CoachRequest(
             env_id=self.env_id,
             task_id=task_id,
             task=task_text,
@@ -754,15 +779,6 @@ class PipelineEnv(AECEnv):
             shows_workspace=self.shows_workspace,
             rules_rubric=type(self).rules_rubric,
         )
-        try:
-            return await self.coach.ascore(request)
-        except CoachStop:
-            raise
-        except Exception as exc:  # a coach bug must not lose the episode
-            logger.exception("coach %s raised while scoring %s", self.coach.name, record.agent)
-            return CoachVerdict.invalid(
-                f"coach raised {type(exc).__name__}: {exc}", coach=self.coach.name
-            )
 
     def _provisional_reward(self, verdict: CoachVerdict | None) -> tuple[float, bool]:
         """``(reward, valid)`` of an action when it is taken (see :mod:`mappa_env.credit`)."""
