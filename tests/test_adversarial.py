@@ -10,8 +10,11 @@ Budget: the whole module runs in well under 30 s on two cores.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from pathlib import Path
+
+import pytest
 
 import mappa_env
 from mappa_env.coach import CoachTemplates, RulesCoach
@@ -164,5 +167,76 @@ def test_reading_agent_text_never_blocks_other_episodes(monkeypatch):
 
     try:
         assert asyncio.run(main()) < 0.3
+    finally:
+        env.close()
+
+
+# ---------------------------------------------------------------- options
+
+
+BAD_OPTIONS = [
+    ("MathChat-v0", {"code_timeout_s": math.nan}, ValueError, "code_timeout_s"),
+    ("MathChat-v0", {"code_timeout_s": math.inf}, ValueError, "code_timeout_s"),
+    ("MathChat-v0", {"code_timeout_s": 0}, ValueError, "code_timeout_s"),
+    ("MathChat-v0", {"turns": {"code_executor": 2.7}}, TypeError, "turns['code_executor']"),
+    ("MathChat-v0", {"turns": {"code_executor": True}}, TypeError, "turns['code_executor']"),
+    ("MathChat-v0", {"turns": 2}, TypeError, "turns"),
+    ("MathChat-v0", {"invalid_reward": 5.0}, ValueError, "invalid_reward"),
+    ("MathChat-v0", {"invalid_reward": math.inf}, ValueError, "invalid_reward"),
+    ("MathChat-v0", {"tasks": "gen:10000000"}, ValueError, "tasks='gen:10000000'"),
+    ("MathChat-v0", {"tasks": "gen:0"}, ValueError, "tasks='gen:0'"),
+    ("MathChat-v0", {"tasks": {"n": 0}}, ValueError, "tasks['n']"),
+    ("MathChat-v0", {"tasks": 42}, TypeError, "tasks=42"),
+    ("MathChat-v0", {"tasks": []}, ValueError, "tasks=[]"),
+    ("MathChat-v0", {"max_new_tokens": "4096"}, TypeError, "max_new_tokens"),
+    ("MathChat-v0", {"max_new_tokens": math.nan}, TypeError, "max_new_tokens"),
+    ("MathChat-v0", {"max_new_tokens": math.inf}, TypeError, "max_new_tokens"),
+    ("MathChat-v0", {"max_new_tokens": 0}, ValueError, "max_new_tokens"),
+    ("MathChat-v0", {"max_action_chars": 10.5}, TypeError, "max_action_chars"),
+    ("MathChat-v0", {"max_cycles": 0.5}, TypeError, "max_cycles"),
+    ("MathChat-v0", {"tool_output_chars": -1}, ValueError, "tool_output_chars"),
+    ("MathChat-v0", {"seed": -1}, ValueError, "seed"),
+    ("DSBench-v0", {"task_ids": "iris"}, TypeError, "task_ids='iris'"),
+    ("DSBench-v0", {"tasks": 42}, TypeError, "tasks=42"),
+    ("DSBench-v0", {"tasks": "iris"}, TypeError, "tasks='iris'"),
+]
+
+
+@pytest.mark.parametrize(("env_id", "options", "error", "named"), BAD_OPTIONS)
+def test_bad_options_stop_the_constructor_naming_the_option(env_id, options, error, named):
+    options = {"sandbox": None, "isolation": "none", **options}
+    start = time.perf_counter()
+    with pytest.raises(error) as raised:
+        mappa_env.make(env_id, **options).close()
+    message = str(raised.value)
+    assert named in message, message
+    assert "must" in message or "gives no tasks" in message, message  # the allowed range
+    assert time.perf_counter() - start < 5.0  # refused, not worked through (imports aside)
+
+
+def test_an_empty_task_file_is_refused_by_name(tmp_path):
+    empty = tmp_path / "tasks.json"
+    empty.write_text("[]")
+    with pytest.raises(ValueError, match=r"tasks='.*tasks\.json' gives no tasks"):
+        mappa_env.make("MathChat-v0", tasks=str(empty), sandbox=None, isolation="none")
+
+
+def test_an_action_the_environment_cannot_carry_out_is_never_scored(monkeypatch):
+    import mappa_env.envs.mathchat as mathchat
+
+    async def broken(self, agent, action):
+        raise RuntimeError("the workspace vanished")
+
+    monkeypatch.setattr(mathchat.MathChatEnv, "run_action", broken)
+    env = mappa_env.make("MathChat-v0", tasks=[TASK], sandbox=None, isolation="none")
+    try:
+        env.reset()
+        env.step("2 + 3 = 5")
+        verdict = env.transcript[0].verdict
+        assert verdict is not None
+        assert not verdict.valid, verdict
+        assert "could not carry out" in verdict.analysis
+        assert env.infos["problem_solver"]["reward_valid"] is False
+        assert math.isnan(env.rewards["problem_solver"])
     finally:
         env.close()

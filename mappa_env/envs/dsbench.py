@@ -673,6 +673,21 @@ class DSBenchEnv(PipelineEnv):
     ) -> list[Any]:
         from mappa_env.dsbench.tasks import DSBenchTask, load_dsbench_tasks
 
+        if task_ids is not None:
+            if isinstance(task_ids, (str, bytes)) or not isinstance(task_ids, Sequence):
+                raise TypeError(
+                    f"task_ids={task_ids!r}: task_ids must be a list of task ids, e.g. "
+                    f"[{task_ids!r}] (a string would be read letter by letter)"
+                )
+            task_ids = list(task_ids)
+        if isinstance(tasks, (str, bytes)) or not isinstance(
+            tasks, (BuiltinTaskSet, Sequence, type(None))
+        ):
+            raise TypeError(
+                f"tasks={tasks!r}: tasks must be a list of DSBenchTask, a BuiltinTaskSet or "
+                f"None (the built-in tasks); got {type(tasks).__name__}. A DSBench folder "
+                "is given as data_dir"
+            )
         if isinstance(tasks, BuiltinTaskSet):
             # Shared with other environments: its answers are already in memory.
             known = {t.id for t in tasks.tasks}

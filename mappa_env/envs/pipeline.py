@@ -47,6 +47,7 @@ from mappa_env.credit import (
     episode_action_rewards,
     provisional_reward,
 )
+from mappa_env.options import integer_option, number_option
 from mappa_env.sandbox.base import ExecError, ExecResult, Sandbox, SandboxFactory, check_sandbox
 from mappa_env.sandbox.isolation import Confinement, IsolationMode, resolve_confinement
 from mappa_env.spaces import UnicodeText, make_observation, text_observation_space
@@ -54,6 +55,13 @@ from mappa_env.spaces import UnicodeText, make_observation, text_observation_spa
 logger = logging.getLogger(__name__)
 
 REVEAL_POLICIES: tuple[str, ...] = ("never", "last_agent", "always")
+
+#: Largest ``max_new_tokens`` accepted (a budget stated in prompts, not a buffer size).
+MAX_NEW_TOKENS = 1_048_576
+#: Largest ``code_timeout_s`` accepted: a day; an infinite wait is never meant.
+MAX_CODE_TIMEOUT_S = 86_400.0
+#: Largest turn limit of one agent.
+MAX_TURNS = 1_000
 
 #: Bound on observation text; parts of prompts are cut well before this.
 MAX_OBSERVATION_CHARS = 2_000_000
@@ -193,16 +201,19 @@ class PipelineEnv(AECEnv):
             takes the coach's own ``default_reveal`` (the rules coach: ``"always"``,
             with an answer-blind rubric for the other agents under ``"last_agent"``;
             LLM coaches: the last agent, as in the paper).
-        max_action_chars: Longer actions are cut to this length; ``infos`` flags it.
+        max_action_chars: Longer actions are cut to this length; ``infos`` flags it
+            (an integer from 1 to :data:`MAX_OBSERVATION_CHARS`).
         max_cycles: Truncate the episode after this many actions in total (all agents
-            together); ``None`` bounds episodes only by the agents' turn limits.
+            together; an integer >= 1); ``None`` bounds episodes only by the agents'
+            turn limits.
         invalid_reward: Reward recorded when it rests on an invalid coach verdict
             (``process``, ``mixed``, ``backprop``). NaN by default, so a failed judgement
-            can never pass for a real score; ``infos[agent]["reward_valid"]`` is False
-            either way.
+            can never pass for a real score; a number in ``[-1, 0]`` is accepted, nothing
+            that would pay more than the worst real score. ``infos[agent]["reward_valid"]``
+            is False either way.
         render_mode: ``None``, ``"ansi"`` (``render()`` returns the transcript) or
             ``"human"`` (``render()`` prints it).
-        seed: Seeds task order.
+        seed: Seeds task order (an integer >= 0, or ``None``).
         shuffle: Visit tasks in a seeded random order.
         sandbox: ``"jupyter"``, a callable ``workdir -> Sandbox``, or ``None`` (no code).
         isolation: How agents' code is confined (see
@@ -210,11 +221,17 @@ class PipelineEnv(AECEnv):
             bubblewrap works, else none with a warning), ``"namespaces"`` (or raise
             :class:`~mappa_env.sandbox.isolation.IsolationUnavailableError`) or ``"none"``.
         turns: Per-agent turn limits replacing the defaults of :attr:`roles`, e.g.
-            ``{"code_executor": 3}``.
-        max_new_tokens: Token budget per action, stated in the prompts.
-        code_timeout_s: Wall-clock limit of one code run (``None``: the class's
+            ``{"code_executor": 3}`` (integers from 1 to :data:`MAX_TURNS`).
+        max_new_tokens: Token budget per action, stated in the prompts (an integer from
+            1 to :data:`MAX_NEW_TOKENS`).
+        code_timeout_s: Wall-clock limit of one code run, in seconds (finite, above 0, at
+            most :data:`MAX_CODE_TIMEOUT_S`; ``None``: the class's
             :attr:`default_code_timeout_s`).
         tool_output_chars: Code output longer than this is cut from the middle.
+
+    Every numeric option is checked here: a value of the wrong type, NaN, an infinity or
+    one out of range raises ``TypeError`` / ``ValueError`` naming the option, the value
+    and the allowed range (see :mod:`mappa_env.options`).
     """
 
     #: PettingZoo's metadata; a subclass that sets none gets these, named after its env_id.
@@ -279,15 +296,22 @@ class PipelineEnv(AECEnv):
             )
         if code_timeout_s is None:
             code_timeout_s = self.default_code_timeout_s
-        if max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
-        if code_timeout_s <= 0:
-            raise ValueError(f"code_timeout_s must be positive, got {code_timeout_s}")
-        if tool_output_chars <= 0:
-            raise ValueError(f"tool_output_chars must be positive, got {tool_output_chars}")
-        self.max_new_tokens = int(max_new_tokens)
-        self.code_timeout_s = float(code_timeout_s)
-        self.tool_output_chars = int(tool_output_chars)
+        # Every number is checked here, before anything is started: a NaN timeout made
+        # every code action an environment error, an infinite one let a loop run for ever.
+        self.max_new_tokens = integer_option(
+            "max_new_tokens", max_new_tokens, high=MAX_NEW_TOKENS, hint="e.g. 4096 (the paper's)"
+        )
+        self.code_timeout_s = number_option(
+            "code_timeout_s",
+            code_timeout_s,
+            low=0.0,
+            low_open=True,
+            high=MAX_CODE_TIMEOUT_S,
+            hint="seconds one code run may take, e.g. 30",
+        )
+        self.tool_output_chars = integer_option(
+            "tool_output_chars", tool_output_chars, high=MAX_OBSERVATION_CHARS
+        )
         limits = parse_turn_limits({r.name: r.max_turns for r in self.roles}, turns)
         self._specs: dict[str, AgentSpec] = {
             r.name: replace(r, max_turns=limits[r.name]) for r in self.roles
@@ -329,10 +353,16 @@ class PipelineEnv(AECEnv):
             reveal = getattr(coach, "default_reveal", "last_agent")
         if reveal not in REVEAL_POLICIES:
             raise ValueError(f"reveal must be one of {REVEAL_POLICIES}, got {reveal!r}")
-        if max_action_chars <= 0:
-            raise ValueError(f"max_action_chars must be positive, got {max_action_chars}")
-        if max_cycles is not None and max_cycles <= 0:
-            raise ValueError(f"max_cycles must be positive or None, got {max_cycles}")
+        max_action_chars = integer_option(
+            "max_action_chars", max_action_chars, high=MAX_OBSERVATION_CHARS
+        )
+        if max_cycles is not None:
+            max_cycles = integer_option(
+                "max_cycles", max_cycles, hint="or None to bound episodes by turns only"
+            )
+        invalid_reward = check_invalid_reward(invalid_reward)
+        if seed is not None:
+            seed = integer_option("seed", seed, low=0, hint="or None for a random one")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(
                 f"render_mode must be one of {self.metadata['render_modes']} or None, "
@@ -343,9 +373,9 @@ class PipelineEnv(AECEnv):
         self.outcome_weight = float(outcome_weight)
         self.backprop_decay = float(backprop_decay)
         self.reveal: RevealPolicy = reveal
-        self.max_action_chars = int(max_action_chars)
+        self.max_action_chars = max_action_chars
         self.max_cycles = max_cycles
-        self.invalid_reward = float(invalid_reward)
+        self.invalid_reward = invalid_reward
         self.render_mode = render_mode
 
         self.possible_agents: list[str] = list(self._specs)
@@ -1021,13 +1051,39 @@ def parse_turn_limits(
         ValueError: For an unknown agent or a limit below 1.
     """
     limits = dict(defaults)
+    if turns is not None and not isinstance(turns, Mapping):
+        raise TypeError(
+            f"turns={turns!r}: turns must map agent names to turn limits, e.g. "
+            f"{{{next(iter(limits), 'agent')!r}: 2}}"
+        )
     for agent, limit in (turns or {}).items():
         if agent not in limits:
             raise ValueError(f"unknown agent {agent!r} in turns; agents: {list(limits)}")
-        if int(limit) < 1:
-            raise ValueError(f"turns[{agent!r}] must be >= 1, got {limit}")
-        limits[agent] = int(limit)
+        limits[agent] = integer_option(f"turns[{agent!r}]", limit, high=MAX_TURNS)
     return limits
+
+
+def check_invalid_reward(value: Any) -> float:
+    """``invalid_reward`` checked: NaN, or a number in ``[-1, 0]``.
+
+    The reward recorded for an action whose verdict is invalid must never pay more
+    than the worst real score (0): NaN (the default) marks it unmistakably; a number
+    in ``[-1, 0]`` is accepted for code that cannot hold NaN.
+
+    Raises:
+        TypeError: For a value that is not a number.
+        ValueError: For a number outside ``[-1, 0]`` other than NaN.
+    """
+    if isinstance(value, float) and math.isnan(value):
+        return value
+    return number_option(
+        "invalid_reward",
+        value,
+        low=-1.0,
+        high=0.0,
+        hint="an invalid verdict must never pay more than the worst real score; "
+        "NaN (the default) marks such rewards unmistakably",
+    )
 
 
 def resolve_sandbox_factory(
