@@ -11,14 +11,23 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 import mappa_env
+from mappa_agents.report import describe_isolation, format_table, isolation_of
 from mappa_env.coach import CoachTemplates, RulesCoach
+from mappa_env.sandbox import JupyterSandbox, KernelPool, SandboxLimits
 from mappa_env.sandbox.base import ExecResult
+from mappa_env.sandbox.isolation import (
+    Confinement,
+    IsolationUnavailableError,
+    resolve_confinement,
+)
 from mappa_env.tasks import MathTask
 from tests.fakes import FixedCoach
 
@@ -240,3 +249,223 @@ def test_an_action_the_environment_cannot_carry_out_is_never_scored(monkeypatch)
         assert math.isnan(env.rewards["problem_solver"])
     finally:
         env.close()
+
+
+# ---------------------------------------------------------------- sandboxes and isolation
+
+
+def _namespaces() -> Confinement | None:
+    try:
+        return resolve_confinement("namespaces")
+    except IsolationUnavailableError:
+        return None
+
+
+CONFINED = _namespaces()
+needs_namespaces = pytest.mark.skipif(
+    CONFINED is None, reason="bubblewrap cannot confine processes on this machine"
+)
+#: Threads a sandbox may run in the tests below (the kernel itself runs about 15).
+FEW_THREADS = 64
+START_THREADS = (
+    "import threading\n"
+    "stop = threading.Event()\n"
+    "started = 0\n"
+    "try:\n"
+    "    for _ in range(200):\n"
+    "        threading.Thread(target=stop.wait, daemon=True).start()\n"
+    "        started += 1\n"
+    "except RuntimeError as exc:\n"
+    "    print('refused:', exc)\n"
+    "print('started', started)\n"
+)
+
+
+def test_threads_count_against_the_sandbox_even_unconfined(tmp_path):
+    # max_processes alone let 1,000 threads through; every thread now counts.
+    limits = SandboxLimits(max_threads=FEW_THREADS)
+    with JupyterSandbox(tmp_path, limits, isolation="none") as sandbox:
+        result = sandbox.run(START_THREADS)
+        assert result.error is not None
+        assert result.error.name == "ProcessLimitExceeded"
+        assert f"more than {FEW_THREADS} threads" in result.error.value
+        assert sandbox.run("print(6 * 7)").stdout.strip() == "42"  # restarted, usable
+
+
+def test_counting_a_crowd_of_threads_reads_one_file(monkeypatch):
+    # 3,000 threads made the host-side watch read 3,000 child lists every 50 ms (42% of
+    # a core); past the limit the count stops before reading any.
+    from mappa_env.sandbox import _process
+
+    stop = threading.Event()
+    threads = [threading.Thread(target=stop.wait, daemon=True) for _ in range(300)]
+    for thread in threads:
+        thread.start()
+    reads: list[int] = []
+    original = _process._children_from_proc
+    monkeypatch.setattr(
+        _process, "_children_from_proc", lambda pid: reads.append(pid) or original(pid)
+    )
+    try:
+        assert _process.tree_threads(os.getpid(), stop_after=FEW_THREADS) > FEW_THREADS
+        assert reads == []
+    finally:
+        stop.set()
+
+
+@needs_namespaces
+def test_a_pids_cgroup_refuses_threads_past_the_limit(tmp_path):
+    if CONFINED.pids_cgroups is None:
+        pytest.skip("this process may not make pids cgroups here")
+    limits = SandboxLimits(max_threads=FEW_THREADS)
+    with JupyterSandbox(tmp_path, limits, isolation="namespaces") as sandbox:
+        result = sandbox.run(START_THREADS)
+        # The kernel refuses the thread past the limit: the code sees it, nothing dies.
+        assert result.ok, result.render()
+        assert "refused: can't start new thread" in result.stdout
+        started = int(result.stdout.split("started")[-1])
+        assert started < FEW_THREADS
+        assert sandbox.run("print(6 * 7)").stdout.strip() == "42"
+
+
+INOTIFY = (
+    "import ctypes\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "fds = [libc.inotify_init1(0) for _ in range({n})]\n"
+    "print(sum(fd >= 0 for fd in fds))\n"
+)
+
+
+@needs_namespaces
+def test_sandboxes_run_as_users_of_their_own(tmp_path):
+    # All sandboxes ran as uid 65534: one could take every inotify instance of the user
+    # (128 here) from all the others.
+    if CONFINED.uid_pool is None:
+        pytest.skip("no uid pool here (not root, or the uids are not mapped)")
+    instances = int(Path("/proc/sys/fs/inotify/max_user_instances").read_text())
+    if instances > 1024:
+        pytest.skip(f"fs.inotify.max_user_instances is {instances}: too many to take")
+    limits = SandboxLimits(open_files=instances + 64)
+    with (
+        JupyterSandbox(tmp_path / "a", limits, isolation="namespaces") as first,
+        JupyterSandbox(tmp_path / "b", limits, isolation="namespaces") as second,
+    ):
+        uids = [int(s.run("import os; print(os.getuid())").stdout) for s in (first, second)]
+        assert uids[0] != uids[1]
+        assert all(uid in CONFINED.uid_pool.uids for uid in uids)
+        taken = int(first.run(INOTIFY.format(n=instances + 8)).stdout)
+        assert taken <= instances  # the first took all its user may have
+        assert second.run(INOTIFY.format(n=1)).stdout.strip() == "1"
+
+
+@needs_namespaces
+def test_an_episodes_agents_share_its_workspaces_user(tmp_path):
+    if CONFINED.uid_pool is None:
+        pytest.skip("no uid pool here (not root, or the uids are not mapped)")
+    envs = [mappa_env.make("MathChat-v0", tasks=[TASK], isolation="namespaces") for _ in range(2)]
+    try:
+        owners = []
+        for env in envs:
+            env.reset()
+            owners.append(os.stat(env.workdir).st_uid)
+        assert owners[0] != owners[1]
+        assert set(owners) <= set(CONFINED.uid_pool.uids)
+    finally:
+        for env in envs:
+            env.close()
+
+
+@pytest.fixture
+def namespaces_everywhere(monkeypatch):
+    """Namespace isolation as resolved on a machine where bubblewrap works."""
+    from mappa_env.sandbox import isolation
+
+    confined = Confinement(mode="namespaces", bwrap="/usr/bin/bwrap")
+    monkeypatch.setattr(isolation, "_probe", lambda: confined)
+    return confined
+
+
+@pytest.fixture
+def no_namespaces(monkeypatch):
+    """A machine where bubblewrap is missing."""
+    from mappa_env.sandbox import isolation
+
+    missing = IsolationUnavailableError("bubblewrap (bwrap) is not installed")
+    monkeypatch.setattr(isolation, "_probe", lambda: missing)
+    return missing
+
+
+def test_a_sandbox_factory_that_declares_no_confinement_is_refused(namespaces_everywhere):
+    # It passed check_sandbox() and ran kernels as root while the env said isolated.
+    with pytest.raises(IsolationUnavailableError, match="declares no confinement"):
+        mappa_env.make("MathChat-v0", tasks=[TASK], isolation="namespaces", sandbox=EchoSandbox)
+    pool = KernelPool(0)
+    try:
+        with pytest.raises(IsolationUnavailableError, match="declares no namespaces"):
+            mappa_env.make("MathChat-v0", tasks=[TASK], isolation="namespaces", sandbox=pool)
+    finally:
+        pool.close()
+    factory = JupyterSandbox.factory(isolation="namespaces")  # declares what it enforces
+    env = mappa_env.make("MathChat-v0", tasks=[TASK], isolation="namespaces", sandbox=factory)
+    try:
+        assert env.sandbox_confinement.isolated
+    finally:
+        env.close()
+
+
+def test_an_undeclared_sandbox_is_reported_unconfined(namespaces_everywhere):
+    env = mappa_env.make("MathChat-v0", tasks=[TASK], sandbox=EchoSandbox)  # isolation="auto"
+    try:
+        report = env.isolation_report()
+        assert report["isolation"] == "none"
+        assert "declares no confinement" in report["reason"]
+        assert isolation_of(env) == report
+        assert "agents' code ran unconfined" in describe_isolation(report)
+    finally:
+        env.close()
+
+
+def test_requiring_isolation_refuses_every_unconfined_run(monkeypatch, no_namespaces):
+    monkeypatch.setenv("MAPPA_REQUIRE_ISOLATION", "1")
+    for isolation in ("auto", "none"):
+        with pytest.raises(IsolationUnavailableError, match="MAPPA_REQUIRE_ISOLATION"):
+            mappa_env.make("MathChat-v0", tasks=[TASK], sandbox=None, isolation=isolation)
+    with pytest.raises(IsolationUnavailableError, match="MAPPA_REQUIRE_ISOLATION"):
+        KernelPool(0)
+    monkeypatch.setenv("MAPPA_REQUIRE_ISOLATION", "maybe")
+    with pytest.raises(ValueError, match="MAPPA_REQUIRE_ISOLATION='maybe'"):
+        mappa_env.make("MathChat-v0", tasks=[TASK], sandbox=None, isolation="none")
+
+
+def test_the_command_line_turns_an_isolation_error_into_one_line(no_namespaces, capsys):
+    from mappa_train.command import main
+
+    code = main(
+        ["eval", "--env", "MathChat-v0", "--isolation", "namespaces", "--num-tasks", "1",
+         "--episodes", "1", "--sandbox", "none", "--no-progress"]
+    )  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "bubblewrap (bwrap) is not installed" in err
+    assert "--isolation none" in err
+
+
+def test_reports_say_what_isolation_resolved_to():
+    env = mappa_env.make("MathChat-v0", tasks=[TASK], sandbox=None, isolation="none")
+    try:
+        report = isolation_of(env)
+    finally:
+        env.close()
+    assert report["requested"] == "none"
+    assert report["code_execution"] is False
+    table = format_table(
+        {
+            "env_id": "MathChat-v0", "episodes": 1, "success_rate": 1.0,
+            "mean_outcome_reward": 1.0, "invalid_coach_rate": 0.0, "per_agent": {},
+            "isolation": {**report, "code_execution": True},
+        }
+    )  # fmt: skip
+    assert table.splitlines()[-1] == (
+        "isolation: NONE: agents' code ran unconfined (isolation='none' was asked for)"
+    )

@@ -829,7 +829,7 @@ class DSBenchEnv(PipelineEnv):
         """
         from mappa_env.sandbox.limits import SandboxLimits, inherited_import_paths
 
-        return self.sandbox_confinement.command(
+        return self.helper_confinement.command(
             [sys.executable, "-I", "-c", _INSPECT_CODE],
             workdir=self.workdir,
             workdir_writable=False,
@@ -869,7 +869,7 @@ class DSBenchEnv(PipelineEnv):
             process = await asyncio.create_subprocess_exec(
                 *self._inspector_command(),
                 cwd=self.workdir,
-                env=self.sandbox_confinement.environment(kernel_environment(limits)),
+                env=self.helper_confinement.environment(kernel_environment(limits)),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,

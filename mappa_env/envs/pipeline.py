@@ -15,6 +15,7 @@ thin synchronous wrappers over it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import tempfile
@@ -49,7 +50,15 @@ from mappa_env.credit import (
 )
 from mappa_env.options import integer_option, number_option
 from mappa_env.sandbox.base import ExecError, ExecResult, Sandbox, SandboxFactory, check_sandbox
-from mappa_env.sandbox.isolation import Confinement, IsolationMode, resolve_confinement
+from mappa_env.sandbox.isolation import (
+    Confinement,
+    IsolationMode,
+    IsolationUnavailableError,
+    UidLease,
+    declared_confinement,
+    isolation_required,
+    resolve_confinement,
+)
 from mappa_env.spaces import UnicodeText, make_observation, text_observation_space
 
 logger = logging.getLogger(__name__)
@@ -320,6 +329,10 @@ class PipelineEnv(AECEnv):
         self.isolation: IsolationMode = isolation
         self._confinement = resolve_confinement(isolation)
         self._sandbox_factory = resolve_sandbox_factory(sandbox, isolation)
+        self._agent_confinement = _agent_confinement(self._sandbox_factory, self._confinement)
+        if isolation != "none" and not self._agent_confinement.isolated:
+            _warn_unconfined_agents(self._agent_confinement.reason)
+        self._workspace_lease: UidLease | None = None
         self._sandboxes: dict[str, Sandbox] = {}
         # A coach built here from a spec string belongs to this env and is closed with it;
         # a coach object passed in is shared (e.g. by every env of a runner) and is not.
@@ -699,8 +712,11 @@ class PipelineEnv(AECEnv):
         """This episode's workspace directory (created on first use, removed at episode end)."""
         if self._workdir is None:
             workdir = Path(tempfile.mkdtemp(prefix=f"mappa-{self.env_id.lower()}-"))
-            # Confined interpreters run as another user: the workspace is theirs to use.
-            self._confinement.prepare_writable(workdir)
+            # Confined interpreters run as another user, one of their own per episode
+            # where the machine allows: the workspace is theirs to use.
+            self._workspace_lease = self._confinement.lease_user()
+            lease = self._workspace_lease
+            self._confinement.prepare_writable(workdir, user=None if lease is None else lease.user)
             self._workdir = workdir
         return self._workdir
 
@@ -991,11 +1007,39 @@ class PipelineEnv(AECEnv):
 
     @property
     def sandbox_confinement(self) -> Confinement:
-        """How the interpreters this environment starts for agents' code are confined.
+        """How agents' code is confined: what the sandbox factory declares.
 
-        That is its ``"jupyter"`` kernels and helper interpreters that read agents' files.
+        For ``sandbox="jupyter"`` the confinement ``isolation`` resolved to; for a
+        callable, its ``confinement`` attribute (see
+        :func:`~mappa_env.sandbox.isolation.declared_confinement`), or none when it
+        declares none; without code execution, that of the helper interpreters.
+        """
+        return self._agent_confinement
+
+    @property
+    def helper_confinement(self) -> Confinement:
+        """How the interpreters the environment itself starts on agents' files are confined.
+
+        For example DSBench's artifact inspector, which loads pickles agent code wrote.
         """
         return self._confinement
+
+    def isolation_report(self) -> dict[str, Any]:
+        """What isolation resolved to, for ``report.json``, configs and metrics.
+
+        Returns:
+            ``isolation`` (``"namespaces"`` or ``"none"``) and what the confinement
+            enforces (:meth:`Confinement.describe
+            <mappa_env.sandbox.isolation.Confinement.describe>`), with ``requested``
+            (the ``isolation`` option), ``required`` (whether ``MAPPA_REQUIRE_ISOLATION``
+            is set) and ``code_execution`` (whether agents' code runs at all).
+        """
+        return {
+            **self.sandbox_confinement.describe(),
+            "requested": self.isolation,
+            "required": isolation_required(),
+            "code_execution": self._sandbox_factory is not None,
+        }
 
     def check_sandbox(self) -> None:
         """Run one trivial cell in a sandbox made as this environment makes them.
@@ -1027,6 +1071,10 @@ class PipelineEnv(AECEnv):
             if left:
                 logger.warning("could not remove %d entries of %s", len(left), self._workdir)
             self._workdir = None
+        if self._workspace_lease is not None:
+            # The episode's sandboxes are closed (on_episode_end runs first): its uid is free.
+            self._workspace_lease.release()
+            self._workspace_lease = None
 
     def __del__(self) -> None:
         # Best effort: a forgotten env should not leave kernels or temp dirs behind.
@@ -1035,6 +1083,30 @@ class PipelineEnv(AECEnv):
                 self.close()
             except Exception:  # nothing can be reported from __del__
                 logger.debug("close() during garbage collection failed", exc_info=True)
+
+
+@functools.cache
+def _warn_unconfined_agents(reason: str) -> None:
+    """Warn once per process and reason that agents' code runs unconfined."""
+    logger.warning(
+        "agents' code runs without namespace isolation: %s; reports say so (isolation: "
+        "none). Pass isolation='none' to accept it.",
+        reason,
+    )
+
+
+def _agent_confinement(factory: SandboxFactory | None, helpers: Confinement) -> Confinement:
+    """What a sandbox factory's code runs under (see ``PipelineEnv.sandbox_confinement``)."""
+    if factory is None:
+        return helpers
+    declared = declared_confinement(factory)
+    if declared is not None:
+        return declared
+    return Confinement(
+        mode="none",
+        reason=f"the sandbox factory {factory!r} declares no confinement, so its code is "
+        "taken to run unconfined",
+    )
 
 
 def _file_infos(files: Sequence[Mapping[str, Any] | FileInfo]) -> tuple[FileInfo, ...]:
@@ -1091,14 +1163,36 @@ def resolve_sandbox_factory(
 ) -> SandboxFactory | None:
     """The sandbox factory named by ``sandbox``.
 
-    ``"jupyter"`` gives a Jupyter kernel per sandbox, confined as ``isolation`` says; a
-    callable is used as it is (its own confinement is its business); ``None`` disables
-    code execution.
+    ``"jupyter"`` gives a Jupyter kernel per sandbox, confined as ``isolation`` says;
+    ``None`` disables code execution. A callable must declare its confinement (a
+    :class:`~mappa_env.sandbox.isolation.Confinement` as its ``confinement``
+    attribute, as :meth:`JupyterSandbox.factory
+    <mappa_env.sandbox.JupyterSandbox.factory>` and
+    :class:`~mappa_env.sandbox.KernelPool` do) for ``isolation="namespaces"`` (or
+    ``MAPPA_REQUIRE_ISOLATION``) to accept it; one that declares none is taken to run
+    code unconfined, and is reported so.
 
     Raises:
         ValueError: For an unknown name.
+        IsolationUnavailableError: For a callable whose declared confinement is not
+            namespaces, when ``isolation="namespaces"`` or isolation is required.
     """
-    if sandbox is None or callable(sandbox):
+    if sandbox is None:
+        return None
+    if callable(sandbox):
+        declared = declared_confinement(sandbox)
+        if (isolation == "namespaces" or isolation_required()) and not (
+            declared is not None and declared.isolated
+        ):
+            said = "declares no confinement" if declared is None else "declares no namespaces"
+            raise IsolationUnavailableError(
+                f"isolation={isolation!r} needs agents' code confined, but the sandbox "
+                f"factory {sandbox!r} {said} (a Confinement with isolated=True as its "
+                "`confinement` attribute): pass sandbox='jupyter', a factory made by "
+                "JupyterSandbox.factory(isolation='namespaces'), or declare the "
+                "confinement your factory enforces"
+                + ("" if isolation == "namespaces" else "; MAPPA_REQUIRE_ISOLATION is set")
+            )
         return sandbox
     if sandbox == "jupyter":
         from mappa_env.sandbox import JupyterSandbox
