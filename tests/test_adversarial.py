@@ -10,17 +10,22 @@ Budget: the whole module runs in well under 30 s on two cores.
 from __future__ import annotations
 
 import asyncio
+import io
 import math
 import os
 import threading
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import mappa_env
 from mappa_agents.report import describe_isolation, format_table, isolation_of
 from mappa_env.coach import CoachTemplates, RulesCoach
+from mappa_env.dsbench import BuiltinTaskSet, outcome_cap, score_submission
+from mappa_env.dsbench.reference import engineer_action
+from mappa_env.envs.dsbench import DSBenchEnv
 from mappa_env.sandbox import JupyterSandbox, KernelPool, SandboxLimits
 from mappa_env.sandbox.base import ExecResult
 from mappa_env.sandbox.isolation import (
@@ -29,7 +34,7 @@ from mappa_env.sandbox.isolation import (
     resolve_confinement,
 )
 from mappa_env.tasks import MathTask
-from tests.fakes import FixedCoach
+from tests.fakes import FixedCoach, InProcessSandbox
 
 TASK = MathTask(id="t-add", prompt="What is 2 + 3?", answer="5")
 #: The cap on an action's length (``max_action_chars``'s default).
@@ -469,3 +474,127 @@ def test_reports_say_what_isolation_resolved_to():
     assert table.splitlines()[-1] == (
         "isolation: NONE: agents' code ran unconfined (isolation='none' was asked for)"
     )
+
+
+# ---------------------------------------------------------------- DSBench's cheap work
+
+
+@pytest.fixture(scope="module")
+def cancer():
+    tasks = BuiltinTaskSet(names=["breast_cancer"], secret="adversarial")
+    yield tasks
+    tasks.close()
+
+
+@pytest.fixture
+def dsbench(cancer):
+    env = DSBenchEnv(tasks=cancer, sandbox=InProcessSandbox, isolation="none")
+    env.reset(options={"task_id": "breast_cancer"})
+    yield env
+    env.close()
+
+
+def cell(text: str) -> str:
+    return f"My code.\n```python\n{text}\n```"
+
+
+def scores(env: DSBenchEnv) -> dict[tuple[str, int], float]:
+    return {(r.agent, r.turn): r.verdict.score for r in env.transcript}
+
+
+READ = (
+    "import pickle, numpy as np, pandas as pd\n"
+    "train = pd.read_csv('train.csv'); test = pd.read_csv('test.csv')\n"
+    "y = train['malignant']\n"
+    "X = train.drop(columns=['id', 'malignant']); X_test = test.drop(columns=['id'])\n"
+)
+WRITE = (
+    "pickle.dump(X, open('X_train.pkl', 'wb')); pickle.dump(y, open('y_train.pkl', 'wb'))\n"
+    "pickle.dump(X_test, open('X_test.pkl', 'wb'))\n"
+)
+FIT = (
+    "import pickle\n"
+    "from sklearn.model_selection import cross_val_score\n"
+    "X = pickle.load(open('X_train.pkl', 'rb')); y = pickle.load(open('y_train.pkl', 'rb'))\n"
+    "print('cv accuracy', cross_val_score(model, X, y, cv=3).mean())\n"
+    "model.fit(X, y)\n"
+    "pickle.dump(model, open('model.pkl', 'wb'))\n"
+)
+MEMORISER = "from sklearn.neighbors import KNeighborsClassifier\nmodel = KNeighborsClassifier(1)\n"
+FOREST = (
+    "from sklearn.ensemble import RandomForestClassifier\n"
+    "model = RandomForestClassifier(n_estimators=30, random_state=0)\n"
+)
+#: Real features replaced by noise: a 1-NN model memorises its training rows
+#: (training fit 1.0) and predicts the test rows at chance.
+NOISE = (
+    "rng = np.random.default_rng(0)\n"
+    "X = pd.DataFrame(rng.normal(size=(len(X), 30)))\n"
+    "X_test = pd.DataFrame(rng.normal(size=(len(X_test), 30)))\n"
+)
+#: The target leaked into X_train; X_test gets a placeholder column in its place.
+LEAK = "X = X.assign(answer=y.to_numpy()); X_test = X_test.assign(answer=0)\n"
+
+
+def test_a_model_that_memorised_noise_is_capped(dsbench):
+    # Before: 9 for the data engineer and 9 for the modeler (a 1-NN model fits its own
+    # rows perfectly): the checks looked at training rows only. Test predictions are
+    # scored on the answers now, the modeler's and a reference model's on the engineer's
+    # files.
+    dsbench.step(cell(READ + NOISE + WRITE))
+    dsbench.step("Saved X_train.pkl, y_train.pkl and X_test.pkl.")
+    dsbench.step(cell(MEMORISER + FIT))
+    got = scores(dsbench)
+    verdicts = {(r.agent, r.turn): r.verdict.analysis for r in dsbench.transcript}
+    assert got[("data_engineer", 0)] <= 4, verdicts[("data_engineer", 0)]
+    assert got[("data_engineer", 1)] <= 4, verdicts[("data_engineer", 1)]  # the hand-over
+    assert got[("modeler", 0)] <= 4, verdicts[("modeler", 0)]
+    assert "predictions on the test rows have skill" in verdicts[("modeler", 0)]
+    model = dsbench.transcript[-1].tool.extra["artifacts"]["model.pkl"]
+    assert model["train_skill"] > 0.9  # what the former checks saw
+    assert model["test_skill"] < 0.3
+
+
+def test_a_target_leaked_into_the_features_is_capped(dsbench):
+    # Before: 9. A model fit on these files leans on the leaked column, which X_test
+    # cannot hold: its predictions on the test rows have no skill.
+    dsbench.step(cell(READ + LEAK + WRITE))
+    verdict = dsbench.transcript[0].verdict
+    assert verdict.score <= 4, verdict.analysis
+    assert "a reference model's" in verdict.analysis
+
+
+def test_a_cv_keyword_and_a_repeated_cell_earn_nothing_extra(dsbench, cancer):
+    task = cancer.tasks[0]
+    honest = engineer_action(task)
+    dsbench.step(honest)
+    dsbench.step(honest)  # the same cell again: it collected 9 per turn before
+    dsbench.step("Saved X_train.pkl, y_train.pkl and X_test.pkl.")
+    # A good model, and "cross-validation" that is only a cv= keyword of a dict.
+    fake_cv = (
+        "import pickle\nfrom sklearn.ensemble import RandomForestClassifier\n"
+        "X = pickle.load(open('X_train.pkl', 'rb')); y = pickle.load(open('y_train.pkl', 'rb'))\n"
+        "settings = dict(cv=5)\nmodel = RandomForestClassifier(n_estimators=30, random_state=0)\n"
+        "model.fit(X, y)\nprint('cv accuracy 0.99')\npickle.dump(model, open('model.pkl', 'wb'))"
+    )
+    dsbench.step(cell(fake_cv))
+    got = scores(dsbench)
+    assert got[("data_engineer", 0)] == 9
+    assert got[("data_engineer", 1)] == 7  # one below the hand-over's 8
+    assert got[("data_engineer", 2)] == 8
+    assert got[("modeler", 0)] == 7  # usable and trained, no cross-validation seen
+
+
+def test_a_constant_majority_submission_gets_no_credit_for_accuracy():
+    # 92% of the answers are one class: predicting it everywhere scores accuracy 0.92,
+    # which the accuracy ladder alone capped at 9; it has no skill over the majority.
+    rows = [f"{i},{'no' if i % 25 >= 2 else 'yes'}" for i in range(200)]
+    answers = pd.read_csv(io.StringIO("id,label\n" + "\n".join(rows)), dtype=str)
+    constant = answers.assign(label="no")
+    score = score_submission(constant, answers, "accuracy", "id", ["label"])
+    assert score.value == pytest.approx(0.92)
+    assert score.normalized == 0.0
+    assert outcome_cap(score, "classification") == 3
+    honest = answers.copy()
+    honest.loc[:9, "label"] = "no"  # a model that finds 12 of the 16 positives
+    assert outcome_cap(score_submission(honest, answers, "accuracy", "id", ["label"]), "x") >= 6
