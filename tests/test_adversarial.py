@@ -13,6 +13,7 @@ import asyncio
 import io
 import math
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -598,3 +599,49 @@ def test_a_constant_majority_submission_gets_no_credit_for_accuracy():
     honest = answers.copy()
     honest.loc[:9, "label"] = "no"  # a model that finds 12 of the 16 positives
     assert outcome_cap(score_submission(honest, answers, "accuracy", "id", ["label"]), "x") >= 6
+
+
+# ---------------------------------------------------------------- the boundary, through step
+
+
+#: The earlier attack table, replayed as the code executor's turns of one episode (one
+#: kernel): each cell prints what it reached, and nothing may be reached.
+BOUNDARY_CELLS = {
+    "package": "import importlib.util\nprint(importlib.util.find_spec('mappa_env') is None)",
+    "secret": "import os\nprint(os.environ.get('MAPPA_TASK_SECRET') is None)",
+    "keys": "import os\nprint(not any('KEY' in k or 'TOKEN' in k for k in os.environ))",
+    "processes": "import os\nprint(len([p for p in os.listdir('/proc') if p.isdigit()]) < 10)",
+    "signal": "import os, signal\ntry:\n    os.kill({pid}, signal.SIGSTOP)\n    print(False)\n"
+    "except OSError:\n    print(True)",
+    "network": "import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), 2)\n"
+    "    print(False)\nexcept OSError:\n    print(True)",
+    "write": "try:\n    open('{outside}', 'w').write('x')\n    print(False)\nexcept OSError:\n"
+    "    print(True)",
+}
+
+
+@needs_namespaces
+def test_the_boundary_holds_through_an_environment_step(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-mappa-adversarial")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    facts = {"pid": os.getpid(), "port": server.getsockname()[1], "outside": tmp_path / "x"}
+    env = mappa_env.make(
+        "MathChat-v0",
+        tasks=[TASK],
+        isolation="namespaces",
+        turns={"code_executor": len(BOUNDARY_CELLS)},
+    )
+    try:
+        env.reset()
+        env.step("2 + 3 = 5")
+        for name, code in BOUNDARY_CELLS.items():
+            env.step(f"```python\n{code.format(**facts)}\n```")
+            result = env.infos["code_executor"]["tool"]
+            assert result["ok"], (name, result)
+            assert result["stdout"].strip() == "True", (name, result["stdout"])
+        assert not (tmp_path / "x").exists()
+    finally:
+        server.close()
+        env.close()
