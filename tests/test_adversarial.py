@@ -32,6 +32,7 @@ from mappa_env.sandbox.base import ExecResult
 from mappa_env.sandbox.isolation import (
     Confinement,
     IsolationUnavailableError,
+    UidPool,
     resolve_confinement,
 )
 from mappa_env.tasks import MathTask
@@ -645,3 +646,16 @@ def test_the_boundary_holds_through_an_environment_step(tmp_path, monkeypatch):
     finally:
         server.close()
         env.close()
+
+
+def test_uid_leases_are_exclusive_until_released(tmp_path):
+    pool = UidPool((64_000, 64_001), tmp_path)
+    first, second = pool.lease(), pool.lease()
+    assert {first.uid, second.uid} == {64_000, 64_001}
+    assert pool.lease() is None  # used up: the sandbox then shares uid 65534
+    assert pool.lease(first.uid) is None  # held, even when asked for by number
+    first.release()
+    again = pool.lease(64_000 if first.uid == 64_000 else 64_001)
+    assert again is not None
+    again.release()
+    second.release()

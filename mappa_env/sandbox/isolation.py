@@ -657,17 +657,6 @@ class SandboxCgroup:
         except (OSError, ValueError):
             return []
 
-    def refused_tasks(self) -> int:
-        """Forks and thread starts the ``pids`` limit refused so far."""
-        try:
-            for line in (self.path / "pids.events").read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "max":
-                    return int(value)
-        except (OSError, ValueError):
-            pass
-        return 0
-
     def oom_kills(self) -> int:
         """Processes the kernel killed for this cgroup's memory limit so far."""
         name = "memory.events" if self.version == 2 else "memory.oom_control"
@@ -809,7 +798,7 @@ def _remove_stale_cgroups(parent: CgroupParent) -> None:
 #: ranges distributions give to people (1000-59999) and below ``nobody`` (65534). A uid
 #: that names an account in the user database, or that this process's user namespace
 #: does not map, is skipped.
-SANDBOX_UID_POOL = range(64_000, 64_064)
+SANDBOX_UID_POOL = range(64_000, 64_256)
 #: Where leases are kept: one lock file a uid, held by the process that leased it.
 UID_LOCK_DIR = Path("/run/mappa/sandbox-uids")
 
@@ -872,11 +861,7 @@ class UidPool:
             lease = self._try(candidate)
             if lease is not None:
                 return lease
-        logger.warning(
-            "all %d sandbox uids are taken: this sandbox shares uid %d with others",
-            len(self.uids),
-            SANDBOX_UID,
-        )
+        _warn_pool_used_up(len(self.uids))
         return None
 
     def _try(self, uid: int) -> UidLease | None:
@@ -894,6 +879,17 @@ class UidPool:
             os.close(handle)
             return None
         return UidLease(uid, handle)
+
+
+@functools.cache
+def _warn_pool_used_up(size: int) -> None:
+    """Warn once per process that workspaces now share :data:`SANDBOX_UID`."""
+    logger.warning(
+        "all %d sandbox uids are taken (more workspaces at once than the pool holds): "
+        "further sandboxes share uid %d",
+        size,
+        SANDBOX_UID,
+    )
 
 
 def _mapped(ids: Iterable[int], map_file: str) -> set[int]:
