@@ -251,7 +251,7 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     """
     import mappa_env
     from mappa_agents.policy import SamplingParams
-    from mappa_agents.report import format_table, plot_report, summarize
+    from mappa_agents.report import format_table, isolation_of, plot_report, summarize
     from mappa_agents.runner import RolloutRunner
     from mappa_agents.system import AgentSystem, parse_system_spec
     from mappa_agents.trajectory import save_jsonl
@@ -265,6 +265,7 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     env_options["coach"] = coach
     probe = mappa_env.make(args.env, **env_options)
     try:
+        isolation = isolation_of(probe)
         agents = list(probe.possible_agents)
         task_ids = [str(t.id) for t in getattr(probe, "tasks", None) or []]
         # Before loading models: a sandbox that cannot run code stops here, with the cause.
@@ -328,6 +329,8 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     report = summarize(episodes, wall_time_s=wall, samples_per_task=samples_per_task or 1)
     report["system"] = args.system
     report["coach"] = args.coach
+    # What confined the agents' code, so a run that was not confined says so.
+    report["isolation"] = isolation
     report["coach_verdicts"] = dict(runner.coach_verdict_counts)
     report["system_per_agent"] = system_per_agent
     report["model_load_s"] = load_s

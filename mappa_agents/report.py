@@ -39,6 +39,41 @@ def check_some_finished(episodes: Sequence[EpisodeResult]) -> None:
         )
 
 
+def isolation_of(env: Any) -> dict[str, Any]:
+    """What isolation an environment's agents' code runs under, for reports and configs.
+
+    Args:
+        env: An environment; pipeline environments answer ``isolation_report()``.
+
+    Returns:
+        Its isolation report (``{"isolation": "namespaces" | "none", ...}``, see
+        :meth:`mappa_env.PipelineEnv.isolation_report`), or ``{"isolation": "unknown"}``
+        with the reason for an environment that gives none.
+    """
+    report = getattr(env, "isolation_report", None)
+    if not callable(report):
+        return {"isolation": "unknown", "reason": f"{type(env).__name__} reports no isolation"}
+    return dict(report())
+
+
+def describe_isolation(isolation: dict[str, Any] | None) -> str:
+    """One line for printed summaries: what confined agents' code, or that nothing did."""
+    if not isolation:
+        return "isolation: unknown"
+    if isolation.get("code_execution") is False:
+        return "isolation: no code execution"
+    mode = isolation.get("isolation")
+    if mode == "namespaces":
+        parts = [
+            f"user {isolation.get('user')}",
+            f"memory cgroup {isolation.get('memory_cgroup') or 'none'}",
+            f"pids cgroup {isolation.get('pids_cgroup') or 'none'}",
+        ]
+        return "isolation: namespaces (" + ", ".join(parts) + ")"
+    reason = isolation.get("reason") or "no reason given"
+    return f"isolation: {str(mode).upper()}: agents' code ran unconfined ({reason})"
+
+
 def per_task_results(episodes: Sequence[EpisodeResult]) -> list[dict[str, Any]]:
     """One row per task: its samples and how many were correct, in first-seen order.
 
@@ -234,6 +269,8 @@ def format_table(report: dict[str, Any]) -> str:
             f"wall time {report['wall_time_s']:.1f} s "
             f"({_fmt(report.get('episodes_per_s'), '.3f')} episodes/s)"
         )
+    if "isolation" in report:
+        lines.append(describe_isolation(report["isolation"]))
     return "\n".join(lines)
 
 

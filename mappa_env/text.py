@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
 
-_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
-_UNCLOSED_THINK = re.compile(r"<think>.*\Z", re.DOTALL | re.IGNORECASE)
+# Every function here reads agent text (up to an action's 32,768 characters, or more of
+# tool output) and runs inside an environment step: each runs in linear time. Patterns
+# that let the regex engine retry a lazy or nested repetition from every start position
+# (``<think>.*?</think>``, a fence with a back-reference) are replaced by scans.
 _OPEN_THINK = re.compile(r"<think>", re.IGNORECASE)
 _CLOSE_THINK = re.compile(r"</think>", re.IGNORECASE)
 
@@ -60,27 +63,91 @@ def strip_think(text: str) -> str:
     if closes and not _OPEN_THINK.search(text):
         # Search the original text: lower-casing can change its length ("İ" -> "i̇").
         text = text[closes[-1].end() :]
-    text = _THINK_BLOCK.sub("", text)
-    return _UNCLOSED_THINK.sub("", text)
+    text = _without_think_blocks(text)
+    opened = _OPEN_THINK.search(text)  # an unclosed block hides the rest
+    return text if opened is None else text[: opened.start()]
+
+
+def _without_think_blocks(text: str) -> str:
+    """``text`` without each ``<think>`` and the first ``</think>`` after it, in one pass.
+
+    What ``re.sub(r"<think>.*?</think>", "", text, flags=DOTALL | IGNORECASE)`` gives,
+    without its quadratic time on many opening tags that are never closed.
+    """
+    closes = [(m.start(), m.end()) for m in _CLOSE_THINK.finditer(text)]
+    if not closes:
+        return text
+    kept: list[str] = []
+    position = 0  # where the text not yet copied starts
+    next_close = 0
+    for opening in _OPEN_THINK.finditer(text):
+        if opening.start() < position:
+            continue  # inside a block already removed
+        while next_close < len(closes) and closes[next_close][0] < opening.end():
+            next_close += 1
+        if next_close == len(closes):
+            break  # no block closes after this one: it stays (and hides the rest)
+        kept.append(text[position : opening.start()])
+        position = closes[next_close][1]
+    kept.append(text[position:])
+    return "".join(kept)
 
 
 # An opening fence of three or more backticks with an optional language tag, anywhere on a
 # line (models write "Here: ```python"). The block runs to a closing fence at the start of a
 # line, or to the end of the text (models often forget to close it).
-_FENCE = re.compile(
-    r"(?P<fence>`{3,})[ \t]*(?P<lang>[\w+-]*)[^\n]*\n"
-    r"(?P<body>.*?)"
-    r"(?:^[ \t]*(?P=fence)(?!`)[^\n]*$|\Z)",
-    re.DOTALL | re.MULTILINE,
-)
+_OPEN_FENCE = re.compile(r"`{3,}")
+_LANGUAGE = re.compile(r"[ \t]*([\w+-]*)")
 _PYTHON_TAGS = frozenset({"", "python", "py", "python3", "ipython", "ipython3"})
+
+
+@functools.lru_cache(maxsize=64)
+def _closing_fence(fence: str) -> re.Pattern[str]:
+    """A line that starts (after spaces or tabs) with exactly ``fence``."""
+    return re.compile(r"^[ \t]*" + fence + r"(?!`)", re.MULTILINE)
+
+
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """``(language tag, body)`` of every fenced block of ``text``, in order.
+
+    The rule: an opening fence is a run of three or more backticks anywhere on a line,
+    followed by an optional language tag and the rest of that line; its body runs to
+    the first later line that starts (after spaces or tabs) with a run of exactly as
+    many backticks, or to the end of the text. The next block is searched after that
+    closing line. An opening fence on the text's last line (no line after it) opens
+    nothing. Linear time: each character is looked at a bounded number of times.
+
+    Args:
+        text: Any text (reasoning blocks are not removed here).
+
+    Returns:
+        The blocks; bodies keep their final newline, empty bodies included.
+    """
+    blocks = []
+    position = 0
+    while (opening := _OPEN_FENCE.search(text, position)) is not None:
+        line_end = text.find("\n", opening.end())
+        if line_end < 0:
+            break  # the opening line never ends: no body, and no later fence has one
+        language = _LANGUAGE.match(text, opening.end(), line_end)
+        tag = language.group(1) if language else ""
+        body_start = line_end + 1
+        closing = _closing_fence(opening.group()).search(text, body_start)
+        if closing is None:
+            blocks.append((tag, text[body_start:]))
+            break
+        blocks.append((tag, text[body_start : closing.start()]))
+        closing_end = text.find("\n", closing.end())
+        position = len(text) if closing_end < 0 else closing_end
+    return blocks
 
 
 def extract_code_blocks(text: str, languages: frozenset[str] = _PYTHON_TAGS) -> list[str]:
     """Fenced code blocks of ``text`` outside reasoning, in order of appearance.
 
     A block is kept when its language tag (lower-cased) is in ``languages``; by default
-    Python tags and untagged blocks. An unclosed final block runs to the end of the text.
+    Python tags and untagged blocks. An unclosed final block runs to the end of the text
+    (see :func:`fenced_blocks` for the rule).
 
     Args:
         text: A model's output.
@@ -90,11 +157,9 @@ def extract_code_blocks(text: str, languages: frozenset[str] = _PYTHON_TAGS) -> 
         The code of each block, without the fences; empty blocks are dropped.
     """
     blocks = []
-    for match in _FENCE.finditer(strip_think(text)):
-        if match.group("lang").lower() in languages:
-            body = match.group("body")
-            if body.strip():
-                blocks.append(body.rstrip("\n") + "\n")
+    for tag, body in fenced_blocks(strip_think(text)):
+        if tag.lower() in languages and body.strip():
+            blocks.append(body.rstrip("\n") + "\n")
     return blocks
 
 

@@ -118,6 +118,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def run_train(args: argparse.Namespace) -> int:
     """Run ``mappa train`` and print where the results are."""
+    from mappa_agents.report import describe_isolation
     from mappa_train.trainer import make_trainer
 
     config = config_from_args(args)
@@ -129,4 +130,5 @@ def run_train(args: argparse.Namespace) -> int:
         f"checkpoints: {trainer.checkpoint_root}; last success rate "
         f"{last.get('rollout/success_rate')}"
     )
+    print(describe_isolation(trainer.isolation))
     return 0

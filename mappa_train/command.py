@@ -45,4 +45,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    return int(args.handler(args) or 0)
+    from mappa_env.sandbox.isolation import IsolationUnavailableError
+
+    try:
+        return int(args.handler(args) or 0)
+    except IsolationUnavailableError as exc:
+        # A setup problem with a known fix, not a crash: one line, no traceback.
+        print(f"mappa {args.command}: {isolation_hint(exc)}", file=sys.stderr)
+        return 2
+
+
+def isolation_hint(exc: Exception) -> str:
+    """One line for an isolation error: its cause and the command-line fix."""
+    from mappa_env.sandbox.isolation import REQUIRE_ISOLATION_ENV, isolation_required
+
+    cause = " ".join(str(exc).split())
+    if isolation_required():
+        return f"{cause} (every run must be confined while {REQUIRE_ISOLATION_ENV} is set)"
+    return f"{cause}. To run agents' code unconfined instead, pass --isolation none"

@@ -45,7 +45,7 @@ import torch
 
 from mappa_agents.hf import resolve_device, resolve_dtype
 from mappa_agents.policy import SamplingParams
-from mappa_agents.report import summarize
+from mappa_agents.report import isolation_of, summarize
 from mappa_agents.runner import RolloutRunner, derive_seed
 from mappa_agents.system import AgentSystem, parse_system_spec
 from mappa_agents.trajectory import ActionSample, EpisodeResult, save_jsonl
@@ -222,6 +222,8 @@ class Trainer:
         probe = self.env_factory()
         self.agents: list[str] = list(probe.possible_agents)
         self.task_ids: list[str] = [t.id for t in getattr(probe, "tasks", [])]
+        self.isolation: dict[str, Any] = isolation_of(probe)
+        """What agents' code runs under (``config.json``, metrics, the summary)."""
         probe.close()
         if not self.task_ids:
             raise ValueError("the training environment exposes no tasks to sample from")
@@ -424,9 +426,10 @@ class Trainer:
                 )
         self._truncate_metrics(self.step)
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.json").write_text(
-            json.dumps(config.to_dict(), indent=2, default=str) + "\n"
-        )
+        # What isolation resolved to, beside what was asked for: a run that could not
+        # confine agents' code says so where its settings are read.
+        written = {**config.to_dict(), "isolation_resolved": self.isolation}
+        (self.out / "config.json").write_text(json.dumps(written, indent=2, default=str) + "\n")
 
     def check_sandboxes(self) -> None:
         """Stop before loading anything when the environments' sandboxes cannot run code.
@@ -1198,6 +1201,9 @@ class Trainer:
 
     def _log(self, metrics: dict[str, Any]) -> None:
         clean = {k: _plain(v) for k, v in metrics.items()}
+        # 1 when agents' code ran in namespaces, 0 when it ran unconfined, on every step.
+        mode = self.isolation.get("isolation")
+        clean["isolation/namespaces"] = None if mode == "unknown" else float(mode == "namespaces")
         self.history.append(clean)
         with self.metrics_path.open("a") as handle:
             handle.write(json.dumps(clean) + "\n")

@@ -31,7 +31,10 @@ def test_eval_writes_report_transcripts_and_plots(tmp_path, capsys):
     assert len(rows) == report["actions"]
     assert json.loads(rows[0])["response_ids"]
     assert (out / "rewards.png").stat().st_size > 1000
-    assert "MathChat-v0: 3 episodes" in capsys.readouterr().out
+    assert report["isolation"]["code_execution"] is False  # --sandbox none
+    printed = capsys.readouterr().out
+    assert "MathChat-v0: 3 episodes" in printed
+    assert "isolation: no code execution" in printed
 
 
 def test_eval_compile_decode_reaches_local_policies(tmp_path, caplog):

@@ -781,3 +781,17 @@ def test_ledger_sums_per_agent_and_exports(tmp_path):
     assert data["summary"]["calls"] == 3
     assert len(data["entries"]) == 3
     assert data["entries"][1]["error_kind"] == "fatal"
+
+
+def test_an_upstream_agents_skill_cap_is_shown():
+    request = dsbench_request(
+        agent="modeler",
+        metadata={
+            "artifacts": {"model.pkl": {"exists": True, "test_skill": 0.02}},
+            "skill_cap": 3,
+            "skill_cap_reason": "model.pkl's predictions on the test rows have skill 0.02",
+        },
+    )
+    user = CoachTemplates().render_user(request)
+    assert "how well these files predict held-out answers: at most 3" in user
+    assert "skill 0.02" in user

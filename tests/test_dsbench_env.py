@@ -10,6 +10,7 @@ import pytest
 from pettingzoo.test import api_test, parallel_api_test, seed_test
 
 import mappa_env
+from mappa_env.dsbench import skill_cap
 from mappa_env.dsbench.reference import analyst_action as analyst
 from mappa_env.dsbench.reference import engineer_action
 from mappa_env.dsbench.reference import modeler_action as modeler
@@ -64,8 +65,13 @@ def test_scripted_pipeline_solves_builtin_tasks(env, task_id):
         assert outcome["metric"] == "rmse"
         assert outcome["value"] < 0.5 * task.target_range
     rewards = {(r.agent, r.turn): r.reward for r in env.transcript}
-    assert rewards[("data_engineer", 0)] == 0.9
-    assert rewards[("modeler", 0)] == 0.9
+    # The top score, capped by how well the model's test predictions match the answers
+    # (diabetes: a random forest's rank correlation about 0.6, so 8 on the ladder).
+    model = env.transcript[2].tool.extra["artifacts"]["model.pkl"]
+    cap = skill_cap(model["test_skill"], task.task_type) / 10
+    assert cap >= 0.8
+    assert rewards[("data_engineer", 0)] == min(0.9, cap)
+    assert rewards[("modeler", 0)] == min(0.9, cap)
     assert rewards[("analyst", 0)] >= 0.6
     assert all(r.verdict.valid for r in env.transcript)
 
@@ -293,5 +299,5 @@ def test_a_shared_task_set_rejects_unknown_ids_and_lives_with_its_env():
     ("option", "value"), [("max_new_tokens", 0), ("code_timeout_s", 0.0), ("code_timeout_s", -1)]
 )
 def test_bad_limits_are_refused_by_name(option, value):
-    with pytest.raises(ValueError, match=f"{option} must be positive"):
+    with pytest.raises(ValueError, match=f"{option}=.* is out of range: {option} must be"):
         DSBenchEnv(sandbox=None, **{option: value})

@@ -9,6 +9,7 @@ only for artifacts that do the job.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -439,17 +440,18 @@ LOAD = "import pickle\nX = pickle.load(open('X_train.pkl', 'rb')); y = pickle.lo
 SAVE = "pickle.dump(model, open('model.pkl', 'wb'))\n"
 CHEATING_MODELERS = {
     "printed_cv_no_model": ("print('cv 0.99')", 0.4),
+    # 5 for a model that has not learned, capped at 3 by its test predictions' skill.
     "constant_model": (
         LOAD + CV + "from sklearn.dummy import DummyClassifier\n"
         "model = DummyClassifier(strategy='most_frequent').fit(X, y)\n"
         "print('cv', cross_val_score(model, X, y, cv=3).mean())\n" + SAVE,
-        0.5,
+        0.3,
     ),
     "random_model": (
         LOAD + CV + "from sklearn.dummy import DummyClassifier\n"
         "model = DummyClassifier(strategy='uniform', random_state=0).fit(X, y)\n"
         "print('cv', cross_val_score(model, X, y, cv=3).mean())\n" + SAVE,
-        0.5,
+        0.3,
     ),
     "wrong_length": (
         LOAD + CV + "import operator\nfrom sklearn.pipeline import Pipeline\n"
@@ -551,7 +553,8 @@ def test_a_made_up_target_fails_the_data_engineers_checks(env, task_set):
     entry = env.infos["data_engineer"]["artifacts"]["y_train.pkl"]
     assert entry["holds_target"] is False
     assert "first_rows" not in entry  # the rows compared stay out of infos and prompts
-    assert rewards(env)[("data_engineer", 0)] == 0.5
+    # 5 for artifacts failing a check, capped at 3: a model fit on them predicts nothing.
+    assert rewards(env)[("data_engineer", 0)] == 0.3
     assert "not train.csv's target" in env.transcript[0].verdict.analysis
 
 
@@ -704,14 +707,15 @@ def test_cross_validation_counts_only_as_code_that_calls_it():
     called = [
         "from sklearn.model_selection import cross_val_score\ns = cross_val_score(m, X, y)",
         "import sklearn.model_selection as ms\nms.cross_validate(m, X, y)",
-        "GridSearchCV(m, grid, cv=5).fit(X, y)",
-        "for tr, va in KFold(5).split(X): pass",
-        "xgb.cv(params, data)",
-        "search(m, cv = 5)",
+        "from sklearn.model_selection import GridSearchCV\nGridSearchCV(m, grid, cv=5).fit(X, y)",
+        "from sklearn.model_selection import *\nfor tr, va in KFold(5).split(X): pass",
+        "import xgboost as xgb\nxgb.cv(params, data)",
+        "import sklearn\nsklearn.model_selection.train_test_split(X, y)",
         "from sklearn.model_selection import cross_val_score as cvs\ncvs(m, X, y)",
         "from sklearn.model_selection import StratifiedKFold as SKF\nSKF(5).split(X, y)",
-        "!pip install -q lightgbm\ncross_val_score(m, X, y, cv=5)",
-        "%%time\ncross_val_score(m, X, y)",
+        "!pip install -q lightgbm\nfrom sklearn import model_selection\n"
+        "model_selection.cross_val_score(m, X, y, cv=5)",
+        "%%time\nfrom sklearn.linear_model import RidgeCV\nRidgeCV().fit(X, y)",
     ]
     for text in called:
         assert _cross_validated(request(python(text))), text
@@ -720,6 +724,14 @@ def test_cross_validation_counts_only_as_code_that_calls_it():
         "cv = 5\nprint('cv accuracy 0.99')",  # a name that calls nothing
         "# cross_val_score would be slow\ns = 'KFold'",
         "print('cross_val_score(m, X, y)')",
+        # A cv= keyword on any call, and functions of one's own with the names.
+        "settings = dict(cv=5)",
+        "search(m, cv = 5)",
+        "def cv(): pass\ncv()",
+        "def cross_val_score(*a): return [0.99]\ncross_val_score(m, X, y)",
+        "from sklearn.model_selection import KFold\nKFold = print\nKFold(5)",
+        "cross_val_score(m, X, y, cv=5)",  # imported nowhere: no real one
+        "import mylib\nmylib.cross_val_score(m, X, y)",
     ]
     for text in named:
         assert not _cross_validated(request(python(text))), text
@@ -727,3 +739,9 @@ def test_cross_validation_counts_only_as_code_that_calls_it():
     assert not _cross_validated(request(prose))
     # A real call, but no printed score: not seen either.
     assert not _cross_validated(request(python(called[0]), stdout="done\n"))
+    # An import of an earlier turn lives on in the agent's interpreter.
+    later = dataclasses.replace(
+        request(python("print('cv', cross_val_score(m, X, y).mean())")),
+        metadata={"earlier_codes": ["from sklearn.model_selection import cross_val_score"]},
+    )
+    assert _cross_validated(later)

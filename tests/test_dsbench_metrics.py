@@ -26,7 +26,9 @@ from mappa_env.dsbench.metrics import (
     normalize_value,
     normalized_gini,
     outcome_cap,
+    prediction_skill,
     score_submission,
+    skill_cap,
     smape,
     word_jaccard,
 )
@@ -557,11 +559,16 @@ def test_fair_values_follow_the_paper():
 @pytest.mark.parametrize(
     ("metric", "value", "task_type", "extra", "cap"),
     [
-        ("accuracy", 0.9, "classification", {}, 9),
+        # Balanced binary answers: skill over the majority is 2 * accuracy - 1.
+        ("accuracy", 0.9, "classification", {"normalized": 0.8}, 9),
         ("roc_auc", 0.8, "classification", {}, 8),
         ("roc_auc", 0.7, "classification", {}, 6),
-        ("accuracy", 0.6, "classification", {}, 4),
+        ("accuracy", 0.6, "classification", {"normalized": 0.2}, 4),
         ("accuracy", 0.5, "classification", {}, 3),
+        # A constant majority guess on answers that are 92% one class: no skill.
+        ("accuracy", 0.92, "classification", {"normalized": 0.0}, 3),
+        # Ten balanced classes: 0.8 is 9 on the skill ladder, 8 on the accuracy one.
+        ("accuracy", 0.8, "classification", {"normalized": 0.78}, 8),
         ("rmse", 5.0, "regression", {"target_range": 100.0, "normalized": 0.8}, 9),
         ("rmse", 20.0, "regression", {"target_range": 100.0, "normalized": 0.3}, 8),
         ("rmse", 40.0, "regression", {"target_range": 100.0, "normalized": 0.2}, 6),
@@ -584,3 +591,31 @@ def test_outcome_cap_follows_the_rubric(metric, value, task_type, extra, cap):
 def test_outcome_cap_of_a_failure_is_lowest():
     assert outcome_cap(_score("accuracy", None), "classification") == FAILED_SUBMISSION_CAP
     assert FAILED_SUBMISSION_CAP < 3
+
+
+def test_prediction_skill_is_kappa_for_labels_and_rank_correlation_for_numbers():
+    # Cohen's kappa by hand: p_o = 3/4, p_e = 1/2 * 1/4 + 1/2 * 3/4 = 1/2 -> 0.5.
+    predicted, truth = ["a", "a", "b", "b"] * 3, ["a", "b", "b", "b"] * 3
+    assert prediction_skill(predicted, truth, "classification") == pytest.approx(0.5)
+    # A constant has no skill, labels in another encoding are translated first.
+    assert prediction_skill(["b"] * 12, truth, "classification") == 0.0
+    encoded = ["0" if v == "a" else "1" for v in predicted]
+    assert prediction_skill(
+        encoded, truth, "classification", labels={"0": "a", "1": "b"}
+    ) == pytest.approx(0.5)
+    # Numbers: a monotone transform keeps all its skill, a reversed encoding is turned.
+    values = [str(v) for v in range(12)]
+    cubes = [str(v**3) for v in range(12)]
+    assert prediction_skill(cubes, values, "regression") == pytest.approx(1.0)
+    negated = [str(-(v**3)) for v in range(12)]
+    assert prediction_skill(negated, values, "regression") == 0.0
+    assert prediction_skill(negated, values, "regression", signs=[-1.0]) == pytest.approx(1.0)
+    # Several columns are scored apart and averaged; too few rows are not scored.
+    rows = [f"{v}|{v}" for v in range(12)]
+    assert prediction_skill(rows, rows, "regression") == pytest.approx(1.0)
+    assert prediction_skill(["1"] * 5, ["1"] * 5, "classification") is None
+
+
+def test_skill_caps_follow_the_analysts_ladders():
+    assert [skill_cap(s, "classification") for s in (0.0, 0.1, 0.3, 0.5, 0.7)] == [3, 4, 6, 8, 9]
+    assert [skill_cap(s, "regression") for s in (0.0, 0.25, 0.5, 0.7)] == [4, 6, 8, 9]

@@ -597,6 +597,12 @@ def test_eval_at_start_logs_the_untrained_system_once(tmp_path):
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1]
     assert "eval/success_rate" in records[0]
+    # What isolation resolved to is in the run's config and on every step's metrics.
+    resolved = json.loads((tmp_path / "run" / "config.json").read_text())["isolation_resolved"]
+    assert resolved["code_execution"] is False
+    assert all(
+        r["isolation/namespaces"] == float(resolved["isolation"] == "namespaces") for r in records
+    )
     assert "rollout/episodes" not in records[0]  # an evaluation, not a training step
     # Every evaluation's episodes are kept, apart from the training rollouts.
     run = tmp_path / "run"

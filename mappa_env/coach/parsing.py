@@ -45,6 +45,7 @@ _AFTER_KEY = re.compile(
 # "7-8" or "7 to 8" is a range, not a score: refuse rather than pick an end.
 _RANGE_AFTER = re.compile(r"\s*(?:-|–|to)\s*\d", re.IGNORECASE)
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\n(?P<body>.*?)```", re.DOTALL)
+_OBJECT_START = re.compile(r"\{(?=\s*[\"}])")
 _ANALYSIS_KEYS = ("analysis", "reasoning", "explanation", "rationale")
 
 
@@ -153,7 +154,9 @@ def find_json_verdict(text: str) -> tuple[dict[str, Any], int] | None:
         if payload is not None and "score" in payload:
             best = (payload, fence.end())
     decoder = json.JSONDecoder()
-    for start in (i for i, char in enumerate(text) if char == "{"):
+    # Only where an object can start ("{" then a key or "}"): a reply of many braces
+    # would otherwise cost a failed decode per brace.
+    for start in (m.start() for m in _OBJECT_START.finditer(text)):
         if best is not None and start < best[1]:
             continue
         try:

@@ -354,28 +354,32 @@ def _code_shape(code: str) -> str | None:
 
 
 def repeats_code(action: str, metadata: Mapping[str, object]) -> bool:
-    """Whether ``action``'s code is the code of the agent's earlier turn again.
+    """Whether ``action``'s code is the code of one of the agent's earlier turns again.
 
     Two cells are the same when their lines are, each stripped, blank lines dropped, or
     when they parse to the same Python (comments and spacing aside).
 
     Args:
-        action: The code executor's action (its fenced blocks are the code).
+        action: The agent's action (its fenced blocks are the code).
         metadata: The request's metadata; ``"earlier_code"`` is the code of the
             agent's latest earlier turn that ran code (see
-            :meth:`mappa_env.envs.mathchat.MathChatEnv.coach_metadata`).
+            :meth:`mappa_env.envs.mathchat.MathChatEnv.coach_metadata`), and
+            ``"earlier_codes"`` the code of all its earlier turns (DSBench-v0).
 
     Returns:
-        True for a rerun of the earlier code; False when there is none.
+        True for a rerun of an earlier turn's code; False when there is none.
     """
-    earlier = str(metadata.get("earlier_code") or "")
+    earlier = [str(metadata.get("earlier_code") or "")]
+    earlier += [str(cell) for cell in metadata.get("earlier_codes") or () if cell]  # type: ignore[attr-defined]
+    earlier = [cell for cell in earlier if cell.strip()]
     code = "\n".join(extract_code_blocks(action))
-    if not earlier.strip() or not code.strip():
+    if not earlier or not code.strip():
         return False
-    if _normalized_code(code) == _normalized_code(earlier):
+    lines = _normalized_code(code)
+    if any(lines == _normalized_code(cell) for cell in earlier):
         return True
     shape = _code_shape(code)
-    return shape is not None and shape == _code_shape(earlier)
+    return shape is not None and any(shape == _code_shape(cell) for cell in earlier)
 
 
 def _code_turn(

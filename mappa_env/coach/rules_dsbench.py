@@ -8,10 +8,14 @@ of the train.csv / test.csv the environment wrote); for y_train.pkl ``distinct_v
 and ``rows_expected``; for model.pkl the result of ``predict(X_test)``: ``predictions``
 (rows returned), ``predictions_expected``, ``distinct_predictions``, or ``predict_error``
 (``predict_skipped`` when there was no loadable X_test.pkl), and ``train_skill``, how
-much better than a constant guess the model fits its own training rows), plus
-``missing_upstream`` (needed upstream files absent when the agent's slot began), and for the
-analyst ``outcome`` (the submission's score) and ``outcome_cap`` (the spec's cap on the
-analyst's score for that outcome).
+much better than a constant guess the model fits its own training rows, and ``test_skill``,
+how well its predictions on the test rows match the answers; for X_test.pkl inspected after
+the data engineer's code, ``reference_skill``, the same for a reference model fit on its
+files), plus ``missing_upstream`` (needed upstream files absent when the agent's slot began),
+``earlier_codes`` (the agent's earlier cells), for the data engineer and the modeler
+``skill_cap`` and ``skill_cap_reason`` (the cap those test predictions put on the score),
+and for the analyst ``outcome`` (the submission's score) and ``outcome_cap`` (the spec's cap
+on the analyst's score for that outcome).
 
 The high scores go only to artifacts that pass these checks, and the ladder keeps its
 order: no cheap behaviour (pickles of ``[0] * n``, a model that returns a constant, a
@@ -30,10 +34,13 @@ data_engineer (must leave X_train.pkl, y_train.pkl, X_test.pkl):
 
 modeler (must leave model.pkl and show cross-validation):
      9  the model is usable and has learned, and the action cross-validated: code (its
-        code blocks, not prose, comments or strings) that calls a cross-validation or
-        hold-out API (``cross_val_score``, ``KFold``, ``train_test_split``,
-        ``GridSearchCV``, ``cv=``...) and a number printed with a word such as "cv" or
-        "validation". A printed "cv 0.99" alone never counts.
+        code blocks, not prose, comments or strings) that calls a real cross-validation
+        or hold-out API reached through an import (scikit-learn's ``cross_val_*``,
+        splitters such as ``KFold``, ``train_test_split``, searches such as
+        ``GridSearchCV``, estimators such as ``RidgeCV``; XGBoost's, LightGBM's or
+        CatBoost's ``cv``) and a number printed with a word such as "cv" or
+        "validation". A printed "cv 0.99" alone, a ``cv=`` keyword of any call
+        (``dict(cv=5)``) or a function of its own named ``cv`` never counts.
      7  the model is usable and has learned, no cross-validation seen
      5  model.pkl loads and predicts one value per test row, but it has not learned:
         its predictions on X_test are all the same, or it fits its training rows no
@@ -50,6 +57,15 @@ modeler (must leave model.pkl and show cross-validation):
     predictions are not all one value, and the model fits its own training rows better
     than a constant guess.
 
+Caps over every row above:
+    skill  the data engineer's and the modeler's scores are at most the cap of the skill
+           of test predictions on the answers (the model's own, or a reference random
+           forest's fit on the data engineer's files; 5 when none can be fit on them):
+           a model that memorised noise, or files that leak the target into X_train,
+           fit their training rows and predict the test rows at chance (cap 3)
+    rerun  a cell an agent ran before, run again unchanged, scores at most one below the
+           hand-over it should have been
+
 analyst (must leave submission.csv):
     cap  submission scored: the outcome cap of the spec (3-9; classification by ROC-AUC /
          accuracy bands, regression by RMSE as % of the target range once it has some
@@ -64,21 +80,27 @@ analyst (must leave submission.csv):
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mappa_env.coach.base import CoachRequest
-from mappa_env.text import extract_code_blocks, ipython_as_python, strip_think
+from mappa_env.coach.rules import repeats_code
+from mappa_env.text import extract_code_blocks, ipython_as_python
 
 _CV_HINT = re.compile(r"\b(cv|cross[-_ ]?val\w*|fold|kfold|validation)\b", re.IGNORECASE)
 _NUMBER = re.compile(r"\d\.\d+|\d+\.\d*")
 # Calls that evaluate on held-out data: scikit-learn's splitters and searches and the
 # cv() functions of gradient-boosting libraries (any call given a cv= argument counts too).
+# Names of scikit-learn's validation functions and classes: splitters, searches,
+# ``cross_val_*`` and the estimators that cross-validate themselves (``RidgeCV``).
 _CV_CALL = re.compile(
     r"cross_val\w*|\w*KFold|\w*ShuffleSplit|LeaveOneOut|LeavePOut|LeaveOneGroupOut"
-    r"|LeavePGroupsOut|PredefinedSplit|TimeSeriesSplit|\w*SearchCV|train_test_split|cv"
+    r"|LeavePGroupsOut|PredefinedSplit|TimeSeriesSplit|train_test_split|\w+CV"
 )
+#: Packages whose validation APIs count (their ``cv`` functions for the boosting ones).
+_CV_PACKAGES = ("sklearn", "xgboost", "lightgbm", "catboost")
 #: Least ``train_skill`` of a model that has learned something (0 = a constant guess).
 MIN_TRAIN_SKILL = 0.1
 
@@ -206,40 +228,106 @@ def _data_engineer(request: CoachRequest, artifacts: Mapping[str, Any]) -> tuple
     return 4.0, "The code ran, but no artifact is saved yet."
 
 
-def _calls_cross_validation(action: str) -> bool:
-    """Whether the action's code calls a cross-validation (or passes a ``cv=`` argument).
+def _calls_cross_validation(action: str, earlier: Sequence[str] = ()) -> bool:
+    """Whether the action's code calls a real cross-validation or hold-out API.
 
-    A call, not a name: importing ``cross_val_score``, assigning ``cv = 5``, or writing
-    "no train_test_split needed" in prose, a comment or a string is not cross-validating.
+    A call of a splitter, search or ``cross_val_*`` function of scikit-learn, or of the
+    ``cv`` function of XGBoost, LightGBM or CatBoost, reached through an import (in this
+    action or the agent's earlier cells, whose imports live on in its interpreter):
+    ``cross_val_score(...)`` after ``from sklearn.model_selection import
+    cross_val_score``, ``ms.KFold(5)`` after ``import sklearn.model_selection as ms``,
+    ``xgb.cv(...)`` after ``import xgboost as xgb``. Not a name: importing
+    ``cross_val_score``, assigning ``cv = 5``, a ``cv=`` keyword on any call
+    (``dict(cv=5)``), a function of one's own named ``cv`` or ``cross_val_score``, or
+    "no train_test_split needed" in prose, a comment or a string.
+
+    Args:
+        action: The modeler's action (its fenced blocks are the code).
+        earlier: The code of its earlier turns.
     """
-    code = "\n".join(extract_code_blocks(strip_think(action)))
-    try:
-        tree = ast.parse(ipython_as_python(code))
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    trees = [_parse(code) for code in (*earlier, "\n".join(extract_code_blocks(action)))]
+    if trees[-1] is None:
         return False
-    # Names imported under another name (cross_val_score as cvs) are called by it.
-    original = {
-        alias.asname: alias.name.rpartition(".")[2]
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.Import, ast.ImportFrom))
-        for alias in node.names
-        if alias.asname
-    }
-    for node in ast.walk(tree):
+    imported: dict[str, str] = {}
+    starred: list[str] = []
+    local: set[str] = set()
+    for tree in filter(None, trees):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.asname:
+                        imported[alias.asname] = alias.name
+                    else:
+                        top = alias.name.partition(".")[0]
+                        imported[top] = top
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:
+                    if alias.name == "*":
+                        starred.append(node.module)
+                    else:
+                        imported[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+            else:
+                local.update(_bound_names(node))
+    for node in ast.walk(trees[-1]):
         if not isinstance(node, ast.Call):
             continue
-        function = node.func
-        name = getattr(function, "id", None) or getattr(function, "attr", None) or ""
-        name = original.get(name, name)
-        if _CV_CALL.fullmatch(name) or any(k.arg == "cv" for k in node.keywords):
+        parts = _dotted(node.func)
+        if not parts or parts[0] in local:
+            continue
+        head = imported.get(parts[0])
+        if head is not None:
+            if _is_cv_callee(".".join([head, *parts[1:]])):
+                return True
+        elif len(parts) == 1 and any(_is_cv_callee(f"{m}.{parts[0]}") for m in starred):
             return True
     return False
+
+
+def _parse(code: str) -> ast.Module | None:
+    try:
+        return ast.parse(ipython_as_python(code))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def _bound_names(node: ast.AST) -> list[str]:
+    """Names a statement or expression binds other than by import (defs, assignments)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+        return [node.id]
+    if isinstance(node, ast.arg):
+        return [node.arg]
+    return []
+
+
+def _dotted(node: ast.AST) -> list[str]:
+    """``a.b.c`` of a call's function as ``["a", "b", "c"]`` (empty for anything else)."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return []
+    return [node.id, *reversed(parts)]
+
+
+def _is_cv_callee(qualified: str) -> bool:
+    """Whether a fully qualified function or class name is a real validation API."""
+    top = qualified.partition(".")[0]
+    name = qualified.rpartition(".")[2]
+    if top not in _CV_PACKAGES:
+        return False
+    if name == "cv":
+        return top != "sklearn"  # xgboost.cv, lightgbm.cv, catboost.cv
+    return _CV_CALL.fullmatch(name) is not None
 
 
 def _cross_validated(request: CoachRequest) -> bool:
     stdout = str((request.tool_result or {}).get("stdout", ""))
     printed = bool(_CV_HINT.search(stdout)) and bool(_NUMBER.search(stdout))
-    return printed and _calls_cross_validation(request.action)
+    earlier = [str(code) for code in request.metadata.get("earlier_codes") or ()]
+    return printed and _calls_cross_validation(request.action, earlier)
 
 
 def _modeler(request: CoachRequest, artifacts: Mapping[str, Any]) -> tuple[float, str]:
@@ -292,6 +380,9 @@ def _analyst(request: CoachRequest, artifacts: Mapping[str, Any]) -> tuple[float
     return 4.0, "The code ran, but submission.csv is not written yet."
 
 
+_ROLES = {"data_engineer": _data_engineer, "modeler": _modeler, "analyst": _analyst}
+
+
 def dsbench_rubric(request: CoachRequest) -> tuple[float, str]:
     """Score one DSBench-v0 action; see the module docstring for the table."""
     if not request.action.strip():
@@ -299,10 +390,26 @@ def dsbench_rubric(request: CoachRequest) -> tuple[float, str]:
     artifacts = request.metadata.get("artifacts")
     if artifacts is None:
         raise ValueError("DSBench rubric needs metadata['artifacts'] from the environment")
-    if request.agent == "data_engineer":
-        return _data_engineer(request, artifacts)
-    if request.agent == "modeler":
-        return _modeler(request, artifacts)
-    if request.agent == "analyst":
-        return _analyst(request, artifacts)
-    raise ValueError(f"no DSBench rubric for agent {request.agent!r}")
+    role = _ROLES.get(request.agent)
+    if role is None:
+        raise ValueError(f"no DSBench rubric for agent {request.agent!r}")
+    score, analysis = role(request, artifacts)
+    cap = request.metadata.get("skill_cap")
+    if isinstance(cap, (int, float)) and score > cap:
+        why = request.metadata.get("skill_cap_reason") or "its test predictions have little skill"
+        score, analysis = float(cap), f"{analysis} Capped at {cap:g}: {why}."
+    if request.tool_result is not None and repeats_code(request.action, request.metadata):
+        # A cell run again adds nothing: it earns less than handing over would.
+        handover, _ = role(dataclasses.replace(request, tool_result=None), artifacts)
+        if isinstance(cap, (int, float)):
+            handover = min(handover, float(cap))
+        most = max(handover - 1.0, 0.0)
+        if score > most:
+            score, analysis = (
+                most,
+                (
+                    f"{analysis} It reran code it had already run: capped at {most:g}, one "
+                    "below handing over."
+                ),
+            )
+    return score, analysis

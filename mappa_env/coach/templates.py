@@ -415,6 +415,14 @@ def _artifact_section(metadata: Mapping[str, Any]) -> str:
             else:
                 described = _one_line(facts)
             lines.append(f"- {name}: {truncate_middle(described, 300)}")
+    cap = metadata.get("skill_cap")
+    if isinstance(cap, (int, float)):
+        # The environment scored test predictions on the answers, as for the outcome.
+        why = _one_line(metadata.get("skill_cap_reason") or "measured on held-out answers")
+        lines.append(
+            f"- Score cap from how well these files predict held-out answers: at most "
+            f"{int(cap)} ({why}). Do not exceed it, whatever the quality of the code."
+        )
     missing = metadata.get("missing_upstream")
     if missing:
         names = ", ".join(str(name) for name in missing)

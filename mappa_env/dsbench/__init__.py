@@ -23,7 +23,9 @@ from mappa_env.dsbench.metrics import (
     normalize_value,
     outcome_cap,
     percent_of_range,
+    prediction_skill,
     score_submission,
+    skill_cap,
 )
 from mappa_env.dsbench.tasks import (
     BENCH_DIR_ENV,
@@ -54,7 +56,9 @@ __all__ = [
     "normalize_value",
     "outcome_cap",
     "percent_of_range",
+    "prediction_skill",
     "read_cleaned_prompts",
     "read_task_list",
     "score_submission",
+    "skill_cap",
 ]

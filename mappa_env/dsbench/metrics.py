@@ -1430,6 +1430,11 @@ def outcome_cap(score: Score, task_type: str, target_range: float | None = None)
     The spec's rubric: classification scored by ROC-AUC or accuracy: >= 0.85 -> 9,
     0.75-0.85 -> 8, 0.65-0.75 -> 6, 0.55-0.65 -> 4, below -> 3. Regression scored by RMSE
     (or MCRMSE) as % of the target range: < 10% -> 9, 10-25% -> 8, 25-50% -> 6, above -> 4.
+    Accuracy is also ranked by its skill over the majority class (``(accuracy -
+    majority) / (1 - majority)``, :attr:`Score.normalized`) on the skill ladder below,
+    and the lower cap holds: on balanced binary answers both ladders agree, while a
+    constant majority guess on imbalanced answers (92% one class) has no skill and gets
+    3, not the 9 its accuracy would.
 
     Other metrics use :attr:`Score.normalized` (skill against a constant guess) on the
     same ladders: for classification-like tasks skill >= 0.7 -> 9, >= 0.5 -> 8,
@@ -1464,16 +1469,132 @@ def outcome_cap(score: Score, task_type: str, target_range: float | None = None)
                 if percent < threshold:
                     return cap
             return 4
-        for threshold, cap in _SKILL_CAPS_REGRESSION:
-            if score.normalized >= threshold:
-                return cap
-        return 4
-    if score.metric in ("accuracy", "roc_auc"):
-        for threshold, cap in _CLASSIFICATION_RAW_CAPS:
-            if score.value >= threshold:
-                return cap
-        return 3
-    for threshold, cap in _SKILL_CAPS_CLASSIFICATION:
-        if score.normalized >= threshold:
+        return skill_cap(score.normalized, task_type)
+    skill_ladder = skill_cap(score.normalized, task_type)
+    if score.metric == "roc_auc":
+        return _raw_cap(score.value)
+    if score.metric == "accuracy":
+        # The spec's raw ladder ranked a constant majority guess (92% of the answers on
+        # an imbalanced task) at 9: accuracy is ranked by its skill over the majority
+        # class too, and the lower of the two caps holds.
+        return min(_raw_cap(score.value), skill_ladder)
+    return skill_ladder
+
+
+def _raw_cap(value: float) -> int:
+    for threshold, cap in _CLASSIFICATION_RAW_CAPS:
+        if value >= threshold:
             return cap
     return 3
+
+
+def skill_cap(skill: float, task_type: str) -> int:
+    """The coach-score cap of a skill on the answers (0 = a constant guess, 1 = perfect).
+
+    Classification-like tasks: >= 0.7 -> 9, >= 0.5 -> 8, >= 0.3 -> 6, >= 0.1 -> 4, else 3
+    (the spec's ROC-AUC bands written as skill ``2 * AUC - 1``); regression: >= 0.7 -> 9,
+    >= 0.5 -> 8, >= 0.25 -> 6, else 4.
+
+    Args:
+        skill: The skill, e.g. :attr:`Score.normalized` or :func:`prediction_skill`.
+        task_type: ``"regression"`` or another task type (treated like classification).
+
+    Returns:
+        The cap, an integer in ``[3, 9]``.
+    """
+    regression = task_type == "regression"
+    ladder = _SKILL_CAPS_REGRESSION if regression else _SKILL_CAPS_CLASSIFICATION
+    for threshold, cap in ladder:
+        if skill >= threshold:
+            return cap
+    return 4 if regression else 3
+
+
+#: Least rows with an answer that :func:`prediction_skill` needs to judge predictions.
+MIN_SKILL_ROWS = 10
+
+
+def prediction_skill(
+    predicted: Sequence[str | None],
+    truth: Sequence[str | None],
+    task_type: str,
+    *,
+    labels: Mapping[str, str] | None = None,
+    signs: Sequence[float] | None = None,
+) -> float | None:
+    """How much better than chance predictions match the answers of the same rows.
+
+    Rows are text, one value per target column joined by ``|`` (as the artifact
+    inspector writes them); rows missing on either side are left out. Per target
+    column, then the mean over columns, clipped to ``[0, 1]``:
+
+    - regression (and numeric scores on a classification task): Spearman's rank
+      correlation ``rho`` of predictions and answers; a model of a monotone transform
+      of the target (its logarithm) keeps its skill. ``signs[c] = -1`` marks a column
+      encoded in reverse (``-y``): its ``rho`` is negated;
+    - classification: Cohen's kappa ``(p_o - p_e) / (1 - p_e)``, with ``p_o`` the
+      share of rows whose predicted label is the answer and ``p_e = sum_k q_k * t_k``
+      the agreement of predictions and answers drawn apart with their own label shares
+      ``q`` and ``t``; a constant, or labels unrelated to the answers (a memorised
+      noise), gets 0. ``labels`` maps an encoding's labels (``0``) to the answers'
+      (``"setosa"``) first.
+
+    Args:
+        predicted: Predicted rows.
+        truth: The answers of the same rows.
+        task_type: ``"regression"`` or another task type (treated like classification).
+        labels: Translation of predicted labels to the answers' labels.
+        signs: Per column, ``-1`` for a target encoded in reverse (regression).
+
+    Returns:
+        The skill, or ``None`` with fewer than :data:`MIN_SKILL_ROWS` rows on both sides
+        or rows whose columns do not line up.
+    """
+    pairs = [
+        (got, true) for got, true in zip(predicted, truth) if got is not None and true is not None
+    ]
+    if len(pairs) < MIN_SKILL_ROWS:
+        return None
+    if labels:
+        pairs = [(labels.get(got, got), true) for got, true in pairs]
+    got_columns = list(zip(*(got.split("|") for got, _ in pairs)))
+    true_columns = list(zip(*(true.split("|") for _, true in pairs)))
+    if len(got_columns) != len(true_columns) or any(
+        len(row.split("|")) != len(got_columns) for row, _ in pairs
+    ):
+        return None
+    skills = []
+    for index, (got, true) in enumerate(zip(got_columns, true_columns, strict=True)):
+        got_labels = [_canonical_label(v) for v in got]
+        true_labels = [_canonical_label(v) for v in true]
+        numbers = _as_numbers(got_labels)
+        scores = numbers is not None and not all(float(v).is_integer() for v in numbers)
+        if task_type == "regression" or scores:
+            answers = _as_numbers(true_labels)
+            if numbers is None or answers is None:
+                skills.append(0.0)
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a constant column: rho is undefined
+                rho = stats.spearmanr(numbers, answers).statistic
+            sign = signs[index] if signs is not None and index < len(signs) else 1.0
+            skills.append(float(rho) * sign if math.isfinite(rho) else 0.0)
+        else:
+            skills.append(_kappa(got_labels, true_labels))
+    return float(min(1.0, max(0.0, sum(skills) / len(skills))))
+
+
+def _as_numbers(values: Sequence[str | None]) -> list[float] | None:
+    try:
+        return [float(v) for v in values]  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def _kappa(predicted: Sequence[str | None], truth: Sequence[str | None]) -> float:
+    """Cohen's kappa of two label sequences of one length (0 when chance is certain)."""
+    rows = len(truth)
+    observed = sum(p == t for p, t in zip(predicted, truth, strict=True)) / rows
+    got, true = Counter(predicted), Counter(truth)
+    chance = sum(got[label] * true[label] for label in true) / rows**2
+    return 0.0 if chance >= 1.0 else (observed - chance) / (1.0 - chance)

@@ -90,6 +90,9 @@ MAX_SUBMISSION_BYTES = 200 * 1024 * 1024
 _LISTING_LIMIT = 200
 #: Wall-clock limit of one artifact inspection.
 INSPECT_TIMEOUT_S = 60.0
+#: The data engineer's cap when no standard model can be fit on its files (text left in
+#: the features, say): the middle of the ladder, as for artifacts that fail a check.
+UNFIT_DATA_CAP = 5
 
 SYSTEM_DESCRIPTION = (
     "Three agents solve a Kaggle-style data-modelling task together, one after another, in "
@@ -379,6 +382,35 @@ def train_skill(model, features, target):
     return (accuracy - majority) / (1.0 - majority) if majority < 1.0 else 0.0
 
 
+def prediction_rows(predictions):
+    # The first test rows' predictions as canonical text, one string per row: the
+    # environment scores them on the answers, which never enter this process.
+    import numpy
+    import pandas
+
+    frame = pandas.DataFrame(numpy.asarray(predictions)[: params["skill_rows"]])
+    return frame.map(canonical).agg("|".join, axis=1).tolist()
+
+
+def reference_predictions(features, target, test):
+    # A standard model fit on the data engineer's features, predicting its X_test: data
+    # that only fits its own rows (a leaked target) predicts the test rows badly.
+    # A random forest: fast on one core, several targets at once, missing values allowed.
+    import numpy
+    from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
+
+    rows = params["sample_rows"]
+    labels = numpy.asarray(head(target, rows))
+    if labels.ndim > 1 and labels.shape[1] == 1:
+        labels = labels.ravel()
+    classify = params["task_type"] != "regression"
+    model = (RandomForestClassifier if classify else RandomForestRegressor)(
+        n_estimators=50, random_state=0, n_jobs=1
+    )
+    model.fit(head(features, rows), labels)
+    return prediction_rows(model.predict(head(test, params["skill_rows"])))
+
+
 report, objects = {}, {}
 for name in params["names"]:
     entry = {"exists": os.path.lexists(name)}
@@ -413,6 +445,7 @@ if model.get("loads") and model.get("has_predict"):
             predictions = numpy.asarray(objects["model.pkl"].predict(objects["X_test.pkl"]))
             model["predictions"] = int(predictions.shape[0]) if predictions.ndim else 0
             model["distinct_predictions"] = distinct_rows(predictions)
+            model["test_predictions"] = prediction_rows(predictions)
         except Exception as exc:
             model["predict_error"] = describe(exc)
     else:
@@ -425,6 +458,14 @@ if model.get("loads") and model.get("has_predict"):
             )
         except Exception as exc:
             model["train_skill_error"] = describe(exc)
+data = ("X_train.pkl", "y_train.pkl", "X_test.pkl")
+if params["reference_model"] and all(name in objects for name in data):
+    try:
+        report["X_test.pkl"]["reference_predictions"] = reference_predictions(
+            *(objects[name] for name in data)
+        )
+    except Exception as exc:
+        report["X_test.pkl"]["reference_error"] = describe(exc)
 print()  # the report starts a line of its own, whatever a pickle printed while loading
 print(json.dumps(report))
 """
@@ -432,6 +473,9 @@ print(json.dumps(report))
 INSPECT_SAMPLE_ROWS = 20_000
 #: Leading rows of y_train compared with train.csv's target (see :func:`holds_target`).
 TARGET_CHECK_ROWS = 500
+#: Leading test rows whose predictions are scored on the answers (the modeler's model,
+#: and a reference model fit on the data engineer's files).
+SKILL_ROWS = 5_000
 
 
 def _canonical_label(value: Any) -> str:
@@ -483,6 +527,43 @@ def holds_target(given: Sequence[str], truth: Sequence[str], task_type: str) -> 
     chosen = [counts.most_common(1)[0] for counts in pairs.values()]
     consistent = sum(count for _, count in chosen) / rows
     return consistent >= 0.95 and len({label for label, _ in chosen}) == len(chosen)
+
+
+def target_translation(
+    given: Sequence[str], truth: Sequence[str], task_type: str
+) -> tuple[dict[str, str] | None, list[float] | None]:
+    """How to read values in y_train's encoding as train.csv's target values.
+
+    Classification: each label of ``given`` maps to the true label it stands for most
+    often on the same rows (an encoding ``0, 1, 2`` of ``setosa, versicolor, virginica``);
+    regression: per column, ``-1`` where the encoding reverses the order (``-y``), else
+    ``1``. Rows as in :func:`holds_target`.
+
+    Returns:
+        ``(labels, None)`` for classification, ``(None, signs)`` for regression.
+    """
+    rows = min(len(given), len(truth))
+    if task_type != "regression":
+        pairs: dict[str, Counter[str]] = {}
+        for true, got in zip(truth[:rows], given[:rows], strict=True):
+            pairs.setdefault(got, Counter())[true] += 1
+        return {got: counts.most_common(1)[0][0] for got, counts in pairs.items()}, None
+    import numpy
+    from scipy.stats import spearmanr
+
+    try:
+        left = numpy.array([[float(v) for v in row.split("|")] for row in given[:rows]])
+        right = numpy.array([[float(v) for v in row.split("|")] for row in truth[:rows]])
+    except ValueError:
+        return None, None
+    if left.ndim != 2 or left.shape != right.shape:
+        return None, None
+    signs = []
+    for column in range(right.shape[1]):
+        both = numpy.isfinite(left[:, column]) & numpy.isfinite(right[:, column])
+        rho = spearmanr(left[both, column], right[both, column]).statistic if both.sum() > 2 else 1
+        signs.append(-1.0 if numpy.isfinite(rho) and rho < 0 else 1.0)
+    return None, signs
 
 
 #: Most bytes of the inspector's stdout (and of its stderr) kept: the tail, with the report.
@@ -650,6 +731,9 @@ class DSBenchEnv(PipelineEnv):
         self._row_counts: dict[str, tuple[int | None, int | None]] = {}
         self._input_rows: tuple[int | None, int | None] = (None, None)
         self._target_rows: dict[str, list[str] | None] = {}
+        self._test_truth: dict[str, list[str | None] | None] = {}
+        self._label_translation: dict[str, str] | None = None
+        self._target_signs: list[float] | None = None
         seed = options.get("seed")
         self.tasks = self._resolve_tasks(
             tasks, data_dir, task_ids, cleaned_prompts, 0 if seed is None else seed
@@ -673,6 +757,21 @@ class DSBenchEnv(PipelineEnv):
     ) -> list[Any]:
         from mappa_env.dsbench.tasks import DSBenchTask, load_dsbench_tasks
 
+        if task_ids is not None:
+            if isinstance(task_ids, (str, bytes)) or not isinstance(task_ids, Sequence):
+                raise TypeError(
+                    f"task_ids={task_ids!r}: task_ids must be a list of task ids, e.g. "
+                    f"[{task_ids!r}] (a string would be read letter by letter)"
+                )
+            task_ids = list(task_ids)
+        if isinstance(tasks, (str, bytes)) or not isinstance(
+            tasks, (BuiltinTaskSet, Sequence, type(None))
+        ):
+            raise TypeError(
+                f"tasks={tasks!r}: tasks must be a list of DSBenchTask, a BuiltinTaskSet or "
+                f"None (the built-in tasks); got {type(tasks).__name__}. A DSBench folder "
+                "is given as data_dir"
+            )
         if isinstance(tasks, BuiltinTaskSet):
             # Shared with other environments: its answers are already in memory.
             known = {t.id for t in tasks.tasks}
@@ -765,7 +864,7 @@ class DSBenchEnv(PipelineEnv):
 
     async def run_action(self, agent: str, action: str) -> ToolOutcome:
         """Run the action's Python in the agent's own interpreter; inspect artifacts."""
-        blocks = extract_code_blocks(action)
+        blocks = await asyncio.to_thread(extract_code_blocks, action)
         extra: dict[str, Any] = {"code_blocks": len(blocks)}
         code = "\n".join(blocks) if blocks else None
         result = None
@@ -814,7 +913,7 @@ class DSBenchEnv(PipelineEnv):
         """
         from mappa_env.sandbox.limits import SandboxLimits, inherited_import_paths
 
-        return self.sandbox_confinement.command(
+        return self.helper_confinement.command(
             [sys.executable, "-I", "-c", _INSPECT_CODE],
             workdir=self.workdir,
             workdir_writable=False,
@@ -848,13 +947,15 @@ class DSBenchEnv(PipelineEnv):
             "task_type": self.task.task_type,
             "sample_rows": INSPECT_SAMPLE_ROWS,
             "target_rows": TARGET_CHECK_ROWS,
+            "skill_rows": SKILL_ROWS,
+            "reference_model": agent == DATA_ENGINEER,
         }
         try:
             self.workdir.mkdir(parents=True, exist_ok=True)  # agent code may have deleted it
             process = await asyncio.create_subprocess_exec(
                 *self._inspector_command(),
                 cwd=self.workdir,
-                env=self.sandbox_confinement.environment(kernel_environment(limits)),
+                env=self.helper_confinement.environment(kernel_environment(limits)),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -886,7 +987,68 @@ class DSBenchEnv(PipelineEnv):
         checked = {n: report[n] for n in names if isinstance(report.get(n), dict)}
         self._add_expected_rows(checked)
         self._check_target(checked)
+        # Scored here, on answers the sandbox never sees; reading them blocks.
+        await asyncio.to_thread(self._score_test_predictions, checked)
         return checked
+
+    def _score_test_predictions(self, entries: dict[str, dict[str, Any]]) -> None:
+        """Replace predictions on the first test rows by their skill on the answers.
+
+        ``model.pkl`` gets ``test_skill`` (its own predictions), ``X_test.pkl`` gets
+        ``reference_skill`` (a reference model's, fit on the data engineer's files),
+        each with the rows scored; ``None`` with ``*_skill_error`` when they could not
+        be scored. The raw predictions do not stay: infos and prompts would carry
+        thousands of values.
+        """
+        from mappa_env.dsbench.metrics import prediction_skill
+
+        for name, source, key in (
+            ("model.pkl", "test_predictions", "test_skill"),
+            ("X_test.pkl", "reference_predictions", "reference_skill"),
+        ):
+            entry = entries.get(name)
+            if not entry or source not in entry:
+                continue
+            rows = entry.pop(source)
+            truth = self._test_truth_rows(self.task)
+            if not isinstance(rows, list) or not all(isinstance(r, str) for r in rows):
+                entry[key], entry[f"{key}_error"] = None, "the predictions could not be read"
+                continue
+            if truth is None:
+                entry[key], entry[f"{key}_error"] = None, "the answers could not be read"
+                continue
+            skill = prediction_skill(
+                rows,
+                truth,
+                self.task.task_type,
+                labels=self._label_translation,
+                signs=self._target_signs,
+            )
+            entry[key] = None if skill is None else round(skill, 4)
+            if skill is None:
+                entry[f"{key}_error"] = "too few predicted rows have an answer to score"
+
+    def _test_truth_rows(self, task: Any) -> list[str | None] | None:
+        """The answers of test.csv's first rows, as prediction rows are written."""
+        if task.id not in self._test_truth:
+            from mappa_env.dsbench.metrics import canonical_ids
+
+            try:
+                ids = pd.read_csv(
+                    task.test_path, usecols=[task.id_column], nrows=SKILL_ROWS, dtype=str
+                )[task.id_column]
+                answers = self._answers
+                assert answers is not None
+                keyed = answers.set_index(canonical_ids(answers[task.id_column]))
+                targets = keyed[list(task.target_columns)].map(_canonical_label)
+                joined = targets.agg("|".join, axis=1)
+                joined = joined[~joined.index.duplicated()]
+                rows = [joined.get(i) for i in canonical_ids(ids)]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                logger.warning("the answers of %s's test rows could not be read: %s", task.id, exc)
+                rows = None
+            self._test_truth[task.id] = rows
+        return self._test_truth[task.id]
 
     def _check_target(self, entries: dict[str, dict[str, Any]]) -> None:
         """Add ``holds_target`` to y_train.pkl's entry: is it train.csv's target?
@@ -905,6 +1067,12 @@ class DSBenchEnv(PipelineEnv):
         # A y_train whose rows cannot even be listed (a ragged list, a dict) is no target.
         readable = isinstance(given, list) and all(isinstance(v, str) for v in given)
         entry["holds_target"] = readable and holds_target(given, truth, self.task.task_type)
+        # Predictions come in y_train's encoding: how to read them as the target's.
+        self._label_translation, self._target_signs = (
+            target_translation(given, truth, self.task.task_type)
+            if entry["holds_target"]
+            else (None, None)
+        )
 
     def _train_target_rows(self, task: Any) -> list[str] | None:
         """The first rows of the task's train.csv target, as the inspector writes them."""
@@ -993,6 +1161,7 @@ class DSBenchEnv(PipelineEnv):
         """Copy the task's inputs into a fresh workspace; load the hidden answers."""
         self._artifacts = {}
         self._submission_score = None
+        self._label_translation = self._target_signs = None
         # Copying (possibly large) CSVs blocks: keep the event loop free.
         self._answers = await asyncio.to_thread(self._prepare_workspace, self.task)
         self._input_rows = await asyncio.to_thread(self._rows_written, self.task)
@@ -1065,7 +1234,12 @@ class DSBenchEnv(PipelineEnv):
         }
 
     def coach_metadata(self, record: ActionRecord) -> dict[str, Any]:
-        """Task type, metric, artifact checks and (for the analyst) the submission score."""
+        """Task type, metric, artifact checks, the agent's earlier code, score caps.
+
+        ``skill_cap`` (with ``skill_cap_reason``): for the data engineer and the
+        modeler, the cap from the skill of test predictions (:meth:`_skill_cap`);
+        ``outcome`` and ``outcome_cap``: for the analyst, the submission's score.
+        """
         extra = record.tool.extra
         # Missing upstream means absent when the agent's slot began, not after its own
         # code ran: an agent that deletes what it was handed is not excused by the gap.
@@ -1076,7 +1250,13 @@ class DSBenchEnv(PipelineEnv):
             "metric": self.task.metric,
             "artifacts": extra.get("artifacts", {}),
             "missing_upstream": missing,
+            # The agent's earlier cells (the record judged is not in the transcript yet):
+            # their imports live on in its interpreter, and a cell run again adds nothing.
+            "earlier_codes": [r.tool.code for r in self.records_of(record.agent) if r.tool.code],
         }
+        capped = self._skill_cap(record.agent, metadata["artifacts"])
+        if capped is not None:
+            metadata["skill_cap"], metadata["skill_cap_reason"] = capped
         if "submission" in extra and self._submission_score is not None:
             from mappa_env.dsbench.metrics import outcome_cap
 
@@ -1087,6 +1267,36 @@ class DSBenchEnv(PipelineEnv):
                 target_range=getattr(self.task, "target_range", None),
             )
         return metadata
+
+    def _skill_cap(self, agent: str, artifacts: Mapping[str, Any]) -> tuple[int, str] | None:
+        """The cap the skill of test predictions puts on an upstream agent's score.
+
+        The modeler's: its model's predictions on the first test rows, scored on the
+        answers; the data engineer's: those of a reference model fit on its files. A
+        model that memorised noise, or data that leaks the target into X_train, fits
+        its training rows and predicts the test rows no better than chance. Ladder:
+        :func:`~mappa_env.dsbench.metrics.skill_cap`, as for the analyst's outcome.
+
+        Returns:
+            ``(cap, why)``, or ``None`` when nothing was scored.
+        """
+        from mappa_env.dsbench.metrics import skill_cap
+
+        if agent == MODELER:
+            entry, key, source = artifacts.get("model.pkl") or {}, "test_skill", "model.pkl's"
+        elif agent == DATA_ENGINEER:
+            entry, key = artifacts.get("X_test.pkl") or {}, "reference_skill"
+            source = "a reference model's (fit on X_train.pkl and y_train.pkl)"
+            if entry.get("reference_error"):
+                why = f"a reference model could not be fit on its files: {entry['reference_error']}"
+                return UNFIT_DATA_CAP, why
+        else:
+            return None
+        skill = entry.get(key)
+        if not isinstance(skill, (int, float)):
+            return None
+        cap = skill_cap(float(skill), self.task.task_type)
+        return cap, f"{source} predictions on the test rows have skill {skill:.2f} on the answers"
 
     async def on_slot_end(self, agent: str, next_agent: str | None) -> None:
         """Free the agent's interpreter and snapshot the files the next agent starts from.

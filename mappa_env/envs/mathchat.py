@@ -47,6 +47,7 @@ from mappa_env.envs.pipeline import (
 )
 from mappa_env.grading.answers import code_executor_answer, stated_answer
 from mappa_env.grading.math import answers_match_any, extract_boxed
+from mappa_env.options import integer_option
 from mappa_env.tasks import MathTask
 from mappa_env.text import extract_code_blocks, strip_think
 
@@ -150,7 +151,7 @@ def _generated_tasks(spec: Mapping[str, Any], seed: int) -> list[MathTask]:
     ``"secret"`` pins the generator's secret (a string; see ``generate_math_tasks``);
     without it the user's secret is used.
     """
-    from mappa_env.tasks import generate_math_tasks
+    from mappa_env.tasks import MAX_GENERATED_TASKS, generate_math_tasks
 
     unknown = sorted(set(spec) - set(_GENERATOR_OPTIONS))
     if unknown or "n" not in spec:
@@ -168,8 +169,9 @@ def _generated_tasks(spec: Mapping[str, Any], seed: int) -> list[MathTask]:
     kinds = spec.get("kinds")
     if isinstance(kinds, str):
         kinds = [k for k in kinds.split(",") if k]
+    count = integer_option("tasks['n']", spec["n"], high=MAX_GENERATED_TASKS)
     return generate_math_tasks(
-        int(spec["n"]),
+        count,
         seed=int(spec.get("seed", seed)),
         kinds=kinds,
         difficulty=spec.get("difficulty", "mixed"),
@@ -180,32 +182,54 @@ def _generated_tasks(spec: Mapping[str, Any], seed: int) -> list[MathTask]:
 def _resolve_tasks(
     tasks: str | Mapping[str, Any] | Sequence[MathTask] | None, seed: int
 ) -> list[MathTask]:
-    from mappa_env.tasks import generate_math_tasks, load_math_tasks
+    """The task list of the ``tasks`` option; every way it can be empty or wrong raises.
+
+    Raises:
+        TypeError: For a ``tasks`` of another type, or a list holding non-tasks.
+        ValueError: For an empty list or file, or a generated count outside
+            ``[1, MAX_GENERATED_TASKS]``.
+    """
+    from mappa_env.tasks import MAX_GENERATED_TASKS, generate_math_tasks, load_math_tasks
 
     if tasks is None:
         return generate_math_tasks(64, seed=seed)
     if isinstance(tasks, Mapping):
-        return _generated_tasks(tasks, seed)
-    if isinstance(tasks, str) and tasks.startswith("gen:"):
+        resolved = _generated_tasks(tasks, seed)
+    elif isinstance(tasks, str) and tasks.startswith("gen:"):
         # "gen:N" or "gen:N:SEED": N generated problems (handy in configs and CLIs).
         parts = tasks.split(":")
         try:
             count = int(parts[1])
             gen_seed = int(parts[2]) if len(parts) > 2 else seed
         except (IndexError, ValueError):
-            raise ValueError(f"cannot read {tasks!r}: use 'gen:N' or 'gen:N:SEED'") from None
-        return generate_math_tasks(count, seed=gen_seed)
-    if isinstance(tasks, str):
-        return load_math_tasks(tasks)
-    resolved = list(tasks)
-    if not resolved:
-        raise ValueError("tasks is empty: pass at least one MathTask, a file, or None")
-    for task in resolved:
-        if not isinstance(task, MathTask):
-            raise TypeError(
-                f"tasks must be MathTask objects, got {type(task).__name__}; "
-                "build them with mappa_env.tasks.MathTask or load_math_tasks()"
+            raise ValueError(f"cannot read tasks={tasks!r}: use 'gen:N' or 'gen:N:SEED'") from None
+        if not 1 <= count <= MAX_GENERATED_TASKS:
+            raise ValueError(
+                f"tasks={tasks!r} asks for {count} problems: N in 'gen:N' must be from 1 to "
+                f"{MAX_GENERATED_TASKS:,} (generating takes about 0.1 ms a problem)"
             )
+        resolved = generate_math_tasks(count, seed=gen_seed)
+    elif isinstance(tasks, str):
+        resolved = load_math_tasks(tasks)
+    elif isinstance(tasks, Sequence) and not isinstance(tasks, (bytes, bytearray)):
+        resolved = list(tasks)
+        for task in resolved:
+            if not isinstance(task, MathTask):
+                raise TypeError(
+                    f"tasks must be MathTask objects, got {type(task).__name__}; "
+                    "build them with mappa_env.tasks.MathTask or load_math_tasks()"
+                )
+    else:
+        raise TypeError(
+            f"tasks={tasks!r}: tasks must be a list of MathTask, a task file or short name, "
+            "'gen:N', a mapping of generate_math_tasks arguments, or None (64 generated "
+            f"problems); got {type(tasks).__name__}"
+        )
+    if not resolved:
+        raise ValueError(
+            f"tasks={tasks!r} gives no tasks: pass at least one MathTask, a file that holds "
+            "some, 'gen:N' with N >= 1, or None"
+        )
     return resolved
 
 
@@ -346,7 +370,7 @@ class MathChatEnv(PipelineEnv):
         """Run the code executor's fenced Python; other agents only write text."""
         if agent != CODE_EXECUTOR:
             return ToolOutcome()
-        blocks = extract_code_blocks(action)
+        blocks = await asyncio.to_thread(extract_code_blocks, action)
         if not blocks:
             return ToolOutcome(ends_slot=True, extra={"code_blocks": 0})
         code = "\n".join(blocks)
@@ -389,9 +413,10 @@ class MathChatEnv(PipelineEnv):
 
     async def episode_outcome(self) -> dict[str, Any]:
         """Grade the verifier's answer, and each agent's own number, by rule."""
-        answers = self.agent_answers()
+        # Answers are read from agent text, and symbolic equivalence can take seconds:
+        # both off the event loop.
+        answers = await asyncio.to_thread(self.agent_answers)
         predicted = answers.get(VERIFIER)
-        # Symbolic equivalence can take seconds: grade off the event loop.
         agent_correct = await asyncio.to_thread(self._grade_answers, answers)
         correct = agent_correct.get(VERIFIER, False)
         outcome = {

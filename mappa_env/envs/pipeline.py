@@ -15,6 +15,7 @@ thin synchronous wrappers over it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import tempfile
@@ -47,13 +48,29 @@ from mappa_env.credit import (
     episode_action_rewards,
     provisional_reward,
 )
+from mappa_env.options import integer_option, number_option
 from mappa_env.sandbox.base import ExecError, ExecResult, Sandbox, SandboxFactory, check_sandbox
-from mappa_env.sandbox.isolation import Confinement, IsolationMode, resolve_confinement
+from mappa_env.sandbox.isolation import (
+    Confinement,
+    IsolationMode,
+    IsolationUnavailableError,
+    UidLease,
+    declared_confinement,
+    isolation_required,
+    resolve_confinement,
+)
 from mappa_env.spaces import UnicodeText, make_observation, text_observation_space
 
 logger = logging.getLogger(__name__)
 
 REVEAL_POLICIES: tuple[str, ...] = ("never", "last_agent", "always")
+
+#: Largest ``max_new_tokens`` accepted (a budget stated in prompts, not a buffer size).
+MAX_NEW_TOKENS = 1_048_576
+#: Largest ``code_timeout_s`` accepted: a day; an infinite wait is never meant.
+MAX_CODE_TIMEOUT_S = 86_400.0
+#: Largest turn limit of one agent.
+MAX_TURNS = 1_000
 
 #: Bound on observation text; parts of prompts are cut well before this.
 MAX_OBSERVATION_CHARS = 2_000_000
@@ -193,16 +210,19 @@ class PipelineEnv(AECEnv):
             takes the coach's own ``default_reveal`` (the rules coach: ``"always"``,
             with an answer-blind rubric for the other agents under ``"last_agent"``;
             LLM coaches: the last agent, as in the paper).
-        max_action_chars: Longer actions are cut to this length; ``infos`` flags it.
+        max_action_chars: Longer actions are cut to this length; ``infos`` flags it
+            (an integer from 1 to :data:`MAX_OBSERVATION_CHARS`).
         max_cycles: Truncate the episode after this many actions in total (all agents
-            together); ``None`` bounds episodes only by the agents' turn limits.
+            together; an integer >= 1); ``None`` bounds episodes only by the agents'
+            turn limits.
         invalid_reward: Reward recorded when it rests on an invalid coach verdict
             (``process``, ``mixed``, ``backprop``). NaN by default, so a failed judgement
-            can never pass for a real score; ``infos[agent]["reward_valid"]`` is False
-            either way.
+            can never pass for a real score; a number in ``[-1, 0]`` is accepted, nothing
+            that would pay more than the worst real score. ``infos[agent]["reward_valid"]``
+            is False either way.
         render_mode: ``None``, ``"ansi"`` (``render()`` returns the transcript) or
             ``"human"`` (``render()`` prints it).
-        seed: Seeds task order.
+        seed: Seeds task order (an integer >= 0, or ``None``).
         shuffle: Visit tasks in a seeded random order.
         sandbox: ``"jupyter"``, a callable ``workdir -> Sandbox``, or ``None`` (no code).
         isolation: How agents' code is confined (see
@@ -210,11 +230,17 @@ class PipelineEnv(AECEnv):
             bubblewrap works, else none with a warning), ``"namespaces"`` (or raise
             :class:`~mappa_env.sandbox.isolation.IsolationUnavailableError`) or ``"none"``.
         turns: Per-agent turn limits replacing the defaults of :attr:`roles`, e.g.
-            ``{"code_executor": 3}``.
-        max_new_tokens: Token budget per action, stated in the prompts.
-        code_timeout_s: Wall-clock limit of one code run (``None``: the class's
+            ``{"code_executor": 3}`` (integers from 1 to :data:`MAX_TURNS`).
+        max_new_tokens: Token budget per action, stated in the prompts (an integer from
+            1 to :data:`MAX_NEW_TOKENS`).
+        code_timeout_s: Wall-clock limit of one code run, in seconds (finite, above 0, at
+            most :data:`MAX_CODE_TIMEOUT_S`; ``None``: the class's
             :attr:`default_code_timeout_s`).
         tool_output_chars: Code output longer than this is cut from the middle.
+
+    Every numeric option is checked here: a value of the wrong type, NaN, an infinity or
+    one out of range raises ``TypeError`` / ``ValueError`` naming the option, the value
+    and the allowed range (see :mod:`mappa_env.options`).
     """
 
     #: PettingZoo's metadata; a subclass that sets none gets these, named after its env_id.
@@ -279,15 +305,22 @@ class PipelineEnv(AECEnv):
             )
         if code_timeout_s is None:
             code_timeout_s = self.default_code_timeout_s
-        if max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
-        if code_timeout_s <= 0:
-            raise ValueError(f"code_timeout_s must be positive, got {code_timeout_s}")
-        if tool_output_chars <= 0:
-            raise ValueError(f"tool_output_chars must be positive, got {tool_output_chars}")
-        self.max_new_tokens = int(max_new_tokens)
-        self.code_timeout_s = float(code_timeout_s)
-        self.tool_output_chars = int(tool_output_chars)
+        # Every number is checked here, before anything is started: a NaN timeout made
+        # every code action an environment error, an infinite one let a loop run for ever.
+        self.max_new_tokens = integer_option(
+            "max_new_tokens", max_new_tokens, high=MAX_NEW_TOKENS, hint="e.g. 4096 (the paper's)"
+        )
+        self.code_timeout_s = number_option(
+            "code_timeout_s",
+            code_timeout_s,
+            low=0.0,
+            low_open=True,
+            high=MAX_CODE_TIMEOUT_S,
+            hint="seconds one code run may take, e.g. 30",
+        )
+        self.tool_output_chars = integer_option(
+            "tool_output_chars", tool_output_chars, high=MAX_OBSERVATION_CHARS
+        )
         limits = parse_turn_limits({r.name: r.max_turns for r in self.roles}, turns)
         self._specs: dict[str, AgentSpec] = {
             r.name: replace(r, max_turns=limits[r.name]) for r in self.roles
@@ -296,6 +329,10 @@ class PipelineEnv(AECEnv):
         self.isolation: IsolationMode = isolation
         self._confinement = resolve_confinement(isolation)
         self._sandbox_factory = resolve_sandbox_factory(sandbox, isolation)
+        self._agent_confinement = _agent_confinement(self._sandbox_factory, self._confinement)
+        if isolation != "none" and not self._agent_confinement.isolated:
+            _warn_unconfined_agents(self._agent_confinement.reason)
+        self._workspace_lease: UidLease | None = None
         self._sandboxes: dict[str, Sandbox] = {}
         # A coach built here from a spec string belongs to this env and is closed with it;
         # a coach object passed in is shared (e.g. by every env of a runner) and is not.
@@ -329,10 +366,16 @@ class PipelineEnv(AECEnv):
             reveal = getattr(coach, "default_reveal", "last_agent")
         if reveal not in REVEAL_POLICIES:
             raise ValueError(f"reveal must be one of {REVEAL_POLICIES}, got {reveal!r}")
-        if max_action_chars <= 0:
-            raise ValueError(f"max_action_chars must be positive, got {max_action_chars}")
-        if max_cycles is not None and max_cycles <= 0:
-            raise ValueError(f"max_cycles must be positive or None, got {max_cycles}")
+        max_action_chars = integer_option(
+            "max_action_chars", max_action_chars, high=MAX_OBSERVATION_CHARS
+        )
+        if max_cycles is not None:
+            max_cycles = integer_option(
+                "max_cycles", max_cycles, hint="or None to bound episodes by turns only"
+            )
+        invalid_reward = check_invalid_reward(invalid_reward)
+        if seed is not None:
+            seed = integer_option("seed", seed, low=0, hint="or None for a random one")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(
                 f"render_mode must be one of {self.metadata['render_modes']} or None, "
@@ -343,9 +386,9 @@ class PipelineEnv(AECEnv):
         self.outcome_weight = float(outcome_weight)
         self.backprop_decay = float(backprop_decay)
         self.reveal: RevealPolicy = reveal
-        self.max_action_chars = int(max_action_chars)
+        self.max_action_chars = max_action_chars
         self.max_cycles = max_cycles
-        self.invalid_reward = float(invalid_reward)
+        self.invalid_reward = invalid_reward
         self.render_mode = render_mode
 
         self.possible_agents: list[str] = list(self._specs)
@@ -554,10 +597,13 @@ class PipelineEnv(AECEnv):
 
         self._cumulative_rewards[agent] = 0.0
         self._clear_rewards()
+        # Prompts are built from agents' earlier text: off the event loop, like every
+        # reading of agent text, so no action can stall other episodes' steps.
+        messages = await asyncio.to_thread(self.agent_messages, agent)
         record = ActionRecord(
             agent=agent,
             turn=self.turns[agent],
-            messages=tuple(self.agent_messages(agent)),
+            messages=tuple(messages),
             action=text,
             action_truncated=cut,
             tool=ToolOutcome(),
@@ -666,8 +712,11 @@ class PipelineEnv(AECEnv):
         """This episode's workspace directory (created on first use, removed at episode end)."""
         if self._workdir is None:
             workdir = Path(tempfile.mkdtemp(prefix=f"mappa-{self.env_id.lower()}-"))
-            # Confined interpreters run as another user: the workspace is theirs to use.
-            self._confinement.prepare_writable(workdir)
+            # Confined interpreters run as another user, one of their own per episode
+            # where the machine allows: the workspace is theirs to use.
+            self._workspace_lease = self._confinement.lease_user()
+            lease = self._workspace_lease
+            self._confinement.prepare_writable(workdir, user=None if lease is None else lease.user)
             self._workdir = workdir
         return self._workdir
 
@@ -730,10 +779,32 @@ class PipelineEnv(AECEnv):
                 f"not scored: the sandbox could not run this action's code ({result.error.value})",
                 coach=self.coach.name,
             )
+        failure = record.tool.extra.get("environment_error")
+        if failure is not None:
+            # The environment could not carry the action out: whatever a coach made of
+            # it would score the environment's fault as the agent's.
+            return CoachVerdict.invalid(
+                f"not scored: the environment could not carry out this action ({failure})",
+                coach=self.coach.name,
+            )
+        # The request's facts are read from agent text (answers, code): off the loop.
+        request = await asyncio.to_thread(self._coach_request, record)
+        try:
+            return await self.coach.ascore(request)
+        except CoachStop:
+            raise
+        except Exception as exc:  # a coach bug must not lose the episode
+            logger.exception("coach %s raised while scoring %s", self.coach.name, record.agent)
+            return CoachVerdict.invalid(
+                f"coach raised {type(exc).__name__}: {exc}", coach=self.coach.name
+            )
+
+    def _coach_request(self, record: ActionRecord) -> CoachRequest:
+        """What the coach is shown about ``record``."""
         task_id, task_text, truth = self.task_facts()
         is_last = record.agent == self.possible_agents[-1]
         tool = record.tool
-        request = CoachRequest(
+        return CoachRequest(
             env_id=self.env_id,
             task_id=task_id,
             task=task_text,
@@ -754,15 +825,6 @@ class PipelineEnv(AECEnv):
             shows_workspace=self.shows_workspace,
             rules_rubric=type(self).rules_rubric,
         )
-        try:
-            return await self.coach.ascore(request)
-        except CoachStop:
-            raise
-        except Exception as exc:  # a coach bug must not lose the episode
-            logger.exception("coach %s raised while scoring %s", self.coach.name, record.agent)
-            return CoachVerdict.invalid(
-                f"coach raised {type(exc).__name__}: {exc}", coach=self.coach.name
-            )
 
     def _provisional_reward(self, verdict: CoachVerdict | None) -> tuple[float, bool]:
         """``(reward, valid)`` of an action when it is taken (see :mod:`mappa_env.credit`)."""
@@ -945,11 +1007,39 @@ class PipelineEnv(AECEnv):
 
     @property
     def sandbox_confinement(self) -> Confinement:
-        """How the interpreters this environment starts for agents' code are confined.
+        """How agents' code is confined: what the sandbox factory declares.
 
-        That is its ``"jupyter"`` kernels and helper interpreters that read agents' files.
+        For ``sandbox="jupyter"`` the confinement ``isolation`` resolved to; for a
+        callable, its ``confinement`` attribute (see
+        :func:`~mappa_env.sandbox.isolation.declared_confinement`), or none when it
+        declares none; without code execution, that of the helper interpreters.
+        """
+        return self._agent_confinement
+
+    @property
+    def helper_confinement(self) -> Confinement:
+        """How the interpreters the environment itself starts on agents' files are confined.
+
+        For example DSBench's artifact inspector, which loads pickles agent code wrote.
         """
         return self._confinement
+
+    def isolation_report(self) -> dict[str, Any]:
+        """What isolation resolved to, for ``report.json``, configs and metrics.
+
+        Returns:
+            ``isolation`` (``"namespaces"`` or ``"none"``) and what the confinement
+            enforces (:meth:`Confinement.describe
+            <mappa_env.sandbox.isolation.Confinement.describe>`), with ``requested``
+            (the ``isolation`` option), ``required`` (whether ``MAPPA_REQUIRE_ISOLATION``
+            is set) and ``code_execution`` (whether agents' code runs at all).
+        """
+        return {
+            **self.sandbox_confinement.describe(),
+            "requested": self.isolation,
+            "required": isolation_required(),
+            "code_execution": self._sandbox_factory is not None,
+        }
 
     def check_sandbox(self) -> None:
         """Run one trivial cell in a sandbox made as this environment makes them.
@@ -981,6 +1071,10 @@ class PipelineEnv(AECEnv):
             if left:
                 logger.warning("could not remove %d entries of %s", len(left), self._workdir)
             self._workdir = None
+        if self._workspace_lease is not None:
+            # The episode's sandboxes are closed (on_episode_end runs first): its uid is free.
+            self._workspace_lease.release()
+            self._workspace_lease = None
 
     def __del__(self) -> None:
         # Best effort: a forgotten env should not leave kernels or temp dirs behind.
@@ -989,6 +1083,30 @@ class PipelineEnv(AECEnv):
                 self.close()
             except Exception:  # nothing can be reported from __del__
                 logger.debug("close() during garbage collection failed", exc_info=True)
+
+
+@functools.cache
+def _warn_unconfined_agents(reason: str) -> None:
+    """Warn once per process and reason that agents' code runs unconfined."""
+    logger.warning(
+        "agents' code runs without namespace isolation: %s; reports say so (isolation: "
+        "none). Pass isolation='none' to accept it.",
+        reason,
+    )
+
+
+def _agent_confinement(factory: SandboxFactory | None, helpers: Confinement) -> Confinement:
+    """What a sandbox factory's code runs under (see ``PipelineEnv.sandbox_confinement``)."""
+    if factory is None:
+        return helpers
+    declared = declared_confinement(factory)
+    if declared is not None:
+        return declared
+    return Confinement(
+        mode="none",
+        reason=f"the sandbox factory {factory!r} declares no confinement, so its code is "
+        "taken to run unconfined",
+    )
 
 
 def _file_infos(files: Sequence[Mapping[str, Any] | FileInfo]) -> tuple[FileInfo, ...]:
@@ -1005,13 +1123,39 @@ def parse_turn_limits(
         ValueError: For an unknown agent or a limit below 1.
     """
     limits = dict(defaults)
+    if turns is not None and not isinstance(turns, Mapping):
+        raise TypeError(
+            f"turns={turns!r}: turns must map agent names to turn limits, e.g. "
+            f"{{{next(iter(limits), 'agent')!r}: 2}}"
+        )
     for agent, limit in (turns or {}).items():
         if agent not in limits:
             raise ValueError(f"unknown agent {agent!r} in turns; agents: {list(limits)}")
-        if int(limit) < 1:
-            raise ValueError(f"turns[{agent!r}] must be >= 1, got {limit}")
-        limits[agent] = int(limit)
+        limits[agent] = integer_option(f"turns[{agent!r}]", limit, high=MAX_TURNS)
     return limits
+
+
+def check_invalid_reward(value: Any) -> float:
+    """``invalid_reward`` checked: NaN, or a number in ``[-1, 0]``.
+
+    The reward recorded for an action whose verdict is invalid must never pay more
+    than the worst real score (0): NaN (the default) marks it unmistakably; a number
+    in ``[-1, 0]`` is accepted for code that cannot hold NaN.
+
+    Raises:
+        TypeError: For a value that is not a number.
+        ValueError: For a number outside ``[-1, 0]`` other than NaN.
+    """
+    if isinstance(value, float) and math.isnan(value):
+        return value
+    return number_option(
+        "invalid_reward",
+        value,
+        low=-1.0,
+        high=0.0,
+        hint="an invalid verdict must never pay more than the worst real score; "
+        "NaN (the default) marks such rewards unmistakably",
+    )
 
 
 def resolve_sandbox_factory(
@@ -1019,14 +1163,36 @@ def resolve_sandbox_factory(
 ) -> SandboxFactory | None:
     """The sandbox factory named by ``sandbox``.
 
-    ``"jupyter"`` gives a Jupyter kernel per sandbox, confined as ``isolation`` says; a
-    callable is used as it is (its own confinement is its business); ``None`` disables
-    code execution.
+    ``"jupyter"`` gives a Jupyter kernel per sandbox, confined as ``isolation`` says;
+    ``None`` disables code execution. A callable must declare its confinement (a
+    :class:`~mappa_env.sandbox.isolation.Confinement` as its ``confinement``
+    attribute, as :meth:`JupyterSandbox.factory
+    <mappa_env.sandbox.JupyterSandbox.factory>` and
+    :class:`~mappa_env.sandbox.KernelPool` do) for ``isolation="namespaces"`` (or
+    ``MAPPA_REQUIRE_ISOLATION``) to accept it; one that declares none is taken to run
+    code unconfined, and is reported so.
 
     Raises:
         ValueError: For an unknown name.
+        IsolationUnavailableError: For a callable whose declared confinement is not
+            namespaces, when ``isolation="namespaces"`` or isolation is required.
     """
-    if sandbox is None or callable(sandbox):
+    if sandbox is None:
+        return None
+    if callable(sandbox):
+        declared = declared_confinement(sandbox)
+        if (isolation == "namespaces" or isolation_required()) and not (
+            declared is not None and declared.isolated
+        ):
+            said = "declares no confinement" if declared is None else "declares no namespaces"
+            raise IsolationUnavailableError(
+                f"isolation={isolation!r} needs agents' code confined, but the sandbox "
+                f"factory {sandbox!r} {said} (a Confinement with isolated=True as its "
+                "`confinement` attribute): pass sandbox='jupyter', a factory made by "
+                "JupyterSandbox.factory(isolation='namespaces'), or declare the "
+                "confinement your factory enforces"
+                + ("" if isolation == "namespaces" else "; MAPPA_REQUIRE_ISOLATION is set")
+            )
         return sandbox
     if sandbox == "jupyter":
         from mappa_env.sandbox import JupyterSandbox

@@ -65,10 +65,20 @@ _BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 # Escaped characters (``\{``, ``\}``, ``\\``) and bare braces: the only tokens the
 # brace matcher needs to look at.
 _BRACE_TOKEN = re.compile(r"\\.|[{}]", re.DOTALL)
-_UNBRACED_ARGUMENT = re.compile(r"\s*([^\s$]+)")
+# ``\boxed 5``: the next token, up to a space, a dollar sign or the next box command (an
+# argument that runs into another box wraps it, and is skipped: so every character is
+# read for one box at most, where "\boxed\boxed..." read the rest of the text per box).
+_UNBRACED_ARGUMENT = re.compile(r"\s*((?:(?!\\(?:boxed|fbox)(?![A-Za-z]))[^\s$])+)")
 _FINAL_ANSWER = re.compile(r"final\s+answer\s*(?:is\b|:|=)\s*:?(?P<value>[^\n]*)", re.IGNORECASE)
+# A line, not a run of lines: the prefix and the gaps before the colon never cross a line
+# end (``\s`` there let every line start rescan all blank lines after it: 32,768 newlines
+# took 4.5 s), and spaces around the emphasis belong to one repetition only, so the
+# engine's retries stay linear. After the colon the value may start on the next line.
+_INLINE_SPACE = r"[^\S\n]"
 _ANSWER_LINE = re.compile(
-    r"^[\s*_#>-]*answer\s*[*_]*\s*[:：]\s*(?P<value>[^\n]*)$", re.IGNORECASE | re.MULTILINE
+    rf"^(?:{_INLINE_SPACE}|[*_#>-])*answer{_INLINE_SPACE}*(?:[*_]+{_INLINE_SPACE}*)?[:：]"
+    r"\s*(?P<value>[^\n]*)$",
+    re.IGNORECASE | re.MULTILINE,
 )
 _ANSWER_IS = re.compile(r"\banswer\s+is\s*:?(?P<value>[^\n]*)", re.IGNORECASE)
 _LEADING_MATH = re.compile(
@@ -115,7 +125,9 @@ def _box_contents(text: str) -> list[str]:
             contents.append(text[position + 1 : close].strip())
         else:
             argument = _UNBRACED_ARGUMENT.match(text, command.end())
-            if argument:  # ``\boxed 5``: the argument is the next token
+            if argument and _BOX_COMMAND.match(text, argument.end()):
+                continue  # it runs into another box: it wraps that box, holds no answer
+            if argument:
                 contents.append(argument.group(1).rstrip(".,;}").strip())
     return contents
 

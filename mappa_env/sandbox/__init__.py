@@ -22,7 +22,7 @@ from mappa_env.sandbox.base import (
     SandboxUnavailableError,
     check_sandbox,
 )
-from mappa_env.sandbox.jupyter import JupyterSandbox, SandboxError
+from mappa_env.sandbox.jupyter import JupyterSandbox, JupyterSandboxFactory, SandboxError
 from mappa_env.sandbox.limits import SandboxLimits, inherited_import_paths, kernel_environment
 from mappa_env.sandbox.pool import KernelPool
 
@@ -30,6 +30,7 @@ __all__ = [
     "ExecError",
     "ExecResult",
     "JupyterSandbox",
+    "JupyterSandboxFactory",
     "KernelPool",
     "Sandbox",
     "SandboxError",

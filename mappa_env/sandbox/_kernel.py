@@ -114,10 +114,18 @@ class Kernel:
     monitors: list[Any] = field(default_factory=list)
     confined: bool = False
     cgroup: SandboxCgroup | None = None
+    #: The ``pids`` cgroup, where it is not ``cgroup`` itself (a v1 hierarchy of its own).
+    pids_cgroup: SandboxCgroup | None = None
+    #: Threads of the kernel's tree when it first answered (what it runs by itself).
+    ready_threads: int = 0
 
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    def threads(self, stop_after: int) -> int:
+        """Threads of every process of the kernel's tree, counted up to ``stop_after``."""
+        return _process.tree_threads(self.pid, stop_after=stop_after)
 
     @property
     def hidden_descendants(self) -> int:
@@ -304,7 +312,7 @@ def start_kernel(
         (runtime_dir / SOCKETS).mkdir(mode=0o700)
         if confined:
             assert confinement is not None
-            _confined_runtime_dir(runtime_dir, confinement.run_as)
+            _confined_runtime_dir(runtime_dir, confinement.workspace_user(cwd))
     except OSError as exc:
         raise SandboxError(f"could not create the kernel's runtime directory: {exc}") from exc
     spec = {
@@ -326,22 +334,21 @@ def start_kernel(
         "{connection_file}",
         *_KERNEL_ARGS,
     ]
-    cgroup = None
+    cgroup = pids_cgroup = None
     if confined:
         assert confinement is not None
         # Inside its PID namespace the kernel's parent is bubblewrap's init (pid 1), which
         # ipykernel would take for "my parent has died" and exit; bubblewrap ends the
         # kernel with this process instead (--die-with-parent).
         argv.append("--IPKernelApp.parent_handle=0")
-        if confinement.cgroups is not None and limits.total_memory_bytes is not None:
-            cgroup = confinement.cgroups.create(limits.total_memory_bytes)
+        cgroup, pids_cgroup = _make_cgroups(confinement, limits)
         argv = confinement.command(
             argv,
             workdir=cwd,
             writable=[runtime_dir / n for n in (SOCKETS, FAULT_LOG, STARTUP_LOG)],
             read_only=[*(Path(p) for p in spec["sys_path"]), runtime_dir],
             tmp_bytes=limits.tmp_bytes,
-            cgroup_procs=None if cgroup is None else cgroup.procs_file,
+            cgroup_procs=[c.procs_file for c in (cgroup, pids_cgroup) if c is not None],
         )
         env = confinement.environment(env)
     kernel_spec = KernelSpec(
@@ -353,7 +360,7 @@ def start_kernel(
     use_ipc = os.name == "posix"
     manager = _manager_class()(
         sandbox_spec=kernel_spec,
-        owner=confinement.run_as if confined and confinement is not None else None,
+        owner=confinement.workspace_user(cwd) if confined and confinement is not None else None,
         transport="ipc" if use_ipc else "tcp",
         ip=str(runtime_dir / SOCKETS / "kernel") if use_ipc else "127.0.0.1",
         connection_file=str(runtime_dir / "connection.json"),
@@ -369,15 +376,22 @@ def start_kernel(
         )
     except (OSError, RuntimeError) as exc:
         shutil.rmtree(runtime_dir, ignore_errors=True)
-        if cgroup is not None:
-            cgroup.remove()
+        for made in (cgroup, pids_cgroup):
+            if made is not None:
+                made.remove()
         raise SandboxError(f"could not launch the kernel process: {exc}") from exc
     kernel = Kernel(
-        manager, manager.provisioner.process, runtime_dir, confined=confined, cgroup=cgroup
+        manager,
+        manager.provisioner.process,
+        runtime_dir,
+        confined=confined,
+        cgroup=cgroup,
+        pids_cgroup=pids_cgroup,
     )
     try:
         kernel.connect()
         wait_until_ready(kernel, started + limits.start_timeout_s)
+        kernel.ready_threads = kernel.threads(stop_after=limits.max_threads or 10_000)
     except zmq.ZMQError as exc:
         stop_kernel(kernel)
         raise SandboxError(f"could not connect to the kernel: {exc}") from exc
@@ -388,6 +402,38 @@ def start_kernel(
         "kernel started: pid %d in %s (%.3f s)", kernel.pid, cwd, time.monotonic() - started
     )
     return kernel
+
+
+def _make_cgroups(
+    confinement: Confinement, limits: SandboxLimits
+) -> tuple[SandboxCgroup | None, SandboxCgroup | None]:
+    """The kernel's memory cgroup and, where it is another one, its ``pids`` cgroup.
+
+    On a unified (v2) hierarchy that delegates both controllers one cgroup takes both
+    limits; on v1 each controller has its own hierarchy, so a second cgroup holds the
+    ``pids`` limit. The ``pids`` limit is ``max_threads``: the cgroup holds the tasks the
+    sandbox counts on the host (bubblewrap, its init, the kernel and everything below),
+    so code meets the kernel's refusal before the host-side count would kill it.
+    """
+    memory = limits.total_memory_bytes
+    tasks = limits.max_threads
+    memory_parent, pids_parent = confinement.cgroups, confinement.pids_cgroups
+    if memory is None:
+        memory_parent = None
+    if tasks is None:
+        pids_parent = None
+    same = (
+        memory_parent is not None
+        and pids_parent is not None
+        and memory_parent.version == pids_parent.version == 2
+        and memory_parent.path == pids_parent.path
+    )
+    if same:
+        assert memory_parent is not None
+        return memory_parent.create(memory_bytes=memory, max_tasks=tasks), None
+    cgroup = None if memory_parent is None else memory_parent.create(memory_bytes=memory)
+    pids_cgroup = None if pids_parent is None else pids_parent.create(max_tasks=tasks)
+    return cgroup, pids_cgroup
 
 
 def wait_until_ready(kernel: Kernel, deadline: float) -> None:
@@ -447,8 +493,9 @@ def _start_failure(kernel: Kernel) -> str:
         pass
     if kernel.confined and status == CGROUP_JOIN_FAILED:
         return (
-            "the kernel process could not join its memory cgroup; pass "
-            "SandboxLimits(total_memory_bytes=None) to run without one"
+            "the kernel process could not join its memory or pids cgroup; pass "
+            "SandboxLimits(total_memory_bytes=None) or SandboxLimits(max_threads=None) "
+            "to run without one"
         )
     message = f"the kernel process exited during start ({describe_exit(status)})"
     return f"{message}:\n{truncate_middle(detail, 4000)}" if detail else message
@@ -479,8 +526,9 @@ def close_kernel_files(kernel: Kernel) -> None:
         # removed below regardless.
         logger.debug("closing kernel %d resources: %s", kernel.pid, exc)
     shutil.rmtree(kernel.runtime_dir, ignore_errors=True)
-    if kernel.cgroup is not None:
-        kernel.cgroup.remove()  # also kills anything of the sandbox still in it
+    for cgroup in (kernel.cgroup, kernel.pids_cgroup):
+        if cgroup is not None:
+            cgroup.remove()  # also kills anything of the sandbox still in it
     logger.debug("kernel stopped: pid %d", kernel.pid)
 
 

@@ -16,19 +16,28 @@ agent code wrote (the Jupyter kernels, DSBench's artifact inspector) starts thro
   ``/proc`` and a minimal ``/dev``. Nothing else: not this project's source, not the
   benchmark files, not answers, not other episodes' workspaces or kernels. This
   package (``mappa_env``, ``mappa_agents``, ``mappa_train``) cannot be imported inside.
-- **user**: run as root, the process switches to an unprivileged user (``nobody``, uid
-  65534) with no capabilities and ``no_new_privs`` after the namespaces are set up, so
-  it can read only world-readable files of what is bound and write only the workspace;
-  run as another user, bubblewrap maps that user into a new user namespace in which it
+- **user**: run as root, the process switches to an unprivileged user with no
+  capabilities and ``no_new_privs`` after the namespaces are set up, so it can read only
+  world-readable files of what is bound and write only the workspace: a uid of its own
+  per workspace, leased from :data:`SANDBOX_UID_POOL` (see :class:`UidPool`), where
+  this machine maps those uids; else ``nobody`` (uid 65534), shared by every sandbox.
+  Run as another user, bubblewrap maps that user into a new user namespace in which it
   may not create further user namespaces.
 - **memory**: where this process may create cgroups (``/sys/fs/cgroup``, v1 or v2),
   each kernel gets a cgroup whose memory limit counts all of its processes, shared
   memory and its tmpfs together; where it may not, each process is still held by
   ``RLIMIT_DATA`` and the tmpfs sizes, but shared memory is not counted.
+- **threads**: where it may create ``pids`` cgroups (v1, or v2 where the parent
+  delegates the controller), each kernel's cgroup holds every thread and process of
+  the sandbox to ``SandboxLimits.max_threads``; elsewhere the sandbox's host-side count
+  holds it.
 
 ``isolation="auto"`` (the default) confines where bubblewrap works and otherwise warns
 once, naming what is then not guaranteed; ``"none"`` runs the interpreter directly (a
-resource fence only: limits, timeouts, an allow-listed environment).
+resource fence only: limits, timeouts, an allow-listed environment). With
+:data:`REQUIRE_ISOLATION_ENV` set, every run must confine: ``"auto"`` acts as
+``"namespaces"`` and ``"none"`` is refused. A sandbox factory declares its confinement
+as its ``confinement`` attribute (:func:`declared_confinement`).
 """
 
 from __future__ import annotations
@@ -100,13 +109,15 @@ _INSIDE_ENV = {
     "XDG_CACHE_HOME": "/tmp/.cache",
     "XDG_CONFIG_HOME": "/tmp/.config",
 }
-#: The launch shim, run before it becomes bubblewrap: join the cgroup given as its first
-#: argument (or stop with ``CGROUP_JOIN_FAILED``, 97), ignore SIGINT (the sandbox interrupts code
-#: by signalling the kernel's process group; bubblewrap would die of it, the interpreter
-#: handles it), open the seccomp filter named second as descriptor 9, then exec.
+#: The launch shim, run before it becomes bubblewrap: join the cgroups whose
+#: ``cgroup.procs`` files its first argument lists, separated by ":" (or stop with
+#: ``CGROUP_JOIN_FAILED``, 97), ignore SIGINT (the sandbox interrupts code by signalling the
+#: kernel's process group; bubblewrap would die of it, the interpreter handles it), open
+#: the seccomp filter named second as descriptor 9, then exec.
 _SHIM = (
-    f'if [ -n "$0" ]; then echo $$ > "$0" || exit {CGROUP_JOIN_FAILED}; fi; f="$1"; shift; '
-    'trap "" INT; '
+    'IFS=:; for p in $0; do echo $$ > "$p" || exit '
+    f"{CGROUP_JOIN_FAILED}; done; unset IFS; "
+    'f="$1"; shift; trap "" INT; '
     'if [ -n "$f" ]; then exec "$@" 9<"$f"; fi; exec "$@"'
 )
 _SECCOMP_FD = "9"
@@ -141,6 +152,11 @@ class Confinement:
             project's packages in an installed environment).
         cgroups: Where per-kernel memory cgroups are made, or ``None`` when this
             process may not make them.
+        pids_cgroups: Where per-kernel ``pids`` cgroups are made (the same place as
+            ``cgroups`` on a unified v2 hierarchy that delegates both controllers), or
+            ``None`` when this process may not make them.
+        uid_pool: Host uids handed to sandboxes one workspace each (see
+            :class:`UidPool`), or ``None`` when all run as ``run_as``.
         reason: Why namespaces are not used (``"none"`` resolved from ``"auto"``).
         seccomp: File holding the seccomp filter (see :mod:`mappa_env.sandbox._seccomp`),
             or ``None`` where none is defined for this architecture.
@@ -154,6 +170,8 @@ class Confinement:
     symlinks: tuple[tuple[str, str], ...] = ()
     hidden: tuple[str, ...] = ()
     cgroups: CgroupParent | None = None
+    pids_cgroups: CgroupParent | None = None
+    uid_pool: UidPool | None = None
     reason: str = ""
     seccomp: str | None = None
     bwrap_version: tuple[int, ...] = ()
@@ -179,37 +197,86 @@ class Confinement:
             "isolation": "namespaces",
             "network": "none (own namespace)",
             "processes": "own PID namespace, killed together",
-            "user": f"uid {self.run_as[0]}" if self.run_as else "own user namespace",
+            "user": self._user_description(),
             "memory_cgroup": None if self.cgroups is None else f"v{self.cgroups.version}",
+            "pids_cgroup": None if self.pids_cgroups is None else f"v{self.pids_cgroups.version}",
             "seccomp": self.seccomp is not None,
             "bubblewrap": ".".join(map(str, self.bwrap_version)),
         }
 
-    def prepare_writable(self, path: Path, *, contents: bool = False) -> None:
+    def _user_description(self) -> str:
+        if self.run_as is None:
+            return "own user namespace"
+        if self.uid_pool is None:
+            return f"uid {self.run_as[0]}, shared by every sandbox"
+        first, last = self.uid_pool.uids[0], self.uid_pool.uids[-1]
+        return f"a uid of its own per workspace ({first}-{last}; uid {self.run_as[0]} when used up)"
+
+    def lease_user(self, uid: int | None = None) -> UidLease | None:
+        """A host uid for one new workspace and its sandboxes, held until released.
+
+        Args:
+            uid: Lease this uid only (the owner of an existing workspace), when free.
+
+        Returns:
+            The lease, or ``None`` where sandboxes share ``run_as`` (not root, no uid
+            pool here, or every uid of the pool is taken) or ``uid`` is held already.
+        """
+        if not (self.isolated and self.run_as is not None and self.uid_pool is not None):
+            return None
+        return self.uid_pool.lease(uid)
+
+    def workspace_user(self, path: Path) -> tuple[int, int] | None:
+        """The ``(uid, gid)`` confined processes working in ``path`` run as.
+
+        The uid of the pool that owns ``path`` (a workspace leased one), else ``run_as``;
+        ``None`` without a change of user (not isolated, or not root).
+        """
+        if not (self.isolated and self.run_as is not None):
+            return None
+        if self.uid_pool is not None:
+            try:
+                owner = os.lstat(path).st_uid
+            except OSError:
+                owner = None
+            if owner in self.uid_pool.uids:
+                return owner, owner
+        return self.run_as
+
+    def prepare_writable(
+        self, path: Path, *, contents: bool = False, user: tuple[int, int] | None = None
+    ) -> None:
         """Let the confined user write ``path`` (it belongs to it from now on).
 
         Args:
             path: A directory the confined process writes.
             contents: Also hand over what is in it (a workspace holding files this
                 process wrote, which agent code may change).
+            user: The ``(uid, gid)`` to hand it to: a leased uid (:meth:`lease_user`);
+                by default the user already working in it (:meth:`workspace_user`).
 
         Raises:
             OSError: If ``path`` itself cannot be handed over.
         """
-        if not (self.isolated and self.run_as is not None):
+        if user is None:
+            user = self.workspace_user(path)
+        if not self.isolated or self.run_as is None or user is None:
             return
-        os.chown(path, *self.run_as)
+        os.chown(path, *user)
         if contents:
-            hand_over_tree(path, *self.run_as)
+            hand_over_tree(path, *user)
 
     def owns(self, path: Path) -> bool:
-        """Whether ``path`` belongs to the confined user already (a workspace made for it)."""
+        """Whether ``path`` belongs to a confined user already (a workspace made for it)."""
         if not (self.isolated and self.run_as is not None):
             return False
         try:
-            return os.lstat(path).st_uid == self.run_as[0]
+            owner = os.lstat(path).st_uid
         except OSError:
             return False
+        return owner == self.run_as[0] or (
+            self.uid_pool is not None and owner in self.uid_pool.uids
+        )
 
     def check_workdir(self, workdir: Path) -> None:
         """Refuse a workdir whose read-write mount would cover a read-only bound path.
@@ -247,7 +314,7 @@ class Confinement:
         read_only: Iterable[Path] = (),
         workdir_writable: bool = True,
         tmp_bytes: int | None = None,
-        cgroup_procs: Path | None = None,
+        cgroup_procs: Sequence[Path] = (),
     ) -> list[str]:
         """The command line that runs ``argv`` confined (or ``argv`` itself).
 
@@ -260,7 +327,8 @@ class Confinement:
                 hold this project's source are left out, as for ``PYTHONPATH``).
             workdir_writable: Bind the workdir read-write (else read-only).
             tmp_bytes: Size of the private ``/tmp`` and ``/dev/shm`` (each).
-            cgroup_procs: A cgroup's ``cgroup.procs`` file the process joins first.
+            cgroup_procs: The ``cgroup.procs`` files of the cgroups the process joins
+                first (its memory and ``pids`` cgroups).
 
         Returns:
             The full command line.
@@ -274,7 +342,7 @@ class Confinement:
             "/bin/sh",
             "-c",
             _SHIM,
-            str(cgroup_procs) if cgroup_procs is not None else "",
+            ":".join(str(p) for p in cgroup_procs),
             self.seccomp or "",
             self.bwrap,
             "--unshare-pid",
@@ -319,8 +387,9 @@ class Confinement:
             args += ["--tmpfs", path]
         args += ["--chdir", str(workdir)]
         args.append("--")
-        if self.run_as is not None:
-            uid, gid = self.run_as
+        user = self.workspace_user(workdir)
+        if user is not None:
+            uid, gid = user
             args += [
                 _setpriv(),
                 f"--reuid={uid}",
@@ -503,7 +572,7 @@ def system_paths() -> tuple[list[str], list[tuple[str, str]]]:
 
 
 # --------------------------------------------------------------------------------------
-# Memory cgroups
+# Memory and pids cgroups
 # --------------------------------------------------------------------------------------
 
 
@@ -512,12 +581,15 @@ class CgroupParent:
     """A cgroup directory under which this process may make per-kernel cgroups.
 
     Attributes:
-        version: 1 (the ``memory`` controller's hierarchy) or 2 (unified).
+        version: 1 (one controller's own hierarchy) or 2 (unified).
         path: The directory children are made in.
+        controller: The v1 hierarchy's controller (``"memory"`` or ``"pids"``); on v2
+            the controllers the parent delegates to its children decide.
     """
 
     version: int
     path: Path
+    controller: str = "memory"
 
     @property
     def limit_files(self) -> tuple[str, ...]:
@@ -526,8 +598,17 @@ class CgroupParent:
             return ("memory.max", "memory.swap.max")
         return ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes")
 
-    def create(self, memory_bytes: int) -> SandboxCgroup | None:
-        """A new cgroup limited to ``memory_bytes``, or None when it cannot be made."""
+    def create(
+        self, memory_bytes: int | None = None, max_tasks: int | None = None
+    ) -> SandboxCgroup | None:
+        """A new cgroup with the given limits, or None when it cannot be made or limited.
+
+        Args:
+            memory_bytes: Memory limit of everything in the cgroup (not for a v1
+                ``pids`` hierarchy).
+            max_tasks: Most threads and processes in the cgroup (``pids.max``; not for
+                a v1 ``memory`` hierarchy).
+        """
         path = self.path / f"mappa-{os.getpid()}-{time.monotonic_ns()}"
         try:
             path.mkdir()
@@ -535,18 +616,24 @@ class CgroupParent:
             logger.debug("cannot make cgroup %s: %s", path, exc)
             return None
         cgroup = SandboxCgroup(path, self.version)
-        main, swap = self.limit_files
-        try:
-            (path / main).write_text(str(int(memory_bytes)))
-        except OSError as exc:
-            logger.debug("cannot limit cgroup %s: %s", path, exc)
-            cgroup.remove()
-            return None
-        value = "0" if self.version == 2 else str(int(memory_bytes))
-        try:
-            (path / swap).write_text(value)  # no swapping past the limit
-        except OSError:
-            pass  # swap accounting is off on this machine: the limit still holds RAM
+        limits: list[tuple[str, int]] = []
+        if memory_bytes is not None:
+            limits.append((self.limit_files[0], int(memory_bytes)))
+        if max_tasks is not None:
+            limits.append(("pids.max", int(max_tasks)))
+        for name, value in limits:
+            try:
+                (path / name).write_text(str(value))
+            except OSError as exc:
+                logger.debug("cannot limit cgroup %s (%s): %s", path, name, exc)
+                cgroup.remove()
+                return None
+        if memory_bytes is not None:
+            swap = "0" if self.version == 2 else str(int(memory_bytes))
+            try:
+                (path / self.limit_files[1]).write_text(swap)  # no swapping past the limit
+            except OSError:
+                pass  # swap accounting is off on this machine: the limit still holds RAM
         return cgroup
 
 
@@ -642,8 +729,34 @@ def find_cgroup_parent() -> CgroupParent | None:
     memory = _own_cgroup("memory")
     if (root / "memory").is_dir() and memory is not None:
         candidates.append(CgroupParent(1, root / "memory" / memory.lstrip("/")))
+    return _first_usable(candidates, memory_bytes=64 * 1024**2)
+
+
+def find_pids_cgroup_parent() -> CgroupParent | None:
+    """Where per-kernel ``pids`` cgroups can be made (v2 unified, else the v1 hierarchy).
+
+    Checked by making one, limiting it and moving a process into it.
+    """
+    root = Path("/sys/fs/cgroup")
+    candidates: list[CgroupParent] = []
+    unified = _own_cgroup(None)
+    if (root / "cgroup.controllers").exists() and unified is not None:
+        candidates.append(CgroupParent(2, root / unified.lstrip("/"), "pids"))
+    pids = _own_cgroup("pids")
+    if (root / "pids").is_dir() and pids is not None:
+        candidates.append(CgroupParent(1, root / "pids" / pids.lstrip("/"), "pids"))
+    return _first_usable(candidates, max_tasks=64)
+
+
+def _first_usable(
+    candidates: Sequence[CgroupParent],
+    *,
+    memory_bytes: int | None = None,
+    max_tasks: int | None = None,
+) -> CgroupParent | None:
+    """The first candidate under which a limited cgroup can be made and joined."""
     for parent in candidates:
-        probe = parent.create(64 * 1024**2)
+        probe = parent.create(memory_bytes=memory_bytes, max_tasks=max_tasks)
         if probe is None:
             continue
         try:
@@ -675,6 +788,161 @@ def _remove_stale_cgroups(parent: CgroupParent) -> None:
             continue
         if owner != os.getpid() and not os.path.exists(f"/proc/{owner}"):
             SandboxCgroup(path, parent.version).remove(wait_s=0.5)
+
+
+# --------------------------------------------------------------------------------------
+# A uid per workspace
+# --------------------------------------------------------------------------------------
+
+#: The host uids handed to workspaces, one each, when this process is root: above the
+#: ranges distributions give to people (1000-59999) and below ``nobody`` (65534). A uid
+#: that names an account in the user database, or that this process's user namespace
+#: does not map, is skipped.
+SANDBOX_UID_POOL = range(64_000, 64_256)
+#: Where leases are kept: one lock file a uid, held by the process that leased it.
+UID_LOCK_DIR = Path("/run/mappa/sandbox-uids")
+
+
+@dataclass
+class UidLease:
+    """One uid of the pool, held (an open, locked file) until :meth:`release`.
+
+    Attributes:
+        uid: The host uid (the gid is the same number).
+    """
+
+    uid: int
+    _handle: int | None = field(default=None, repr=False)
+
+    @property
+    def user(self) -> tuple[int, int]:
+        """``(uid, gid)``: the same number."""
+        return self.uid, self.uid
+
+    def release(self) -> None:
+        """Give the uid back; idempotent. Exiting the process releases it as well."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            os.close(handle)  # closing drops the lock
+
+
+@dataclass(frozen=True)
+class UidPool:
+    """Host uids that workspaces (and every sandbox working in one) lease one each.
+
+    Sandboxes that share a uid share the kernel's per-user limits: inotify instances
+    (``fs.inotify.max_user_instances``, often 128), ``RLIMIT_NPROC``, message queues.
+    A uid per workspace keeps one episode's agents from taking them from all others.
+    Leases are lock files (``flock``) in :data:`UID_LOCK_DIR`, so that processes
+    running side by side (several trainers on one machine) never hand out one uid
+    twice, and a process that dies frees its uids.
+
+    Attributes:
+        uids: The uids leased.
+        lock_dir: Directory of the lock files.
+    """
+
+    uids: tuple[int, ...]
+    lock_dir: Path
+
+    def lease(self, uid: int | None = None) -> UidLease | None:
+        """A free uid of the pool (``uid`` itself when given), or ``None``.
+
+        Args:
+            uid: The one uid wanted (a workspace's owner): ``None`` when someone holds
+                it (the environment that made the workspace).
+
+        Returns:
+            The lease; ``None`` (logged) when every uid is taken.
+        """
+        if uid is not None:
+            return self._try(uid) if uid in self.uids else None
+        for candidate in self.uids:
+            lease = self._try(candidate)
+            if lease is not None:
+                return lease
+        _warn_pool_used_up(len(self.uids))
+        return None
+
+    def _try(self, uid: int) -> UidLease | None:
+        import fcntl
+
+        try:
+            handle = os.open(self.lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            logger.debug("cannot open the lease of uid %d: %s", uid, exc)
+            return None
+        try:
+            # Locks of separate opens exclude each other, in this process as in others.
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(handle)
+            return None
+        return UidLease(uid, handle)
+
+
+@functools.cache
+def _warn_pool_used_up(size: int) -> None:
+    """Warn once per process that workspaces now share :data:`SANDBOX_UID`."""
+    logger.warning(
+        "all %d sandbox uids are taken (more workspaces at once than the pool holds): "
+        "further sandboxes share uid %d",
+        size,
+        SANDBOX_UID,
+    )
+
+
+def _mapped(ids: Iterable[int], map_file: str) -> set[int]:
+    """The ids of ``ids`` that this process's user namespace maps (``/proc/self/*_map``)."""
+    try:
+        ranges = [
+            (int(inside), int(count))
+            for inside, _, count in (
+                line.split() for line in Path(map_file).read_text().splitlines() if line.strip()
+            )
+        ]
+    except (OSError, ValueError):
+        return set()
+    return {i for i in ids if any(start <= i < start + count for start, count in ranges)}
+
+
+def find_uid_pool(
+    uids: Sequence[int] = SANDBOX_UID_POOL, lock_dir: Path = UID_LOCK_DIR
+) -> UidPool | None:
+    """The uid pool where this machine allows one: root, mapped uids, a lock directory.
+
+    Returns:
+        The pool, or ``None`` (sandboxes then share :data:`SANDBOX_UID`).
+    """
+    import grp
+    import pwd
+
+    if os.geteuid() != 0:
+        return None
+    usable = _mapped(uids, "/proc/self/uid_map") & _mapped(uids, "/proc/self/gid_map")
+    free = []
+    for uid in uids:
+        if uid not in usable:
+            continue
+        try:
+            pwd.getpwuid(uid)
+            continue  # an account of this machine
+        except KeyError:
+            pass
+        try:
+            grp.getgrgid(uid)
+            continue  # a group of this machine
+        except KeyError:
+            free.append(uid)
+    if len(free) < 2:
+        return None
+    try:
+        lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(lock_dir, 0o700)
+    except OSError as exc:
+        logger.debug("no uid pool: cannot use %s: %s", lock_dir, exc)
+        return None
+    return UidPool(tuple(free), lock_dir)
 
 
 # --------------------------------------------------------------------------------------
@@ -729,6 +997,8 @@ def _namespaces_confinement() -> Confinement:
         symlinks=tuple(links),
         hidden=tuple(hidden),
         cgroups=find_cgroup_parent(),
+        pids_cgroups=find_pids_cgroup_parent(),
+        uid_pool=find_uid_pool() if run_as is not None else None,
         seccomp=None if (path := filter_file()) is None else str(path),
         bwrap_version=version,
     )
@@ -796,8 +1066,61 @@ def _warn_unconfined(reason: str) -> None:
     )
 
 
+#: Set to 1 (or true, yes, on), every run must confine agents' code: ``"auto"`` then acts
+#: as ``"namespaces"`` and raises where it cannot, and ``"none"``, pooled kernels and
+#: sandbox factories that declare no confinement are refused.
+REQUIRE_ISOLATION_ENV = "MAPPA_REQUIRE_ISOLATION"
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def isolation_required() -> bool:
+    """Whether :data:`REQUIRE_ISOLATION_ENV` asks every run to confine agents' code.
+
+    Raises:
+        ValueError: For a value that is neither true nor false, naming the variable.
+    """
+    value = os.environ.get(REQUIRE_ISOLATION_ENV, "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(
+        f"{REQUIRE_ISOLATION_ENV}={os.environ[REQUIRE_ISOLATION_ENV]!r} is neither true "
+        f"({', '.join(_TRUE)}) nor false ({', '.join(v for v in _FALSE if v)} or unset)"
+    )
+
+
+def refuse_unconfined(what: str) -> None:
+    """Raise when :data:`REQUIRE_ISOLATION_ENV` is set: ``what`` would run unconfined.
+
+    Raises:
+        IsolationUnavailableError: Naming ``what``, the variable and the fix.
+    """
+    if isolation_required():
+        raise IsolationUnavailableError(
+            f"{what} would run agents' code without namespace isolation, and "
+            f"{REQUIRE_ISOLATION_ENV} is set: use namespace isolation (sandbox='jupyter' "
+            f"with bubblewrap installed), or unset {REQUIRE_ISOLATION_ENV}"
+        )
+
+
+def declared_confinement(factory: object) -> Confinement | None:
+    """The confinement a sandbox factory declares (its ``confinement`` attribute), if any.
+
+    :meth:`JupyterSandbox.factory <mappa_env.sandbox.JupyterSandbox.factory>` and
+    :class:`~mappa_env.sandbox.KernelPool` declare theirs; a factory of one's own
+    declares it by carrying a :class:`Confinement` as ``factory.confinement``. One
+    that does not is taken to run code unconfined.
+    """
+    declared = getattr(factory, "confinement", None)
+    return declared if isinstance(declared, Confinement) else None
+
+
 def resolve_confinement(isolation: IsolationMode | str = "auto") -> Confinement:
     """The confinement of an isolation mode on this machine.
+
+    With :data:`REQUIRE_ISOLATION_ENV` set, ``"auto"`` acts as ``"namespaces"`` and
+    ``"none"`` is refused.
 
     Args:
         isolation: ``"auto"``, ``"namespaces"`` or ``"none"``.
@@ -808,16 +1131,23 @@ def resolve_confinement(isolation: IsolationMode | str = "auto") -> Confinement:
     Raises:
         ValueError: For an unknown mode.
         IsolationUnavailableError: For ``"namespaces"`` when bubblewrap cannot confine
-            here (the message names the cause and the fix).
+            here (the message names the cause and the fix), and for any mode that
+            would not confine when :data:`REQUIRE_ISOLATION_ENV` is set.
     """
     if isolation not in ISOLATION_MODES:
         raise ValueError(f"isolation must be one of {ISOLATION_MODES}, got {isolation!r}")
+    required = isolation_required()
     if isolation == "none":
+        refuse_unconfined("isolation='none'")
         return Confinement(mode="none", reason="isolation='none' was asked for")
     probed = _probe()
     if isinstance(probed, Confinement):
         return probed
     if isolation == "namespaces":
         raise IsolationUnavailableError(str(probed))
+    if required:
+        raise IsolationUnavailableError(
+            f"{probed} ({REQUIRE_ISOLATION_ENV} is set, so isolation='auto' must confine)"
+        )
     _warn_unconfined(str(probed))
     return Confinement(mode="none", reason=str(probed))

@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +44,12 @@ from mappa_env.sandbox._kernel import (
     wait_until_ready,
 )
 from mappa_env.sandbox.base import ExecError, ExecResult
-from mappa_env.sandbox.isolation import Confinement, IsolationMode, resolve_confinement
+from mappa_env.sandbox.isolation import (
+    Confinement,
+    IsolationMode,
+    UidLease,
+    resolve_confinement,
+)
 from mappa_env.sandbox.limits import SandboxLimits, kernel_environment
 from mappa_env.text import truncate_middle
 
@@ -236,8 +241,9 @@ class _Resources:
     background watcher holds a reference to the sandbox (which would keep it alive).
     """
 
-    def __init__(self, owned_dir: Path | None) -> None:
+    def __init__(self, owned_dir: Path | None, lease: UidLease | None = None) -> None:
         self.lock = threading.Lock()  # serialises calls (and restarts) on the kernel
+        self.lease = lease  # the sandbox's own uid, if it leased one
         self.state_lock = threading.Lock()  # guards kernel / closed against close()
         self.kernel: Kernel | None = None
         self.closed = False
@@ -273,6 +279,33 @@ class _Resources:
             executor.shutdown(wait=False, cancel_futures=True)
         if self.owned_dir is not None:
             remove_tree(self.owned_dir)  # agent code may have left a tree rmtree cannot
+        if self.lease is not None:
+            # Its processes are gone (killed with the kernel's tree and namespace).
+            self.lease.release()
+
+
+@dataclass(frozen=True)
+class JupyterSandboxFactory:
+    """Makes :class:`JupyterSandbox` es with fixed settings; declares their confinement.
+
+    Build it with :meth:`JupyterSandbox.factory`. Environments read ``confinement`` to
+    report (and, under ``isolation="namespaces"``, to require) what the sandboxes are.
+
+    Attributes:
+        limits: Limits of every sandbox made (``None``: the defaults).
+        env: Extra kernel environment variables.
+        isolation: The isolation mode every sandbox is made with.
+        confinement: What that mode resolved to on this machine.
+    """
+
+    limits: SandboxLimits | None
+    env: Mapping[str, str] | None
+    isolation: IsolationMode
+    confinement: Confinement
+
+    def __call__(self, workdir: Path) -> JupyterSandbox:
+        """A new sandbox working in ``workdir`` (the :class:`SandboxFactory` protocol)."""
+        return JupyterSandbox(workdir, self.limits, env=self.env, isolation=self.isolation)
 
 
 class JupyterSandbox:
@@ -334,11 +367,22 @@ class JupyterSandbox:
         # workspace made for the sandbox (by it, or by an environment) become the confined
         # user's at each start; a directory the caller gave keeps its files as they are.
         self._confinement.check_workdir(self._workdir)
-        self._hands_over_files = owned is not None or self._confinement.owns(self._workdir)
-        self._confinement.prepare_writable(self._workdir)
+        # A workspace an environment made for its sandboxes has its user already (every
+        # agent of an episode shares it); any other gets a uid of its own where the
+        # machine allows (see UidPool), held as long as this sandbox.
+        made_for_sandboxes = self._confinement.owns(self._workdir)
+        owner = self._confinement.workspace_user(self._workdir)
+        # The owner's uid is held by whoever made the workspace; one nobody holds any
+        # more (an earlier sandbox's directory) is leased again, never shared unheld.
+        lease = self._confinement.lease_user(
+            owner[0] if made_for_sandboxes and owner is not None else None
+        )
+        self._user = lease.user if lease is not None else owner
+        self._hands_over_files = owned is not None or made_for_sandboxes
+        self._confinement.prepare_writable(self._workdir, user=self._user)
         self._limits = limits or SandboxLimits()
         self._env = kernel_environment(self._limits, env)
-        self._res = _Resources(owned)
+        self._res = _Resources(owned, lease)
         self._finalizer = weakref.finalize(self, self._res.release)
 
     @classmethod
@@ -348,7 +392,7 @@ class JupyterSandbox:
         *,
         env: Mapping[str, str] | None = None,
         isolation: IsolationMode = "auto",
-    ) -> Callable[[Path], JupyterSandbox]:
+    ) -> JupyterSandboxFactory:
         """A :class:`~mappa_env.sandbox.base.SandboxFactory` making cold-started sandboxes.
 
         Args:
@@ -358,13 +402,15 @@ class JupyterSandbox:
                 checked now, so ``"namespaces"`` fails here when unavailable.
 
         Returns:
-            ``factory(workdir) -> JupyterSandbox``.
+            ``factory(workdir) -> JupyterSandbox``, declaring its confinement as
+            ``factory.confinement``.
 
         Raises:
             IsolationUnavailableError: For ``isolation="namespaces"`` where it cannot work.
         """
-        resolve_confinement(isolation)
-        return functools.partial(cls, limits=limits, env=env, isolation=isolation)
+        return JupyterSandboxFactory(
+            limits=limits, env=env, isolation=isolation, confinement=resolve_confinement(isolation)
+        )
 
     # ----------------------------------------------------------------- properties
 
@@ -530,18 +576,16 @@ class JupyterSandbox:
         before = _snapshot(root, self._limits.max_tracked_files)
         outcome = self._execute(kernel, code, timeout)
         error = outcome.error
-        descendants = 0
         if outcome.closed:
             error = ExecError("SandboxClosed", "the sandbox was closed while the code ran")
         elif outcome.kill_reason is None and not outcome.died:
-            descendants = self._count_processes(kernel)
-            if self._limits.max_processes is not None and descendants > self._limits.max_processes:
-                outcome.kill_reason = "process limit"
-                outcome.kill_error = _process_limit_exceeded(self._limits.max_processes)
+            over = _limit_error(kernel, self._limits)
+            if over is not None:
+                outcome.kill_reason, outcome.kill_error = "process limit", over
         if not outcome.closed and (outcome.died or outcome.kill_reason or outcome.asked_exit):
             error = self._recover(kernel, outcome, error)
             restarted = True
-        elif descendants:
+        elif not outcome.closed and _left_running(kernel):
             self._watch_background_processes(kernel)
 
         stdout, stdout_cut = outcome.stdout.text()
@@ -615,7 +659,7 @@ class JupyterSandbox:
             return [f"[sandbox] {exc}"]
         if kernel.confined:
             # Its view of the workspace was fixed when it started: start it again there.
-            self._confinement.prepare_writable(self._workdir)
+            self._confinement.prepare_writable(self._workdir, user=self._user)
             try:
                 self._replace_kernel()
             except SandboxError as exc:
@@ -710,7 +754,9 @@ class JupyterSandbox:
             if old is not None:
                 stop_kernel(old)
             self._ensure_workdir()
-            self._confinement.prepare_writable(self._workdir, contents=self._hands_over_files)
+            self._confinement.prepare_writable(
+                self._workdir, contents=self._hands_over_files, user=self._user
+            )
             # Started under the state lock so that close() cannot miss a new kernel.
             kernel = self._start_in_own_thread()
             self._res.kernel = kernel
@@ -764,19 +810,6 @@ class JupyterSandbox:
                 self._res.owned_dir = workdir
             return True
 
-    def _count_processes(self, kernel: Kernel) -> int:
-        """Processes below the kernel, counted up to just past the limit (0 if unlimited)."""
-        limit = self._limits.max_processes
-        if limit is None:
-            return 0
-        return len(kernel.agent_processes(stop_after=limit))
-
-    def _process_limit_error(self, kernel: Kernel) -> ExecError | None:
-        limit = self._limits.max_processes
-        if limit is None or self._count_processes(kernel) <= limit:
-            return None
-        return _process_limit_exceeded(limit)
-
     def _execute(
         self, kernel: Kernel, code: str, timeout: float, *, silent: bool = False
     ) -> _CallOutcome:
@@ -826,7 +859,7 @@ class JupyterSandbox:
                 if not kernel.alive():
                     outcome.died = True
                     break
-                over = self._process_limit_error(kernel)
+                over = _limit_error(kernel, self._limits)
                 if over is not None:
                     outcome.kill_reason, outcome.kill_error = "process limit", over
                     break
@@ -933,13 +966,15 @@ class JupyterSandbox:
                 outcome.died = True
 
     def _watch_background_processes(self, kernel: Kernel) -> None:
-        """Keep counting the kernel's processes between calls while it has any."""
-        limit = self._limits.max_processes
-        if limit is None or self._res.watcher is not None:
+        """Keep counting the kernel's processes and threads between calls while it has any."""
+        limits = self._limits
+        if (limits.max_processes is None and limits.max_threads is None) or (
+            self._res.watcher is not None
+        ):
             return
         watcher = threading.Thread(
             target=_watch_idle_kernel,
-            args=(self._res, kernel, limit, self._limits.idle_watch_interval_s),
+            args=(self._res, kernel, limits),
             name=f"mappa-sandbox-watch-{kernel.pid}",
             daemon=True,
         )
@@ -956,11 +991,40 @@ def _utf8_safe_error(error: ExecError | None) -> ExecError | None:
     return error if safe == fields else ExecError(*safe)
 
 
-def _process_limit_exceeded(limit: int) -> ExecError:
+def _over_limit(kernel: Kernel, limits: SandboxLimits) -> tuple[str, int] | None:
+    """``("threads" or "processes", limit)`` when a kernel is over that limit, else None.
+
+    Threads are counted first: that count is bounded by its limit (see
+    :func:`~mappa_env.sandbox._process.tree_threads`), while listing the processes reads
+    a file per thread.
+    """
+    threads = limits.max_threads
+    if threads is not None and kernel.threads(stop_after=threads) > threads:
+        return "threads", threads
+    limit = limits.max_processes
+    if limit is not None and len(kernel.agent_processes(stop_after=limit)) > limit:
+        return "processes", limit
+    return None
+
+
+def _limit_error(kernel: Kernel, limits: SandboxLimits) -> ExecError | None:
+    """The error of a call after which the kernel is over a limit, or None."""
+    over = _over_limit(kernel, limits)
+    if over is None:
+        return None
+    what, limit = over
+    counted = " (every thread of every process of the sandbox counts)" if what == "threads" else ""
     return ExecError(
         "ProcessLimitExceeded",
-        f"the code had more than {limit} processes running; all of them and the Python "
-        "process were killed, and the Python process was restarted",
+        f"the code had more than {limit} {what} running{counted}; all of its processes "
+        "and the Python process were killed, and the Python process was restarted",
+    )
+
+
+def _left_running(kernel: Kernel) -> bool:
+    """Whether earlier code left processes, or threads of its own, running in the kernel."""
+    return bool(kernel.agent_processes(stop_after=0)) or (
+        kernel.threads(stop_after=kernel.ready_threads) > kernel.ready_threads
     )
 
 
@@ -1031,31 +1095,32 @@ def _drain(channel: Any) -> None:
         channel.get_msg(timeout=0)
 
 
-def _watch_idle_kernel(res: _Resources, kernel: Kernel, limit: int, interval: float) -> None:
-    """Between calls, kill the kernel if processes it left running exceed ``limit``.
+def _watch_idle_kernel(res: _Resources, kernel: Kernel, limits: SandboxLimits) -> None:
+    """Between calls, kill the kernel if what it left running exceeds its limits.
 
-    Runs only while the kernel has descendants; a running call does its own checks, so
-    a round is skipped whenever the call lock is taken.
+    Runs only while earlier code left processes or threads running; a running call does
+    its own checks, so a round is skipped whenever the call lock is taken.
     """
-    while not res.stop_watch.wait(interval):
+    while not res.stop_watch.wait(limits.idle_watch_interval_s):
         if not res.lock.acquire(blocking=False):
             continue
         try:
             if res.kernel is not kernel or not kernel.alive():
                 res.watcher = None
                 return
-            found = kernel.agent_processes(stop_after=limit)
-            if not found:
-                res.watcher = None
-                return
-            if len(found) > limit:
-                logger.debug("kernel pid %d: background processes over %d", kernel.pid, limit)
+            over = _over_limit(kernel, limits)
+            if over is not None:
+                what, limit = over
+                logger.debug("kernel pid %d: background %s over %d", kernel.pid, what, limit)
                 _process.kill_tree(kernel.process)
                 # The next call adds whether the Python process could be restarted.
                 res.pending_notice = (
-                    f"[sandbox] processes left running by earlier code exceeded the limit of "
+                    f"[sandbox] {what} left running by earlier code exceeded the limit of "
                     f"{limit}; they and the Python process were killed"
                 )
+                res.watcher = None
+                return
+            if not _left_running(kernel):
                 res.watcher = None
                 return
         finally:

@@ -74,9 +74,20 @@ class SandboxLimits:
             grandchildren, ...; default 64). Checked while code runs and after each
             call; exceeding it kills the kernel with its whole tree (this is what stops
             a fork bomb: ``RLIMIT_NPROC`` is per user and not enforced for root).
+        max_threads: Most threads of the whole sandbox, every thread of every process
+            counted, the kernel's own (about 15, 30 with scikit-learn's worker
+            processes) included (default 256). Threads cost the host a process slot
+            each (``kernel.pid_max`` is often 32,768), and ``max_processes`` alone let
+            1,000 threads through. With namespace isolation and a ``pids`` cgroup (v1 or
+            v2, where this process may make one) the kernel refuses the thread or
+            process past the limit (the code sees ``RuntimeError: can't start new
+            thread`` or ``BlockingIOError``); everywhere the sandbox also counts them
+            while code runs, after each call and while the kernel idles, and kills the
+            kernel with its tree past the limit.
         user_processes: Optional ``RLIMIT_NPROC`` (default None). It counts every
             process *and thread* of the user, not of the sandbox, and root ignores it, so
-            it is only useful for a dedicated unprivileged user.
+            it is only useful for a dedicated unprivileged user: a confined sandbox run
+            by root has a user of its own (see :mod:`mappa_env.sandbox.isolation`).
         max_output_chars: Characters kept of stdout and of stderr per call (default
             20,000); longer output is cut from the middle so its end (where tracebacks
             are) survives. Collection stops growing once past the limit.
@@ -109,6 +120,7 @@ class SandboxLimits:
     open_files: int | None = 1024
     file_size_bytes: int | None = 1 * GIB
     max_processes: int | None = 64
+    max_threads: int | None = 256
     user_processes: int | None = None
     max_output_chars: int = 20_000
     max_message_bytes: int = 64 * 1024**2
@@ -129,6 +141,7 @@ class SandboxLimits:
             "open_files",
             "file_size_bytes",
             "max_processes",
+            "max_threads",
             "user_processes",
             "numeric_threads",
             "total_memory_bytes",

@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 
+from mappa_env.sandbox.isolation import Confinement, refuse_unconfined
 from mappa_env.sandbox.jupyter import JupyterSandbox, SandboxError
 from mappa_env.sandbox.limits import SandboxLimits
 
@@ -123,6 +124,8 @@ class KernelPool:
 
     Raises:
         ValueError: If ``size`` is negative, or ``isolation`` is not ``"none"``.
+        IsolationUnavailableError: When ``MAPPA_REQUIRE_ISOLATION`` is set (its
+            kernels are never confined).
     """
 
     def __init__(
@@ -141,6 +144,7 @@ class KernelPool:
                 f"be confined to it (isolation={isolation!r}); use "
                 "JupyterSandbox.factory(isolation='namespaces') for confined cold starts"
             )
+        refuse_unconfined("a KernelPool")
         self._state = _PoolState(size, limits or SandboxLimits(), env)
         self._finalizer = weakref.finalize(self, self._state.close)
         if size:
@@ -149,6 +153,13 @@ class KernelPool:
             )
             self._state.thread = thread
             thread.start()
+
+    @property
+    def confinement(self) -> Confinement:
+        """What the pool declares about its kernels: not confined (see the class docs)."""
+        return Confinement(
+            mode="none", reason="KernelPool kernels start before their workspace exists"
+        )
 
     @property
     def size(self) -> int:

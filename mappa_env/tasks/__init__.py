@@ -1,6 +1,12 @@
 """Task sources: math problems from files, named benchmarks, datasets or a seeded generator."""
 
-from mappa_env.tasks.generator import DEFAULT_KINDS, DIFFICULTY_LEVELS, KINDS, generate_math_tasks
+from mappa_env.tasks.generator import (
+    DEFAULT_KINDS,
+    DIFFICULTY_LEVELS,
+    KINDS,
+    MAX_GENERATED_TASKS,
+    generate_math_tasks,
+)
 from mappa_env.tasks.math import (
     BENCH_DIR_ENV,
     PUBLIC_BENCHMARKS,
@@ -20,6 +26,7 @@ __all__ = [
     "DEFAULT_KINDS",
     "DIFFICULTY_LEVELS",
     "KINDS",
+    "MAX_GENERATED_TASKS",
     "PUBLIC_BENCHMARKS",
     "TASK_SECRET_ENV",
     "BenchmarkUnavailableError",

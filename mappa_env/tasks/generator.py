@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from mappa_env.options import integer_option
 from mappa_env.tasks.math import MathTask
 from mappa_env.tasks.secret import user_task_secret
 
@@ -604,6 +605,11 @@ def _leaks_answer(prompt: str, answer: int) -> bool:
     return re.search(rf"(?<![\d.]){re.escape(text)}(?!\d|\.\d)", prompt) is not None
 
 
+#: Most problems one call generates (about 0.1 ms each: ten seconds' work); ten million
+#: took minutes with nothing said.
+MAX_GENERATED_TASKS = 100_000
+
+
 def _stream_key(secret: str, seed: int, index: int) -> str:
     """The key of task ``index``'s random stream; without a secret, the pre-secret key."""
     if not secret:
@@ -625,7 +631,7 @@ def generate_math_tasks(
     redrawn, so no prompt gives its answer away.
 
     Args:
-        n: Number of tasks.
+        n: Number of tasks, at most :data:`MAX_GENERATED_TASKS`.
         seed: Seed; the same arguments always give the same tasks.
         kinds: Kinds to use (see :data:`KINDS`); :data:`DEFAULT_KINDS` when None.
         difficulty: ``"easy"``, ``"medium"``, ``"hard"`` (or 1, 2, 3), or ``"mixed"``
@@ -645,11 +651,17 @@ def generate_math_tasks(
         numbers the problem was built from).
 
     Raises:
-        ValueError: For a negative ``n``, an unknown kind or difficulty.
-        TypeError: For a ``secret`` that is not a string.
+        ValueError: For ``n`` outside ``[0, MAX_GENERATED_TASKS]``, an unknown kind or
+            difficulty.
+        TypeError: For an ``n`` that is not an integer, a ``secret`` that is not a string.
     """
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+    n = integer_option(
+        "n",
+        n,
+        low=0,
+        high=MAX_GENERATED_TASKS,
+        hint=f"generating takes about 0.1 ms a problem ({MAX_GENERATED_TASKS:,} in ~10 s)",
+    )
     chosen = list(kinds) if kinds is not None else list(DEFAULT_KINDS)
     unknown = [kind for kind in chosen if kind not in KINDS]
     if unknown or not chosen:
