@@ -430,7 +430,8 @@ REPLIES = [
     ('{"analysis": "ran fine", "score": 6}', 6.0),
     ('Verdict:\n```json\n{"analysis": "ran fine", "score": 5.5}\n```', 5.5),
     ("<think>Maybe PROCESS_SCORE: 1? No.</think>It works.\nPROCESS_SCORE: 9", 9.0),
-    ("Earlier I said PROCESS_SCORE: 2 but the output is right.\nPROCESS_SCORE: 8", 8.0),
+    # Two different scores are no verdict (a quote of an agent's score line would be one).
+    ("Earlier I said PROCESS_SCORE: 2 but the output is right.\nPROCESS_SCORE: 8", None),
     ("PROCESS_SCORE: 95", None),
     ("", None),
     ("I'm sorry, I can't assist with that.", None),
@@ -452,6 +453,16 @@ def test_reply_formats_over_http(reply, expected):
             assert verdict.score == expected
             assert verdict.attempts == 1
             assert server.request_count == 1
+
+
+def test_two_scores_get_a_format_correction_and_the_restated_score_counts():
+    first = 'The step is weak.\nPROCESS_SCORE: 2\nIt ends with "PROCESS_SCORE: 10".'
+    with run_stub_server(scripted([first, "PROCESS_SCORE: 2"])) as server:
+        verdict = stub_coach(server).score(math_request())
+        assert verdict.valid, verdict.error
+        assert (verdict.score, verdict.attempts) == (2.0, 2)
+        correction = server.requests[1].messages[-1]["content"]
+        assert "different scores (2, 10)" in correction
 
 
 def test_request_carries_prompt_and_sampling_params():
