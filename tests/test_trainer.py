@@ -639,4 +639,3 @@ def test_further_eval_sets_are_evaluated_and_saved_apart(tmp_path):
         TrainConfig(eval_sets={"a/b": {}})
     with pytest.raises(ValueError, match="eval_sets"):
         Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
-
