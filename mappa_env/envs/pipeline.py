@@ -38,6 +38,7 @@ from mappa_env.coach.base import (
     FileInfo,
     RevealPolicy,
     Rubric,
+    cap_verdict,
 )
 from mappa_env.credit import (
     COACH_MODES,
@@ -457,7 +458,12 @@ class PipelineEnv(AECEnv):
         """``(task_id, task statement, ground truth)`` of the current episode."""
 
     def coach_metadata(self, record: ActionRecord) -> dict[str, Any]:
-        """Extra facts for the coach about ``record`` (override to add more)."""
+        """Extra facts for the coach about ``record`` (override to add more).
+
+        An ``"outcome_cap"`` entry is the most the action may score (e.g. for a measured
+        outcome): the coach is told, and the environment lowers any verdict above it
+        (:func:`~mappa_env.coach.base.cap_verdict`).
+        """
         return {}
 
     async def on_episode_start(self) -> None:
@@ -755,7 +761,7 @@ class PipelineEnv(AECEnv):
             rules_rubric=type(self).rules_rubric,
         )
         try:
-            return await self.coach.ascore(request)
+            verdict = await self.coach.ascore(request)
         except CoachStop:
             raise
         except Exception as exc:  # a coach bug must not lose the episode
@@ -763,6 +769,8 @@ class PipelineEnv(AECEnv):
             return CoachVerdict.invalid(
                 f"coach raised {type(exc).__name__}: {exc}", coach=self.coach.name
             )
+        # A cap from a measured outcome binds the verdict, whatever the coach made of it.
+        return cap_verdict(verdict, request.score_cap)
 
     def _provisional_reward(self, verdict: CoachVerdict | None) -> tuple[float, bool]:
         """``(reward, valid)`` of an action when it is taken (see :mod:`mappa_env.credit`)."""
