@@ -10,8 +10,8 @@ and ``rows_expected``; for model.pkl the result of ``predict(X_test)``: ``predic
 (``predict_skipped`` when there was no loadable X_test.pkl), and ``train_skill``, how
 much better than a constant guess the model fits its own training rows), plus
 ``missing_upstream`` (needed upstream files absent when the agent's slot began), and for the
-analyst ``outcome`` (the submission's score) and ``outcome_cap`` (the spec's cap on the
-analyst's score for that outcome).
+analyst ``outcome`` (the submission's score) and, once a submission exists, ``outcome_cap``
+(the spec's cap on the analyst's score for that outcome, which the environment enforces).
 
 The high scores go only to artifacts that pass these checks, and the ladder keeps its
 order: no cheap behaviour (pickles of ``[0] * n``, a model that returns a constant, a

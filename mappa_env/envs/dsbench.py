@@ -1081,11 +1081,15 @@ class DSBenchEnv(PipelineEnv):
             from mappa_env.dsbench.metrics import outcome_cap
 
             metadata["outcome"] = extra["submission"]
-            metadata["outcome_cap"] = outcome_cap(
-                self._submission_score,
-                self.task.task_type,
-                target_range=getattr(self.task, "target_range", None),
-            )
+            # The cap binds the verdict (the environment enforces it), so only a
+            # submission on disk, scored or not, sets one: without one the rubric's
+            # blame rule and its rows for work in progress apply.
+            if (metadata["artifacts"].get(SUBMISSION_FILE) or {}).get("exists"):
+                metadata["outcome_cap"] = outcome_cap(
+                    self._submission_score,
+                    self.task.task_type,
+                    target_range=getattr(self.task, "target_range", None),
+                )
         return metadata
 
     async def on_slot_end(self, agent: str, next_agent: str | None) -> None:
