@@ -290,14 +290,18 @@ def test_environment_cap_and_artifact_checks_are_rendered():
             "metric": "accuracy",
             "outcome": {"success": True, "metric": "accuracy", "value": 0.95},
             "outcome_cap": 5,
-            "artifacts": {"model.pkl": {"exists": True, "loads": False, "error": "EOFError"}},
+            "artifacts": {
+                "model.pkl": {"exists": True, "loads": False, "error": "EOFError: no data"},
+                "X_test.pkl": {"exists": True, "loads": True, "type": "pandas.DataFrame"},
+            },
             "missing_upstream": ["model.pkl"],
         }
     )
     user = CoachTemplates().render_user(request)
     assert "at most 5" in user  # the environment's cap wins over the table's 9
     assert "model.pkl: exists=True, loads=False; in words its file or code chose:" in user
-    assert "error: EOFError" in user
+    assert "error: EOFError: no data" in user
+    assert "X_test.pkl: exists=True, loads=True, type=pandas.DataFrame\n" in user  # a name
     assert "missing or unusable: model.pkl" in user
 
 

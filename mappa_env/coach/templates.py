@@ -411,10 +411,18 @@ def _human_size(size: int) -> str:
     return f"{value:.1f} GB"
 
 
+_IDENTIFIER_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,100}")
+
+
 def _is_plain_fact(value: Any) -> bool:
-    """Numbers, booleans, None and lists of them (a shape): words no agent chose."""
+    """Numbers, booleans, None, lists of them (a shape) and dotted names (a type).
+
+    None of them can hold a sentence, a ``key: value`` line or a score.
+    """
     if value is None or isinstance(value, (bool, int, float)):
         return True
+    if isinstance(value, str):
+        return _IDENTIFIER_PATH.fullmatch(value) is not None
     return isinstance(value, (list, tuple)) and all(
         v is None or isinstance(v, (bool, int, float)) for v in value
     )
@@ -423,10 +431,10 @@ def _is_plain_fact(value: Any) -> bool:
 def _split_facts(facts: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     """``(key=value facts shown inline, key: value facts to quote in a fence)``.
 
-    A fact is shown inline when its value is a number, a boolean, None or a list of
-    those (a shape); any other value (an error message, a type name, any text) may carry
-    words agent code chose (a pickle names the module its unpickling error quotes) and
-    is quoted inside an agent-text fence.
+    A fact is shown inline when its value is a number, a boolean, None, a list of those
+    (a shape) or a dotted name (a type such as ``pandas.DataFrame``); any other value (an
+    error message, any text) may carry words agent code chose (a pickle names the module
+    its unpickling error quotes) and is quoted inside an agent-text fence.
     """
     inline, quoted = [], []
     for key, value in facts.items():
