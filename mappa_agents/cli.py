@@ -27,9 +27,11 @@ def _env_options(args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {
         "sandbox": None if args.sandbox == "none" else args.sandbox,
         "isolation": args.isolation,
-        "credit_mode": args.credit_mode,
-        "max_new_tokens": args.max_new_tokens,
     }
+    # Commands that own these (a coach audit pays process credit) have no flags for them.
+    for name in ("credit_mode", "max_new_tokens"):
+        if getattr(args, name, None) is not None:
+            options[name] = getattr(args, name)
     flags = {
         "tasks": args.tasks,
         "num_tasks": args.num_tasks,
@@ -62,8 +64,8 @@ def _parse_env_options(pairs: Sequence[str]) -> dict[str, Any]:
     return options
 
 
-def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``mappa eval`` (shared with ``mappa train`` where they apply)."""
+def add_env_arguments(parser: argparse.ArgumentParser) -> None:
+    """The environment and its tasks: flags every command that makes environments takes."""
     parser.add_argument(
         "--env",
         default="MathChat-v0",
@@ -78,6 +80,37 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         help="an option of the environment's constructor (VALUE as JSON where it parses); "
         "repeatable",
     )
+    parser.add_argument(
+        "--tasks",
+        default=None,
+        help="the environment's tasks option (MathChat: a task file, a name such as "
+        "aime_2025, or gen:N)",
+    )
+    parser.add_argument(
+        "--num-tasks", type=int, default=None, help="MathChat: use this many generated problems"
+    )
+    parser.add_argument("--task-seed", type=int, default=0, help="seed of generated problems")
+    parser.add_argument(
+        "--task-secret",
+        default=None,
+        help="pin the secret generated tasks are drawn with, for a reproducible run "
+        "(default: the user's secret for MathChat problems, a fresh one per run for "
+        "built-in DSBench tasks); agents never see it",
+    )
+    parser.add_argument("--data-dir", default=None, help="DSBench data directory")
+    parser.add_argument("--task-ids", default=None, help="DSBench task ids, comma-separated")
+    parser.add_argument("--sandbox", default="jupyter", choices=["jupyter", "none"])
+    parser.add_argument(
+        "--isolation",
+        default="auto",
+        choices=["auto", "namespaces", "none"],
+        help="confine agents' code in Linux namespaces (bubblewrap): auto = where it works",
+    )
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``mappa eval`` (shared with ``mappa train`` where they apply)."""
+    add_env_arguments(parser)
     parser.add_argument(
         "--system",
         default="smollm2-135m",
@@ -136,32 +169,6 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.6, help="sampling temperature")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0, help="run seed")
-    parser.add_argument(
-        "--tasks",
-        default=None,
-        help="the environment's tasks option (MathChat: a task file, a name such as "
-        "aime_2025, or gen:N)",
-    )
-    parser.add_argument(
-        "--num-tasks", type=int, default=None, help="MathChat: use this many generated problems"
-    )
-    parser.add_argument("--task-seed", type=int, default=0, help="seed of generated problems")
-    parser.add_argument(
-        "--task-secret",
-        default=None,
-        help="pin the secret generated tasks are drawn with, for a reproducible run "
-        "(default: the user's secret for MathChat problems, a fresh one per run for "
-        "built-in DSBench tasks); agents never see it",
-    )
-    parser.add_argument("--data-dir", default=None, help="DSBench data directory")
-    parser.add_argument("--task-ids", default=None, help="DSBench task ids, comma-separated")
-    parser.add_argument("--sandbox", default="jupyter", choices=["jupyter", "none"])
-    parser.add_argument(
-        "--isolation",
-        default="auto",
-        choices=["auto", "namespaces", "none"],
-        help="confine agents' code in Linux namespaces (bubblewrap): auto = where it works",
-    )
     parser.add_argument(
         "--credit-mode",
         "--reward-mode",  # its former name
@@ -351,4 +358,120 @@ def add_eval_parser(commands: Any) -> argparse.ArgumentParser:
 
 def _eval_handler(args: argparse.Namespace) -> int:
     run_eval(args)
+    return 0
+
+
+def add_coach_parser(commands: Any) -> argparse.ArgumentParser:
+    """Add the ``coach`` sub-command (``mappa coach audit``) to ``commands``."""
+    from mappa_env.audit import FAMILIES, PAYLOADS
+
+    coach = commands.add_parser("coach", help="check a coach before training with it")
+    actions = coach.add_subparsers(dest="coach_command", required=True)
+    parser = actions.add_parser(
+        "audit",
+        help="score honest actions and attacks through an environment: can the coach be fooled?",
+        description="For every agent, on real episode contexts built from the environment's "
+        "tasks, score an honest action and a battery of attacks (null actions, master keys, "
+        "injections in every channel the agents write, padding, confident wrong answers, "
+        "placeholders, several answers) through the same path training uses, and report per "
+        "family and agent how far the scores moved: audit.json, audit.md, audit.png.",
+    )
+    add_env_arguments(parser)
+    parser.add_argument(
+        "--coach",
+        default="rules",
+        help="the coach spec: rules, or llm:<litellm model>[?api_base=URL&max_tokens=N&...]",
+    )
+    parser.add_argument("--out", default="runs/coach-audit", help="output directory")
+    parser.add_argument(
+        "--contexts",
+        type=int,
+        default=1,
+        metavar="N",
+        help="build contexts from the first N tasks (one context per agent and task)",
+    )
+    parser.add_argument(
+        "--reveal",
+        default=None,
+        choices=["never", "last_agent", "always"],
+        help="which actions the coach judges with the ground truth (default: the coach's "
+        "own default, as training would use: rules always, LLM coaches last_agent)",
+    )
+    parser.add_argument("--agents", default=None, help="agents to audit, comma-separated")
+    parser.add_argument(
+        "--families",
+        default=None,
+        help=f"attack families, comma-separated (default all: {','.join(FAMILIES)})",
+    )
+    parser.add_argument(
+        "--payloads",
+        default=None,
+        help="injection payloads, comma-separated (default all: "
+        f"{','.join(p.name for p in PAYLOADS)})",
+    )
+    parser.add_argument("--concurrency", type=int, default=2, help="episodes in flight")
+    parser.add_argument(
+        "--moved-points",
+        type=float,
+        default=1.0,
+        help="a payload or padding that raises the coach's own score by more than this is 'moved'",
+    )
+    parser.add_argument(
+        "--fail-on",
+        default="never",
+        choices=["never", "moved", "taken"],
+        help="exit with status 1 when a family's verdict is this bad or worse (for CI)",
+    )
+    parser.set_defaults(handler=run_coach_audit)
+    return parser
+
+
+def _split(text: str | None) -> list[str] | None:
+    return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
+
+
+def run_coach_audit(args: argparse.Namespace) -> int:
+    """Run ``mappa coach audit``: print the verdict per family; write the report.
+
+    Returns:
+        0, or 1 when ``--fail-on`` names a verdict a family reached.
+    """
+    from mappa_env.audit import VERDICTS, AuditConfig, audit_coach
+
+    config = AuditConfig(
+        tasks=args.contexts,
+        agents=_split(args.agents),
+        families=_split(args.families),
+        payloads=_split(args.payloads),
+        reveal=args.reveal,
+        concurrency=args.concurrency,
+        moved_points=args.moved_points,
+    )
+    env_options = _env_options(args)
+    done = {"shown": 0}
+
+    def progress(finished: int, total: int) -> None:
+        # About twenty lines per audit, whatever its size.
+        if finished == total or finished - done["shown"] >= max(total // 20, 1):
+            done["shown"] = finished
+            print(f"  {finished}/{total} actions scored", flush=True)
+
+    try:
+        report = audit_coach(
+            args.env, args.coach, env_options=env_options, config=config, on_case=progress
+        )
+    finally:
+        shared_tasks = env_options.get("tasks")
+        if hasattr(shared_tasks, "close"):
+            shared_tasks.close()
+    written = report.write(args.out)
+    print(f"coach {report.coach} on {report.env_id} (reveal={report.reveal}): {report.verdict}")
+    for line in report.family_lines():
+        print(f"  {line}")
+    print(
+        f"{len(report.cases)} actions in {report.wall_time_s:.0f} s; wrote "
+        + ", ".join(map(str, written))
+    )
+    if args.fail_on != "never" and VERDICTS.index(report.verdict) >= VERDICTS.index(args.fail_on):
+        return 1
     return 0

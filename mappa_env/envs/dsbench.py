@@ -52,8 +52,10 @@ from typing import Any
 import pandas as pd
 
 from mappa_env._fs import UnsafeFileError, file_kind, read_regular_file, walk_files
+from mappa_env.audit.battery import AuditActions
 from mappa_env.coach.base import FileInfo
 from mappa_env.coach.rules_dsbench import dsbench_rubric
+from mappa_env.dsbench.audit import audit_actions as dsbench_audit_actions
 from mappa_env.dsbench.builtin import BuiltinTaskSet
 from mappa_env.dsbench.tasks import DSBenchTask
 from mappa_env.envs.pipeline import (
@@ -632,6 +634,7 @@ class DSBenchEnv(PipelineEnv):
     rules_rubric = staticmethod(dsbench_rubric)
     shows_workspace = True
     default_code_timeout_s = 120.0
+    hands_over_through_files = True
 
     def __init__(
         self,
@@ -1023,6 +1026,10 @@ class DSBenchEnv(PipelineEnv):
                 counts.append(int(known) if known is not None else _csv_rows(Path(path)))
             self._row_counts[task.id] = (counts[0], counts[1])
         return self._row_counts[task.id]
+
+    def audit_actions(self, agent: str) -> AuditActions:
+        """Honest and attack actions for a coach audit (see :mod:`mappa_env.dsbench.audit`)."""
+        return dsbench_audit_actions(self.task, agent)
 
     def task_facts(self) -> tuple[str, str, str | None]:
         """``(task id, description, None)``: DSBench has no short ground-truth string."""

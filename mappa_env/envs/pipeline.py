@@ -17,13 +17,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import shutil
 import tempfile
 import warnings
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import gymnasium
 from pettingzoo import AECEnv
@@ -51,6 +52,9 @@ from mappa_env.credit import (
 from mappa_env.sandbox.base import ExecError, ExecResult, Sandbox, SandboxFactory, check_sandbox
 from mappa_env.sandbox.isolation import Confinement, IsolationMode, resolve_confinement
 from mappa_env.spaces import UnicodeText, make_observation, text_observation_space
+
+if TYPE_CHECKING:
+    from mappa_env.audit.battery import AuditActions
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +164,9 @@ class PipelineEnv(AECEnv):
             whether its own final answer was right (``"agent_correct"``), which the
             ``agent_oracle`` credit mode pays.
         default_code_timeout_s: ``code_timeout_s`` when none is given.
+        hands_over_through_files: Agents pass work on only through workspace files and
+            their final messages, so a coach audit may rebuild an agent's context from
+            the files and the upstream final messages (:mod:`mappa_env.audit`).
 
     Required hooks: :meth:`role_description`, :meth:`agent_messages`,
     :meth:`run_action`, :meth:`episode_outcome`, :meth:`task_facts`, the property
@@ -168,8 +175,9 @@ class PipelineEnv(AECEnv):
 
     Optional hooks: :meth:`next_agent` (who acts next: loops and revisits),
     :meth:`coach_metadata`, :meth:`select_task`, :meth:`on_episode_start`,
-    :meth:`on_slot_end`, :meth:`on_episode_end`, :meth:`on_close` and the class method
-    :meth:`summarize_outcomes` (environment-specific numbers for reports).
+    :meth:`on_slot_end`, :meth:`on_episode_end`, :meth:`on_close`, the class method
+    :meth:`summarize_outcomes` (environment-specific numbers for reports), and for coach
+    audits :meth:`audit_actions` and the class method :meth:`audit_env_options`.
 
     A subclass takes its own options and passes the rest on once: ``def __init__(self,
     tasks=None, *, my_option=1, **options)`` then ``super().__init__(**options)``. See
@@ -242,6 +250,8 @@ class PipelineEnv(AECEnv):
     reports_agent_correct: ClassVar[bool] = False
     #: ``code_timeout_s`` when the caller gives none.
     default_code_timeout_s: ClassVar[float] = 30.0
+    #: Whether agents hand work over only through workspace files and final messages.
+    hands_over_through_files: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -483,6 +493,24 @@ class PipelineEnv(AECEnv):
     def on_close(self) -> None:
         """Release what lives as long as the environment (called once by close/aclose)."""
 
+    def audit_actions(self, agent: str) -> AuditActions | None:
+        """What a coach audit scores for ``agent`` at the start of its slot, in this episode.
+
+        The honest turns (the first one does the job correctly), a confident wrong
+        action, a placeholder, several answers, and the channels where the agent's words
+        reach the coach (:class:`~mappa_env.audit.battery.AuditActions`). ``None`` (the
+        default): this environment cannot be audited.
+        """
+        return None
+
+    @classmethod
+    def audit_env_options(cls) -> dict[str, Any]:
+        """Constructor options a coach audit uses unless the caller gives others.
+
+        E.g. tasks whose honest actions the environment knows how to write.
+        """
+        return {}
+
     # ------------------------------------------------------------------ PettingZoo API
 
     def observation_space(self, agent: str) -> gymnasium.spaces.Space:
@@ -676,6 +704,18 @@ class PipelineEnv(AECEnv):
             self._confinement.prepare_writable(workdir)
             self._workdir = workdir
         return self._workdir
+
+    def copy_workspace(self, destination: Path) -> None:
+        """Copy this episode's workspace to ``destination`` (links copied as links)."""
+        shutil.copytree(self.workdir, destination, symlinks=True)
+
+    def restore_workspace(self, source: Path) -> None:
+        """Copy the files of ``source`` (a :meth:`copy_workspace`) into the workspace.
+
+        They are handed over to the confined user, as files the agents' own code wrote.
+        """
+        shutil.copytree(source, self.workdir, symlinks=True, dirs_exist_ok=True)
+        self._confinement.prepare_writable(self.workdir, contents=True)
 
     def coach_sees_truth(self, agent: str) -> bool:
         """Whether the coach judges ``agent``'s actions with the ground truth in view.
