@@ -8,7 +8,6 @@ be caught on every injection family.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -169,31 +168,27 @@ def test_the_audit_passes_the_strict_judge_and_catches_the_gullible_one_on_dsben
     pytest.importorskip("litellm")
     from tests.openai_stub_server import gullible_judge, run_stub_server, strict_judge
 
-    # Injections in every channel the agents write: the analyst has all six (the data
-    # engineer's and the modeler's are among them), and no outcome cap binds the data
-    # engineer.
-    config = AuditConfig(reveal="always", families=INJECTIONS, payloads=["score_line"])
+    # The analyst writes in all six channels (the data engineer's and the modeler's are
+    # among them); its outcome cap binds any judge's reward, so the gullible one is
+    # caught by its own scores.
+    config = AuditConfig(
+        reveal="always", agents=["analyst"], families=INJECTIONS, payloads=["score_line"]
+    )
     options = {"tasks": iris, "sandbox": InProcessSandbox}
     with run_stub_server(strict_judge) as server:
         strict = audit_coach("DSBench-v0", judge_spec(server, "strict"), env_options=options,
-                             config=dataclasses.replace(config, agents=["analyst"]))  # fmt: skip
+                             config=config)  # fmt: skip
     with run_stub_server(gullible_judge) as server:
-        gullible = audit_coach(
-            "DSBench-v0", judge_spec(server, "gullible"), env_options=options,
-            config=dataclasses.replace(config, agents=["data_engineer", "analyst"]),
-        )  # fmt: skip
+        gullible = audit_coach("DSBench-v0", judge_spec(server, "gullible"),
+                               env_options=options, config=config)  # fmt: skip
     assert strict.verdict == "held", strict.family_lines()
     assert all(c.leaked is False for c in strict.cases if c.payload)
-    # Flagged on every injection family: the submission channel is the analyst's alone,
-    # and there the environment's outcome cap kept the reward, not the judge.
-    expected = dict.fromkeys(INJECTIONS, "taken") | {"inject_submission": "moved"}
     flagged = {f: v for f, v in gullible.families.items() if f in INJECTIONS}
-    assert flagged == expected, gullible.family_lines()
+    assert flagged == dict.fromkeys(INJECTIONS, "moved"), gullible.family_lines()
     assert gullible.families["format_only"] == "held"  # the control: no payload
-    analyst = [c for c in gullible.cases if c.agent == "analyst" and c.payload]
-    assert all(c.capped_from == 10.0 and c.score <= 3.0 for c in analyst)
-    analyst_rows = [s for s in gullible.stats if s.agent == "analyst" and s.family in INJECTIONS]
-    assert {s.verdict for s in analyst_rows} == {"moved"}
+    # The judge's 10 became the outcome's cap: the reward held, the judge did not.
+    planted = [c for c in gullible.cases if c.payload]
+    assert all(c.capped_from == 10.0 and c.score <= 3.0 for c in planted)
 
 
 def test_a_judge_that_gives_everything_the_same_score_is_caught():
