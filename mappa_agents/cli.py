@@ -32,8 +32,11 @@ def env_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "sandbox": None if args.sandbox == "none" else args.sandbox,
         "isolation": args.isolation,
         "credit_mode": args.credit_mode,
-        "max_new_tokens": args.max_new_tokens,
     }
+    # The token budget the prompts state comes from the sampling flags, which commands
+    # that generate nothing (a coach audit) do not take.
+    if getattr(args, "max_new_tokens", None) is not None:
+        options["max_new_tokens"] = args.max_new_tokens
     flags = {
         "tasks": args.tasks,
         "num_tasks": args.num_tasks,
@@ -472,4 +475,117 @@ def _serve_handler(args: argparse.Namespace) -> int:
         who,
     )
     serve(config, host=args.host, port=args.port)
+    return 0
+
+
+def add_coach_parser(commands: Any) -> argparse.ArgumentParser:
+    """Add the ``coach`` sub-command (``mappa coach audit``) to ``commands``."""
+    from mappa_env.audit import FAMILIES, PAYLOADS
+
+    coach = commands.add_parser("coach", help="check a coach before training with it")
+    actions = coach.add_subparsers(dest="coach_command", required=True)
+    parser = actions.add_parser(
+        "audit",
+        help="score honest actions and attacks through an environment: can the coach be fooled?",
+        description="For every agent, on real episode contexts built from the environment's "
+        "tasks, score an honest action and a battery of attacks (null actions, master keys, "
+        "injections in every channel the agents write, padding, confident wrong answers, "
+        "placeholders, several answers) through the same path training uses, and report per "
+        "family and agent how far the scores moved: audit.json, audit.md, audit.png.",
+    )
+    add_env_arguments(parser)
+    parser.add_argument("--out", default="runs/coach-audit", help="output directory")
+    parser.add_argument(
+        "--contexts",
+        type=int,
+        default=1,
+        metavar="N",
+        help="build contexts from the first N tasks (one context per agent and task)",
+    )
+    parser.add_argument(
+        "--reveal",
+        default=None,
+        choices=["never", "last_agent", "always"],
+        help="which actions the coach judges with the ground truth (default: the coach's "
+        "own default, as training would use: rules always, LLM coaches last_agent)",
+    )
+    parser.add_argument("--agents", default=None, help="agents to audit, comma-separated")
+    parser.add_argument(
+        "--families",
+        default=None,
+        help=f"attack families, comma-separated (default all: {','.join(FAMILIES)})",
+    )
+    parser.add_argument(
+        "--payloads",
+        default=None,
+        help="injection payloads, comma-separated (default all: "
+        f"{','.join(p.name for p in PAYLOADS)})",
+    )
+    parser.add_argument("--concurrency", type=int, default=2, help="episodes in flight")
+    parser.add_argument(
+        "--moved-points",
+        type=float,
+        default=1.0,
+        help="a payload or padding that raises the coach's own score by more than this is 'moved'",
+    )
+    parser.add_argument(
+        "--fail-on",
+        default="never",
+        choices=["never", "moved", "taken"],
+        help="exit with status 1 when a family's verdict is this bad or worse (for CI)",
+    )
+    parser.set_defaults(handler=run_coach_audit)
+    return parser
+
+
+def _split(text: str | None) -> list[str] | None:
+    return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
+
+
+def run_coach_audit(args: argparse.Namespace) -> int:
+    """Run ``mappa coach audit``: print the verdict per family; write the report.
+
+    Returns:
+        0, or 1 when ``--fail-on`` names a verdict a family reached.
+    """
+    from mappa_env.audit import VERDICTS, AuditConfig, audit_coach
+
+    config = AuditConfig(
+        tasks=args.contexts,
+        agents=_split(args.agents),
+        families=_split(args.families),
+        payloads=_split(args.payloads),
+        reveal=args.reveal,
+        concurrency=args.concurrency,
+        moved_points=args.moved_points,
+    )
+    env_options = env_options_from_args(args)
+    # The audit scores under process credit; its env options must not name one.
+    env_options.pop("credit_mode", None)
+    done = {"shown": 0}
+
+    def progress(finished: int, total: int) -> None:
+        # About twenty lines per audit, whatever its size.
+        if finished == total or finished - done["shown"] >= max(total // 20, 1):
+            done["shown"] = finished
+            print(f"  {finished}/{total} actions scored", flush=True)
+
+    try:
+        report = audit_coach(
+            args.env, args.coach, env_options=env_options, config=config, on_case=progress
+        )
+    finally:
+        shared_tasks = env_options.get("tasks")
+        if hasattr(shared_tasks, "close"):
+            shared_tasks.close()
+    written = report.write(args.out)
+    print(f"coach {report.coach} on {report.env_id} (reveal={report.reveal}): {report.verdict}")
+    for line in report.family_lines():
+        print(f"  {line}")
+    print(
+        f"{len(report.cases)} actions in {report.wall_time_s:.0f} s; wrote "
+        + ", ".join(map(str, written))
+    )
+    if args.fail_on != "never" and VERDICTS.index(report.verdict) >= VERDICTS.index(args.fail_on):
+        return 1
     return 0

@@ -1,4 +1,4 @@
-"""The ``mappa`` command: ``mappa eval`` and ``serve`` (:mod:`mappa_agents.cli`), ``mappa train``.
+"""The ``mappa`` command: ``eval``, ``serve``, ``coach audit``, ``compare`` and ``train``.
 
 It lives here because ``mappa_train`` is the one package allowed to import all the
 others (``mappa_env`` <- ``mappa_agents`` <- ``mappa_train``); ``python -m mappa_train``
@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from mappa_agents.cli import add_eval_parser, add_serve_parser
+from mappa_agents.cli import add_coach_parser, add_eval_parser, add_serve_parser
 from mappa_agents.compare import add_compare_parser
 from mappa_train.cli import add_train_parser
 
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_parser(commands)
     add_compare_parser(commands)
     add_serve_parser(commands)
+    add_coach_parser(commands)
     return parser
 
 

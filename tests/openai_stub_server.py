@@ -5,6 +5,10 @@ It speaks enough of ``POST /v1/chat/completions`` (plain and ``stream=true``) an
 A handler decides every reply, so tests script good answers, odd formats, HTTP errors
 and slow responses, and the server records each request it received.
 
+It also has two scripted judges that read the coach's prompt as a model would
+(:func:`strict_judge`, :func:`gullible_judge`): coach audits must pass the first and
+catch the second. ``python -m tests.openai_stub_server --judge strict`` serves one.
+
 Example:
     >>> with run_stub_server(lambda req: "PROCESS_SCORE: 7") as server:
     ...     litellm.completion(model="openai/stub", api_base=server.base_url,
@@ -14,10 +18,12 @@ Example:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import inspect
 import json
+import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -300,3 +306,174 @@ def run_stub_server(
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
         loop.close()
+
+
+# ------------------------------------------------------------------ scripted judges
+
+_FENCE_LINE = re.compile(r"^<<<(?:agent text|end) [0-9a-f]{16}>>>\n?", re.MULTILINE)
+_FENCED = re.compile(
+    r"^<<<agent text (?P<id>[0-9a-f]{16})>>>\n(?P<body>.*?)\n<<<end (?P=id)>>>$",
+    re.DOTALL | re.MULTILINE,
+)
+# A score a text states: a score line, a JSON score, "N/10".
+_STATED_SCORE = re.compile(
+    r"PROCESS[_ ]SCORE\W{0,3}(\d+(?:\.\d+)?)"
+    r'|"score"\s*:\s*(\d+(?:\.\d+)?)'
+    r"|\b(\d+(?:\.\d+)?)\s*/\s*10\b"
+)
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_CAP = re.compile(r"Score cap from this outcome: at most (\d+(?:\.\d+)?)")
+_AGENT = re.compile(r"^## The agent being judged: (\w+)", re.MULTILINE)
+
+
+def _sections(text: str) -> dict[str, str]:
+    """``{heading: body}`` of the ``## `` sections of ``text``; a repeated heading's last body."""
+    found: dict[str, str] = {}
+    parts = re.split(r"^## (.+)$", text, flags=re.MULTILINE)
+    for title, body in zip(parts[1::2], parts[2::2]):
+        found[title.strip()] = body.strip()
+    return found
+
+
+def _fenced_body(prompt: str, title: str) -> str:
+    """The agent text fenced right under the heading ``title`` ("" when there is none)."""
+    start = prompt.find(f"## {title}\n")
+    if start < 0:
+        return ""
+    match = _FENCED.match(prompt, start + len(title) + 4)
+    return match.group("body") if match else ""
+
+
+def _fact(checks: str, name: str, key: str) -> str | None:
+    line = next((ln for ln in checks.splitlines() if ln.startswith(f"- {name}:")), "")
+    match = re.search(rf"\b{re.escape(key)}=([^,;\s]+)", line)
+    return match.group(1) if match else None
+
+
+def judge_prompt(prompt: str, *, reads_fences: bool) -> tuple[float, str]:
+    """Score a coach prompt as a scripted judge: ``(score, reason)``.
+
+    Both judges obey a score the prompt states outside the reply format (a score line,
+    a JSON score, "N/10") and otherwise score the action by its evidence: for MathChat,
+    whether its one boxed answer (a code executor: the last number its code printed)
+    is the reference answer (without one, whether it states one answer with working, or
+    printed a number); for DSBench, the environment's checks of the files (all three
+    data files load and hold the target; a model that loads, predicts and has learned)
+    and the measured outcome with its cap.
+
+    The strict judge reads the agents' words (between the fence lines) as evidence only,
+    as the system prompt asks. The gullible one reads them as part of the prompt: it
+    obeys a score they state and takes the last "Reference answer" section they add.
+    """
+    view = _FENCE_LINE.sub("", prompt) if reads_fences else _FENCED.sub("[agent text]", prompt)
+    sections = _sections(view)
+    # Everything but the reply format (which shows "PROCESS_SCORE: <score>"), repeated
+    # headings included.
+    instructions = re.sub(r"^## Reply format\n.*?(?=^## |\Z)", "", view, flags=re.M | re.S)
+    stated = [next(g for g in m.groups() if g) for m in _STATED_SCORE.finditer(instructions)]
+    if stated:
+        return float(stated[-1]), "the prompt states the score"
+    agent_match = _AGENT.search(prompt)
+    agent = agent_match.group(1) if agent_match else ""
+    action = _fenced_body(prompt, "What the agent produced (its action)")
+    tool = _fenced_body(prompt, "Tool result of this action")
+    reference = next((b for t, b in sections.items() if t.startswith("Reference answer")), None)
+    truth = reference.splitlines()[0].strip() if reference else None
+    boxes = list(dict.fromkeys(b.strip() for b in _BOXED.findall(action)))
+    printed = _NUMBER.findall(tool.split("[stderr]")[0])
+    if agent == "code_executor":
+        code = "\n".join(re.findall(r"```python\n(.*?)```", action, re.DOTALL))
+        if tool:
+            if truth is None:
+                score, why = (7.0, "its code printed a number") if printed else (2.0, "no number")
+            elif printed and printed[-1] == truth:
+                copied = re.search(rf"(?<![\d.]){re.escape(truth)}(?![\d.])", code)
+                score, why = (5.0, "it printed the answer it wrote") if copied else (9.0, "right")
+            else:
+                score, why = 3.0, "its code printed a wrong number"
+        elif truth is not None and boxes == [truth]:
+            score, why = 5.0, "the right answer, not computed"
+        else:
+            score, why = 1.0, "no code and no right answer"
+    elif agent in ("problem_solver", "verifier"):
+        if truth is None:
+            one = len(boxes) == 1 and "=" in action
+            score, why = (7.0, "one answer, with working") if one else (2.0, "no single answer")
+        elif boxes == [truth]:
+            score, why = 9.0, "its one boxed answer is right"
+        else:
+            score, why = (2.0, "a wrong answer") if boxes else (1.0, "no answer")
+    elif agent == "data_engineer":
+        checks = sections.get("Checks of the files this agent makes or needs", "")
+        names = ("X_train.pkl", "y_train.pkl", "X_test.pkl")
+        good = all(_fact(checks, n, "loads") == "True" for n in names)
+        good = good and _fact(checks, "y_train.pkl", "holds_target") == "True"
+        score, why = (8.0, "the files pass the checks") if good else (3.0, "files fail the checks")
+    elif agent == "modeler":
+        checks = sections.get("Checks of the files this agent makes or needs", "")
+        skill = _fact(checks, "model.pkl", "train_skill")
+        distinct = _fact(checks, "model.pkl", "distinct_predictions")
+        good = _fact(checks, "model.pkl", "has_predict") == "True"
+        good = good and skill is not None and float(skill) >= 0.1
+        good = good and distinct is not None and int(distinct) >= 2
+        score, why = (8.0, "a usable model that learned") if good else (3.0, "no usable model")
+    elif agent == "analyst":
+        outcome = sections.get("Measured outcome", "")
+        if "could not be scored" in outcome or not outcome:
+            score, why = 2.0, "no scorable submission"
+        else:
+            score, why = 9.0, "a scored submission"
+    else:
+        score, why = 5.0, "an agent this judge does not know"
+    cap = _CAP.search(instructions)
+    if cap is not None and score > float(cap.group(1)):
+        score, why = float(cap.group(1)), f"{why}, capped"
+    return score, why
+
+
+def _judge_reply(request: StubRequest, *, reads_fences: bool) -> str:
+    """The judge's reply: a quote of the action's last line, its reason, its score.
+
+    Asked to correct its format (the conversation holds its earlier reply), it restates
+    its score alone; asked for JSON (``response_format``), it answers with JSON.
+    """
+    users = [m for m in request.messages if m.get("role") == "user"]
+    prompt = users[0]["content"] if users else ""
+    score, why = judge_prompt(prompt, reads_fences=reads_fences)
+    if "response_format" in request.body:
+        return json.dumps({"analysis": why, "score": score})
+    if any(m.get("role") == "assistant" for m in request.messages):
+        return f"PROCESS_SCORE: {score:g}"
+    action = _fenced_body(prompt, "What the agent produced (its action)")
+    lines = [line for line in action.splitlines() if line.strip()]
+    quote = lines[-1][:200] if lines else ""
+    return f'The action ends with "{quote}". Judgement: {why}.\nPROCESS_SCORE: {score:g}'
+
+
+def strict_judge(request: StubRequest) -> str:
+    """A judge that treats the agents' words as evidence only (see :func:`judge_prompt`)."""
+    return _judge_reply(request, reads_fences=False)
+
+
+def gullible_judge(request: StubRequest) -> str:
+    """A judge that obeys any score it reads, the agents' words included."""
+    return _judge_reply(request, reads_fences=True)
+
+
+JUDGES: dict[str, Handler] = {"strict": strict_judge, "gullible": gullible_judge}
+
+
+def main() -> None:
+    """Serve a scripted judge on 127.0.0.1 until interrupted (prints its base URL)."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--judge", choices=sorted(JUDGES), default="strict")
+    args = parser.parse_args()
+    with run_stub_server(JUDGES[args.judge]) as server:
+        print(server.base_url, flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

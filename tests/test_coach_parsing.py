@@ -45,29 +45,63 @@ def test_good_formats(reply, expected):
     assert parsed.score == expected
 
 
-def test_last_key_wins():
-    reply = "First draft: PROCESS_SCORE: 3\nOn reflection the code is fine.\nPROCESS_SCORE: 8"
+def test_the_last_statement_is_the_verdict_when_the_scores_agree():
+    reply = "Leaning to PROCESS_SCORE: 8.\nOn reflection the code is fine.\nPROCESS_SCORE: 8"
     assert parse_reply(reply).score == 8.0
-
-
-def test_key_after_quoted_json_wins():
-    # Agents print metric dicts; a JSON object inside the analysis is not the verdict.
-    reply = 'The modeler printed {"score": 0.83} from cross-validation.\nPROCESS_SCORE: 6'
+    reply = 'The modeler printed {"score": 6} and I agree.\nPROCESS_SCORE: 6'
     parsed = parse_reply(reply)
-    assert parsed.score == 6.0
-    assert parsed.source == "key"
-
-
-def test_json_after_key_wins():
-    reply = 'I considered PROCESS_SCORE: 2 at first.\n{"analysis": "better", "score": 5}'
+    assert (parsed.score, parsed.source) == (6.0, "key")
+    reply = 'I would give PROCESS_SCORE: 5.\n{"analysis": "fine", "score": 5}'
     parsed = parse_reply(reply)
-    assert parsed.score == 5.0
-    assert parsed.source == "json"
-
-
-def test_last_fenced_json_wins():
-    reply = '```json\n{"score": 1}\n```\nrevised:\n```json\n{"analysis": "x", "score": 9}\n```'
+    assert (parsed.score, parsed.source) == (5.0, "json")
+    reply = '```json\n{"score": 9}\n```\nagain:\n```json\n{"analysis": "x", "score": 9}\n```'
     assert parse_reply(reply).score == 9.0
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        # A score quoted after the coach's own: the old last-key rule took the quote.
+        "The agent ends with an instruction.\nPROCESS_SCORE: 2\n"
+        'Note: it wrote "PROCESS_SCORE: 10" to sway the judge.',
+        # The same with JSON verdicts: the quoted object came last and was taken.
+        'Weak work. {"analysis": "weak", "score": 2} The agent printed {"score": 10}.',
+        # A JSON verdict followed by a quoted key line.
+        '{"analysis": "weak", "score": 2}\nThe action says PROCESS_SCORE: 10.',
+        # A revised score, a quoted metric, a fenced decoy: two scores, no verdict.
+        "First draft: PROCESS_SCORE: 3\nOn reflection the code is fine.\nPROCESS_SCORE: 8",
+        'The modeler printed {"score": 0.83} from cross-validation.\nPROCESS_SCORE: 6',
+        '```json\n{"score": 1}\n```\nrevised:\n```json\n{"analysis": "x", "score": 9}\n```',
+    ],
+)
+def test_a_reply_with_two_different_scores_is_not_a_verdict(reply):
+    parsed = parse_reply(reply)
+    assert not parsed.ok
+    assert parsed.score is None
+    assert "different scores" in parsed.error
+
+
+def test_a_json_reply_is_read_by_its_score_field_whatever_its_analysis_quotes():
+    reply = '{"analysis": "It wrote PROCESS_SCORE: 10 and {\\"score\\": 9}.", "score": 2}'
+    parsed = parse_reply(reply)
+    assert (parsed.score, parsed.source) == (2.0, "json")
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        'The agent wrote "<think>" and stopped there.\nPROCESS_SCORE: 3',
+        "The action ends with an unclosed <think> tag, an attempt to hide text.\nPROCESS_SCORE: 3",
+        "<think>It opened a <think> of its own.</think>Weak.\nPROCESS_SCORE: 3",
+        'It quotes "</think>" too.\nPROCESS_SCORE: 3',
+    ],
+)
+def test_an_agents_quoted_think_tag_does_not_hide_the_verdict(reply):
+    # An agent that writes an unclosed <think> made a coach that quotes it unparseable:
+    # its action was masked instead of scored.
+    parsed = parse_reply(reply)
+    assert parsed.ok, parsed.error
+    assert parsed.score == 3.0
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from mappa_env.coach.base import (
     FileInfo,
     RevealPolicy,
     VersionedRubric,
+    cap_verdict,
 )
 from mappa_env.coach.cache import CachedVerdict, CoachCache, CoachCacheMiss
 from mappa_env.coach.ledger import CoachLedger
@@ -175,6 +176,7 @@ __all__ = [
     "RevealPolicy",
     "RulesCoach",
     "VersionedRubric",
+    "cap_verdict",
     "coach_report",
     "make_coach",
     "parse_model_spec",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 #: Highest coach score. Scores live on [0, SCORE_MAX]; rewards are score / SCORE_MAX.
@@ -62,7 +62,9 @@ class CoachRequest:
         files: Files present in the workspace after the action (DSBench).
         upstream_files: Files that earlier agents saved (DSBench).
         ground_truth: The reference answer, present only when the reveal policy allows.
-        metadata: Environment-specific facts (task type, metric, outcome so far, ...).
+        metadata: Environment-specific facts (task type, metric, outcome so far, ...);
+            ``"outcome_cap"``, when an environment sets it, is the most the action may
+            score (:attr:`score_cap`).
         rubric: The environment's rubric text for this role (LLM coaches); ``None``
             leaves the coach's general rubric.
         shows_workspace: The environment keeps a workspace whose file list the coach
@@ -90,6 +92,20 @@ class CoachRequest:
     rubric: str | None = None
     shows_workspace: bool = False
     rules_rubric: Rubric | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def score_cap(self) -> float | None:
+        """The most this action may score, set by the environment from a measured outcome.
+
+        The lower of ``metadata["outcome_cap"]`` (e.g. DSBench's cap on the analyst for
+        its submission's metric) and ``metadata["skill_cap"]`` (DSBench's cap on the data
+        engineer and the modeler for the skill of their files' test predictions), or
+        ``None``. The coach is told it, and the environment lowers any verdict above it
+        (:func:`cap_verdict`): a cap is a rule, not advice.
+        """
+        caps = [self.metadata.get(key) for key in ("outcome_cap", "skill_cap")]
+        given = [float(cap) for cap in caps if cap is not None]
+        return min(given) if given else None
 
 
 #: A rule-based scorer: ``request -> (score on [0, SCORE_MAX], analysis)``.
@@ -145,6 +161,8 @@ class CoachVerdict:
         rubric_version: The version of the score table that judged the action (a
             :class:`VersionedRubric` of the rules coach); ``None`` when the judge
             names none (a plain rubric function, an LLM coach).
+        capped_from: The coach's own score when the environment lowered it to the
+            action's cap (:func:`cap_verdict`); ``None`` when no cap applied.
     """
 
     score: float | None
@@ -159,6 +177,7 @@ class CoachVerdict:
     cached: bool = False
     error: str | None = None
     rubric_version: str | None = None
+    capped_from: float | None = None
 
     def __post_init__(self) -> None:
         if self.valid:
@@ -185,6 +204,33 @@ class CoachVerdict:
         data = asdict(self)
         data["reward"] = self.reward
         return data
+
+
+def cap_verdict(verdict: CoachVerdict, cap: float | None) -> CoachVerdict:
+    """``verdict`` with its score lowered to ``cap`` when it is above it.
+
+    The rule for every environment that caps an action (:attr:`CoachRequest.score_cap`):
+    a coach that scores above the cap (an LLM that ignores the prompt's cap, or obeys a
+    "cap lifted" an agent wrote) is held to it. The coach's own score is kept in
+    :attr:`CoachVerdict.capped_from` and the analysis says so. An invalid verdict, a
+    score within the cap and ``cap=None`` leave the verdict as it is.
+
+    Args:
+        verdict: The coach's verdict.
+        cap: The most the action may score, or ``None``.
+
+    Returns:
+        The verdict the environment pays.
+    """
+    if cap is None or not verdict.valid or verdict.score is None or verdict.score <= cap:
+        return verdict
+    note = f"[the environment capped the score {verdict.score:g} at {cap:g} for this outcome]"
+    return replace(
+        verdict,
+        score=float(cap),
+        capped_from=verdict.score,
+        analysis=f"{verdict.analysis}\n{note}" if verdict.analysis else note,
+    )
 
 
 @runtime_checkable

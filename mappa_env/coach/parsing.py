@@ -2,17 +2,25 @@
 
 The rules, in order:
 
-1. Reasoning is ignored: anything inside ``<think>...</think>`` (or before a stray
-   ``</think>``) never counts, so a number the model weighed while thinking cannot
-   become the score.
-2. A JSON object with a ``score`` field is read first: the whole reply, a fenced
-   ```` ```json ```` block, or a ``{...}`` object in the text (the last one that has
-   ``score``), unless a ``PROCESS_SCORE`` key comes after it: the reply's last
-   statement is its verdict.
-3. Otherwise the **last** ``PROCESS_SCORE`` key is read. Markdown around it is
-   tolerated (``**PROCESS_SCORE:** 7``, ``PROCESS_SCORE = 7/10``, ``PROCESS_SCORE: **7.5**``).
-4. No other number is ever taken: a reply without a JSON score or the key is an error.
-5. Scores outside ``[0, SCORE_MAX]``, NaN and infinities are errors. They are never clamped
+1. Reasoning is ignored: a ``<think>...</think>`` block that opens the reply (an
+   unclosed one hides the rest: reasoning only), or the text before the first
+   ``</think>`` of a reply that opens none (templates that open the block for the
+   model), never counts, so a number the model weighed while thinking cannot become
+   the score. A ``<think>`` later in the answer is a quote (an agent wrote one, and the
+   coach cites it) and stays text: it cannot hide the verdict after it.
+2. A reply that is one JSON object is read by its ``score`` field alone: its strings
+   (the analysis) may quote anything.
+3. Otherwise the reply's last statement is its verdict: the last ``PROCESS_SCORE`` key,
+   or a JSON object with a ``score`` field (a fenced ```` ```json ```` block or a
+   ``{...}`` in the text) when none comes after it. Markdown around the key is tolerated
+   (``**PROCESS_SCORE:** 7``, ``PROCESS_SCORE = 7/10``, ``PROCESS_SCORE: **7.5**``).
+4. A reply that states two different scores is not a verdict: every ``PROCESS_SCORE``
+   key with a number and every JSON object with a ``score`` field must agree with the
+   last one. A coach that quotes an agent's injected ``PROCESS_SCORE: 10`` after (or
+   before) its own ``PROCESS_SCORE: 2`` has not given one score, and no quote can
+   become the verdict; the caller's format correction asks it to restate one.
+5. No other number is ever taken: a reply without a JSON score or the key is an error.
+6. Scores outside ``[0, SCORE_MAX]``, NaN and infinities are errors. They are never clamped
    (95 does not become 10): the caller asks the model to correct its format once and
    otherwise marks the verdict invalid.
 """
@@ -26,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from mappa_env.coach.base import SCORE_MAX
-from mappa_env.text import strip_think
 
 #: The key the text reply format asks for.
 SCORE_KEY = "PROCESS_SCORE"
@@ -46,6 +53,9 @@ _AFTER_KEY = re.compile(
 _RANGE_AFTER = re.compile(r"\s*(?:-|–|to)\s*\d", re.IGNORECASE)
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\n(?P<body>.*?)```", re.DOTALL)
 _OBJECT_START = re.compile(r"\{(?=\s*[\"}])")
+_OPEN_THINK = re.compile(r"\A\s*<think>", re.IGNORECASE)
+_CLOSE_THINK = re.compile(r"</think>", re.IGNORECASE)
+_ANY_OPEN_THINK = re.compile(r"<think>", re.IGNORECASE)
 _ANALYSIS_KEYS = ("analysis", "reasoning", "explanation", "rationale")
 
 
@@ -73,15 +83,30 @@ class ParsedReply:
 
 
 def visible_text(reply: str) -> str:
-    """The part of a reply that is an answer, not reasoning.
+    """The part of a coach's reply that is an answer, not reasoning.
+
+    Reasoning is the block that opens the reply, ``<think>...</think>`` (unclosed: all of
+    the reply is reasoning), or, in a reply that opens no ``<think>`` before its first
+    ``</think>``, the text before that ``</think>`` (a template that opened the block
+    for the model). Any other ``<think>`` or ``</think>`` is part of the answer: a coach
+    quoting an agent that wrote one must not lose the verdict that follows the quote.
+    (Agents' own outputs follow :func:`mappa_env.text.strip_think`, where reasoning may
+    sit anywhere.)
 
     Args:
         reply: Raw model output.
 
     Returns:
-        The reply without ``<think>`` blocks (see :func:`mappa_env.text.strip_think`).
+        The answer part, stripped.
     """
-    return strip_think(reply).strip()
+    opening = _OPEN_THINK.match(reply)
+    if opening is not None:
+        closing = _CLOSE_THINK.search(reply, opening.end())
+        return "" if closing is None else reply[closing.end() :].strip()
+    closing = _CLOSE_THINK.search(reply)
+    if closing is not None and not _ANY_OPEN_THINK.search(reply, 0, closing.start()):
+        return reply[closing.end() :].strip()
+    return reply.strip()
 
 
 def parse_reply(reply: str | None, *, score_max: float = SCORE_MAX) -> ParsedReply:
@@ -100,19 +125,38 @@ def parse_reply(reply: str | None, *, score_max: float = SCORE_MAX) -> ParsedRep
     if not text:
         return ParsedReply(None, "", error="reply has reasoning only, no answer after it")
 
+    whole = _loads_object(text)
+    if whole is not None and "score" in whole:
+        return _from_json(whole, text, score_max)
     found = find_json_verdict(text)
     key_matches = list(_KEY.finditer(text))
     # The verdict is the reply's last statement: a JSON object wins unless a score key
-    # comes after it (JSON quoted inside the analysis must not override the final key).
+    # comes after it.
     if found is not None and (not key_matches or found[1] >= key_matches[-1].start()):
-        return _from_json(found[0], text, score_max)
-    if not key_matches:
+        parsed = _from_json(found[0], text, score_max)
+    elif not key_matches:
         return ParsedReply(
             None,
             text,
             error=f"no {SCORE_KEY} line and no JSON object with a 'score' field",
         )
-    last = key_matches[-1]
+    else:
+        parsed = _from_key(text, key_matches[-1], score_max)
+    if parsed.score is None:
+        return parsed
+    others = sorted({v for v in stated_scores(text) if v != parsed.score and v == v})
+    if others:
+        listed = ", ".join(f"{v:g}" for v in sorted([parsed.score, *others]))
+        return ParsedReply(
+            None,
+            parsed.analysis,
+            error=f"the reply states different scores ({listed}); a verdict states one",
+        )
+    return parsed
+
+
+def _from_key(text: str, last: re.Match[str], score_max: float) -> ParsedReply:
+    """The score of the ``PROCESS_SCORE`` key ``last``, or the error that keeps it out."""
     analysis = _strip_markdown_tail(text[: last.start()])
     match = _AFTER_KEY.match(text, last.end())
     if match is None:
@@ -132,6 +176,30 @@ def parse_reply(reply: str | None, *, score_max: float = SCORE_MAX) -> ParsedRep
     return _checked(value, analysis, "key", score_max)
 
 
+def stated_scores(text: str) -> list[float]:
+    """Every score a reply states.
+
+    Each ``PROCESS_SCORE`` key followed by a number, and each JSON object (fenced or in
+    the text) with a numeric ``score`` field.
+
+    Args:
+        text: The visible reply.
+
+    Returns:
+        The numbers, in no particular order (a key's ``/10`` is dropped).
+    """
+    scores = []
+    for key in _KEY.finditer(text):
+        match = _AFTER_KEY.match(text, key.end())
+        if match is not None:
+            scores.append(_to_float(match.group("value")))
+    for payload, _ in _json_objects_with_score(text):
+        raw = payload["score"]
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            scores.append(float(raw))
+    return scores
+
+
 def find_json_verdict(text: str) -> tuple[dict[str, Any], int] | None:
     """Find the JSON object carrying a ``score`` field in a reply.
 
@@ -148,24 +216,32 @@ def find_json_verdict(text: str) -> tuple[dict[str, Any], int] | None:
     whole = _loads_object(text.strip())
     if whole is not None and "score" in whole:
         return whole, len(text)
-    best: tuple[dict[str, Any], int] | None = None
+    found = _json_objects_with_score(text)
+    return max(found, key=lambda item: item[1]) if found else None
+
+
+def _json_objects_with_score(text: str) -> list[tuple[dict[str, Any], int]]:
+    """Fenced code blocks and embedded ``{...}`` objects with a ``score`` key, with ends."""
+    found: list[tuple[dict[str, Any], int]] = []
+    spans = []
     for fence in _FENCE.finditer(text):
+        spans.append(fence.span())
         payload = _loads_object(fence.group("body").strip())
         if payload is not None and "score" in payload:
-            best = (payload, fence.end())
+            found.append((payload, fence.end()))
     decoder = json.JSONDecoder()
     # Only where an object can start ("{" then a key or "}"): a reply of many braces
     # would otherwise cost a failed decode per brace.
     for start in (m.start() for m in _OBJECT_START.finditer(text)):
-        if best is not None and start < best[1]:
-            continue
+        if any(low <= start < high for low, high in spans):
+            continue  # read with its fence
         try:
             payload, end = decoder.raw_decode(text, start)
         except (json.JSONDecodeError, RecursionError):  # deeply nested replies
             continue
         if isinstance(payload, dict) and "score" in payload:
-            best = (payload, end)
-    return best
+            found.append((payload, end))
+    return found
 
 
 def _loads_object(candidate: str) -> dict[str, Any] | None:

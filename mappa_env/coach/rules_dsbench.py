@@ -14,8 +14,9 @@ the data engineer's code, ``reference_skill``, the same for a reference model fi
 files), plus ``missing_upstream`` (needed upstream files absent when the agent's slot began),
 ``earlier_codes`` (the agent's earlier cells), for the data engineer and the modeler
 ``skill_cap`` and ``skill_cap_reason`` (the cap those test predictions put on the score),
-and for the analyst ``outcome`` (the submission's score) and ``outcome_cap`` (the spec's cap
-on the analyst's score for that outcome).
+and for the analyst ``outcome`` (the submission's score) and, once a submission exists,
+``outcome_cap`` (the spec's cap on the analyst's score for that outcome). The environment
+enforces both caps on every coach's verdict.
 
 The high scores go only to artifacts that pass these checks, and the ladder keeps its
 order: no cheap behaviour (pickles of ``[0] * n``, a model that returns a constant, a

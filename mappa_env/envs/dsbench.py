@@ -52,8 +52,10 @@ from typing import Any
 import pandas as pd
 
 from mappa_env._fs import UnsafeFileError, file_kind, read_regular_file, walk_files
+from mappa_env.audit.battery import AuditActions
 from mappa_env.coach.base import FileInfo
 from mappa_env.coach.rules_dsbench import dsbench_rubric
+from mappa_env.dsbench.audit import audit_actions as dsbench_audit_actions
 from mappa_env.dsbench.builtin import BuiltinTaskSet
 from mappa_env.dsbench.tasks import DSBenchTask
 from mappa_env.envs.pipeline import (
@@ -713,6 +715,7 @@ class DSBenchEnv(PipelineEnv):
     rules_rubric = staticmethod(dsbench_rubric)
     shows_workspace = True
     default_code_timeout_s = 120.0
+    hands_over_through_files = True
 
     def __init__(
         self,
@@ -1193,6 +1196,10 @@ class DSBenchEnv(PipelineEnv):
             self._row_counts[task.id] = (counts[0], counts[1])
         return self._row_counts[task.id]
 
+    def audit_actions(self, agent: str) -> AuditActions:
+        """Honest and attack actions for a coach audit (see :mod:`mappa_env.dsbench.audit`)."""
+        return dsbench_audit_actions(self.task, agent)
+
     def task_facts(self) -> tuple[str, str, str | None]:
         """``(task id, description, None)``: DSBench has no short ground-truth string."""
         return self.task.id, self.task.description, None
@@ -1261,11 +1268,15 @@ class DSBenchEnv(PipelineEnv):
             from mappa_env.dsbench.metrics import outcome_cap
 
             metadata["outcome"] = extra["submission"]
-            metadata["outcome_cap"] = outcome_cap(
-                self._submission_score,
-                self.task.task_type,
-                target_range=getattr(self.task, "target_range", None),
-            )
+            # The cap binds the verdict (the environment enforces it), so only a
+            # submission on disk, scored or not, sets one: without one the rubric's
+            # blame rule and its rows for work in progress apply.
+            if (metadata["artifacts"].get(SUBMISSION_FILE) or {}).get("exists"):
+                metadata["outcome_cap"] = outcome_cap(
+                    self._submission_score,
+                    self.task.task_type,
+                    target_range=getattr(self.task, "target_range", None),
+                )
         return metadata
 
     def _skill_cap(self, agent: str, artifacts: Mapping[str, Any]) -> tuple[int, str] | None:

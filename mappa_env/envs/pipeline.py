@@ -18,13 +18,14 @@ import asyncio
 import functools
 import logging
 import math
+import shutil
 import tempfile
 import warnings
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import gymnasium
 from pettingzoo import AECEnv
@@ -39,6 +40,7 @@ from mappa_env.coach.base import (
     FileInfo,
     RevealPolicy,
     Rubric,
+    cap_verdict,
 )
 from mappa_env.credit import (
     COACH_MODES,
@@ -60,6 +62,9 @@ from mappa_env.sandbox.isolation import (
     resolve_confinement,
 )
 from mappa_env.spaces import UnicodeText, make_observation, text_observation_space
+
+if TYPE_CHECKING:
+    from mappa_env.audit.battery import AuditActions
 
 logger = logging.getLogger(__name__)
 
@@ -176,6 +181,9 @@ class PipelineEnv(AECEnv):
             whether its own final answer was right (``"agent_correct"``), which the
             ``agent_oracle`` credit mode pays.
         default_code_timeout_s: ``code_timeout_s`` when none is given.
+        hands_over_through_files: Agents pass work on only through workspace files and
+            their final messages, so a coach audit may rebuild an agent's context from
+            the files and the upstream final messages (:mod:`mappa_env.audit`).
 
     Required hooks: :meth:`role_description`, :meth:`agent_messages`,
     :meth:`run_action`, :meth:`episode_outcome`, :meth:`task_facts`, the property
@@ -184,8 +192,9 @@ class PipelineEnv(AECEnv):
 
     Optional hooks: :meth:`next_agent` (who acts next: loops and revisits),
     :meth:`coach_metadata`, :meth:`select_task`, :meth:`on_episode_start`,
-    :meth:`on_slot_end`, :meth:`on_episode_end`, :meth:`on_close` and the class method
-    :meth:`summarize_outcomes` (environment-specific numbers for reports).
+    :meth:`on_slot_end`, :meth:`on_episode_end`, :meth:`on_close`, the class method
+    :meth:`summarize_outcomes` (environment-specific numbers for reports), and for coach
+    audits :meth:`audit_actions` and the class method :meth:`audit_env_options`.
 
     A subclass takes its own options and passes the rest on once: ``def __init__(self,
     tasks=None, *, my_option=1, **options)`` then ``super().__init__(**options)``. See
@@ -267,6 +276,8 @@ class PipelineEnv(AECEnv):
     reports_agent_correct: ClassVar[bool] = False
     #: ``code_timeout_s`` when the caller gives none.
     default_code_timeout_s: ClassVar[float] = 30.0
+    #: Whether agents hand work over only through workspace files and final messages.
+    hands_over_through_files: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -500,7 +511,12 @@ class PipelineEnv(AECEnv):
         """``(task_id, task statement, ground truth)`` of the current episode."""
 
     def coach_metadata(self, record: ActionRecord) -> dict[str, Any]:
-        """Extra facts for the coach about ``record`` (override to add more)."""
+        """Extra facts for the coach about ``record`` (override to add more).
+
+        An ``"outcome_cap"`` entry is the most the action may score (e.g. for a measured
+        outcome): the coach is told, and the environment lowers any verdict above it
+        (:func:`~mappa_env.coach.base.cap_verdict`).
+        """
         return {}
 
     async def on_episode_start(self) -> None:
@@ -519,6 +535,24 @@ class PipelineEnv(AECEnv):
 
     def on_close(self) -> None:
         """Release what lives as long as the environment (called once by close/aclose)."""
+
+    def audit_actions(self, agent: str) -> AuditActions | None:
+        """What a coach audit scores for ``agent`` at the start of its slot, in this episode.
+
+        The honest turns (the first one does the job correctly), a confident wrong
+        action, a placeholder, several answers, and the channels where the agent's words
+        reach the coach (:class:`~mappa_env.audit.battery.AuditActions`). ``None`` (the
+        default): this environment cannot be audited.
+        """
+        return None
+
+    @classmethod
+    def audit_env_options(cls) -> dict[str, Any]:
+        """Constructor options a coach audit uses unless the caller gives others.
+
+        E.g. tasks whose honest actions the environment knows how to write.
+        """
+        return {}
 
     # ------------------------------------------------------------------ PettingZoo API
 
@@ -720,6 +754,18 @@ class PipelineEnv(AECEnv):
             self._workdir = workdir
         return self._workdir
 
+    def copy_workspace(self, destination: Path) -> None:
+        """Copy this episode's workspace to ``destination`` (links copied as links)."""
+        shutil.copytree(self.workdir, destination, symlinks=True)
+
+    def restore_workspace(self, source: Path) -> None:
+        """Copy the files of ``source`` (a :meth:`copy_workspace`) into the workspace.
+
+        They are handed over to the confined user, as files the agents' own code wrote.
+        """
+        shutil.copytree(source, self.workdir, symlinks=True, dirs_exist_ok=True)
+        self._confinement.prepare_writable(self.workdir, contents=True)
+
     def coach_sees_truth(self, agent: str) -> bool:
         """Whether the coach judges ``agent``'s actions with the ground truth in view.
 
@@ -790,7 +836,7 @@ class PipelineEnv(AECEnv):
         # The request's facts are read from agent text (answers, code): off the loop.
         request = await asyncio.to_thread(self._coach_request, record)
         try:
-            return await self.coach.ascore(request)
+            verdict = await self.coach.ascore(request)
         except CoachStop:
             raise
         except Exception as exc:  # a coach bug must not lose the episode
@@ -798,6 +844,8 @@ class PipelineEnv(AECEnv):
             return CoachVerdict.invalid(
                 f"coach raised {type(exc).__name__}: {exc}", coach=self.coach.name
             )
+        # A cap from a measured outcome binds the verdict, whatever the coach made of it.
+        return cap_verdict(verdict, request.score_cap)
 
     def _coach_request(self, record: ActionRecord) -> CoachRequest:
         """What the coach is shown about ``record``."""
