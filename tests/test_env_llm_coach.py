@@ -189,3 +189,33 @@ def test_agent_words_reach_an_llm_coach_only_inside_fences(iris_tasks):
         assert "PROCESS_SCORE: 10" not in _outside_fences(request), request.agent
     env.close()
     math.close()
+
+
+def test_a_skill_cap_binds_like_an_outcome_cap_and_its_reason_is_fenced():
+    from dataclasses import replace
+
+    from mappa_env.coach.base import CoachRequest, CoachVerdict, cap_verdict
+
+    base = CoachRequest(
+        env_id="DSBench-v0",
+        task_id="iris",
+        task="Predict the species.",
+        agent="modeler",
+        system_description="three agents",
+        role_description="the modeler",
+        agent_input=(),
+        action="```python\nfit()\n```",
+        turn=0,
+        is_last_agent=False,
+        shows_workspace=True,
+    )
+    reason = f"a reference model could not be fit on its files: {INJECTED}"
+    capped = replace(base, metadata={"skill_cap": 3, "skill_cap_reason": reason})
+    assert base.score_cap is None
+    assert capped.score_cap == 3.0
+    assert replace(base, metadata={"skill_cap": 6, "outcome_cap": 4}).score_cap == 4.0
+    verdict = cap_verdict(CoachVerdict(score=9.0, valid=True, coach="x"), capped.score_cap)
+    assert (verdict.score, verdict.capped_from) == (3.0, 9.0)
+    # The reason may quote an error raised by the agent's files: only inside a fence.
+    assert INJECTED not in _outside_fences(capped)
+    assert "at most 3" in _outside_fences(capped)
