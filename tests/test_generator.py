@@ -261,7 +261,7 @@ def brute_word_totals(p: dict) -> int:
     if template == "library":
         return repeated_sum(p["per_shelf"], p["shelves"]) + p["bought"] - p["given"]
     if template == "legs":
-        return repeated_sum(4, p["cows"]) + repeated_sum(2, p["chickens"])
+        return repeated_sum(4, p["four_legged"]) + repeated_sum(2, p["two_legged"])
     return sum(repeated_sum(per_pack, packs) for packs, per_pack in p["packs"])
 
 
@@ -512,16 +512,22 @@ WORD_PROBLEMS_SEED_0 = [
     (
         "word_sharing",
         1,
-        "Iris shares 18 crayons equally among 4 friends, giving each friend as many as "
-        "possible. How many crayons are left over?",
-        "2",
+        "Farid shares 39 cookies equally among 4 friends, giving each friend as many as "
+        "possible. How many cookies are left over?",
+        "3",
+    ),
+    (
+        "word_units",
+        1,
+        "Sam has 4 ropes, and each is 2 meters long. How many centimeters is that altogether?",
+        "800",
     ),
     (
         "word_totals",
         2,
-        "A school orders 32 packs of 10 pencils and 16 packs of 20 erasers. "
+        "Leo's school orders 10 packs of 16 pencils and 20 packs of 49 erasers. "
         "How many pencils and erasers does it get in all?",
-        "640",
+        "1140",
     ),
 ]
 

@@ -124,7 +124,7 @@ def _draw_change(rng: random.Random, level: int) -> tuple[str, int, dict[str, An
             )
         else:
             prompt = (
-                f"A club has {money} dollars to spend. It buys {purchase}. "
+                f"{name}'s club has {money} dollars to spend. It buys {purchase}. "
                 "How many dollars of its money are not spent?"
             )
     params = {"template": template, "counts": counts, "prices": prices, "money": money}
@@ -151,13 +151,13 @@ def _draw_sharing(rng: random.Random, level: int) -> tuple[str, int, dict[str, A
         level, ((100, 9_999), (1_000, 99_999))
     )
     template = rng.choice(_SHARING_TEMPLATES)
+    name, pronoun = rng.choice(_PEOPLE)
     divisor, quotient = rng.randint(*divisor_range), rng.randint(*quotient_range)
     # A remainder of 0 would make "left over" trivial and "needed" a plain quotient.
     remainder = rng.randint(1, divisor - 1)
     total = divisor * quotient + remainder
     things = rng.choice(_SHARED_THINGS)
     if template == "leftover":
-        name, _pronoun = rng.choice(_PEOPLE)
         answer = remainder
         prompt = (
             f"{name} shares {total} {things} equally among {divisor} friends, giving each "
@@ -167,21 +167,21 @@ def _draw_sharing(rng: random.Random, level: int) -> tuple[str, int, dict[str, A
         container, containers = rng.choice(_CONTAINERS)
         answer = quotient
         prompt = (
-            f"{total} {things} are split equally between {divisor} {containers}, with as "
-            f"many as possible in each. How many {things} does each {container} get?"
+            f"{name} splits {total} {things} equally between {divisor} {containers}, with "
+            f"as many as possible in each. How many {things} does each {container} get?"
         )
     elif template == "full":
         answer = quotient
         prompt = (
-            f"A shop packs {total} {things} into boxes of {divisor}. "
-            "How many boxes can it fill completely?"
+            f"{name} packs {total} {things} into boxes of {divisor}. "
+            f"How many boxes can {pronoun} fill completely?"
         )
     else:
         travellers = rng.choice(_TRAVELLERS)
         vehicle, vehicles = rng.choice(_VEHICLES)
         answer = quotient + 1
         prompt = (
-            f"{total} {travellers} are going on a trip, and each {vehicle} carries "
+            f"{name} takes {total} {travellers} on a trip, and each {vehicle} carries "
             f"{divisor} {travellers}. How many {vehicles} are needed to carry all of them?"
         )
     return prompt, answer, {"template": template, "total": total, "divisor": divisor}
@@ -196,13 +196,13 @@ def _word_sharing(rng: random.Random, level: int) -> _Problem:
 # --------------------------------------------------------------------------------------
 
 _PRODUCERS = (
-    ("A printer", "prints", "print", "pages"),
-    ("A machine", "fills", "fill", "bottles"),
-    ("A factory", "builds", "build", "chairs"),
-    ("A bakery", "bakes", "bake", "loaves"),
+    ("printer", "prints", "print", "pages"),
+    ("machine", "fills", "fill", "bottles"),
+    ("workshop", "builds", "build", "chairs"),
+    ("bakery", "bakes", "bake", "loaves"),
 )
 _WORKERS = (("pack", "boxes"), ("plant", "trees"), ("bake", "pies"), ("fold", "shirts"))
-_TRAVEL = ("car", "train", "bus", "boat")
+_TRAVEL = ("car", "train", "bus", "boat", "bike")
 _RATE_TEMPLATES = ("output", "trip", "team", "fill")
 
 
@@ -212,13 +212,14 @@ def _draw_rates(rng: random.Random, level: int) -> tuple[str, int, dict[str, Any
         2: ((12, 60), (6, 30), (3, 12), (10, 200)),
     }.get(level, ((1_000, 9_999), (100, 999), (12, 99), (1_000, 99_999)))
     template = rng.choice(_RATE_TEMPLATES)
+    name, pronoun = rng.choice(_PEOPLE)
     rate, time = rng.randint(*rate_range), rng.randint(*time_range)
     params: dict[str, Any] = {"template": template, "rate": rate}
     if template == "output":
         subject, verb, verb_base, things = rng.choice(_PRODUCERS)
         answer = rate * time
         prompt = (
-            f"{subject} {verb} {rate} {things} every minute. "
+            f"{name}'s {subject} {verb} {rate} {things} every minute. "
             f"How many {things} does it {verb_base} in {time} minutes?"
         )
         params["time"] = time
@@ -226,8 +227,8 @@ def _draw_rates(rng: random.Random, level: int) -> tuple[str, int, dict[str, Any
         distance = rate * time
         answer = time
         prompt = (
-            f"A {rng.choice(_TRAVEL)} travels {rate} kilometers every hour. "
-            f"How many hours does it take to travel {distance} kilometers?"
+            f"{name} travels {rate} kilometers every hour by {rng.choice(_TRAVEL)}. "
+            f"How many hours does {pronoun} take to travel {distance} kilometers?"
         )
         params["distance"] = distance
     elif template == "team":
@@ -235,7 +236,7 @@ def _draw_rates(rng: random.Random, level: int) -> tuple[str, int, dict[str, Any
         verb, things = rng.choice(_WORKERS)
         answer = crew * rate * time
         prompt = (
-            f"{crew} workers each {verb} {rate} {things} per hour. "
+            f"In {name}'s team, {crew} workers each {verb} {rate} {things} per hour. "
             f"How many {things} do they {verb} together in {time} hours?"
         )
         params.update(crew=crew, time=time)
@@ -244,8 +245,9 @@ def _draw_rates(rng: random.Random, level: int) -> tuple[str, int, dict[str, Any
         capacity = start + rate * time
         answer = time
         prompt = (
-            f"A tank holds {capacity} liters and already contains {start} liters. Water "
-            f"flows in at {rate} liters per minute. After how many minutes is the tank full?"
+            f"{name}'s tank holds {capacity} liters and already contains {start} liters. "
+            f"Water flows in at {rate} liters per minute. After how many minutes is the "
+            "tank full?"
         )
         params.update(capacity=capacity, start=start)
     return prompt, answer, params
@@ -316,16 +318,57 @@ def _word_ages(rng: random.Random, level: int) -> _Problem:
 # word_units: unit conversion
 # --------------------------------------------------------------------------------------
 
-# (large unit, small unit, small units per large unit, thing, things, verb, after the amount)
+# (large unit, small unit, small units per large unit, things measured in them), each
+# thing as (singular, plural, verb, words after the amount).
 _MEASURES = (
-    ("hours", "minutes", 60, "movie", "movies", "lasts", ""),
-    ("minutes", "seconds", 60, "song", "songs", "lasts", ""),
-    ("meters", "centimeters", 100, "rope", "ropes", "is", " long"),
-    ("kilograms", "grams", 1000, "bag of rice", "bags of rice", "weighs", ""),
-    ("liters", "milliliters", 1000, "jug", "jugs", "holds", ""),
-    ("weeks", "days", 7, "holiday", "holidays", "lasts", ""),
-    ("days", "hours", 24, "journey", "journeys", "takes", ""),
-    ("kilometers", "meters", 1000, "trail", "trails", "is", " long"),
+    (
+        "hours",
+        "minutes",
+        60,
+        (("movie", "movies", "lasts", ""), ("bus ride", "bus rides", "takes", "")),
+    ),
+    (
+        "minutes",
+        "seconds",
+        60,
+        (("song", "songs", "lasts", ""), ("phone call", "phone calls", "lasts", "")),
+    ),
+    (
+        "meters",
+        "centimeters",
+        100,
+        (("rope", "ropes", "is", " long"), ("ribbon", "ribbons", "is", " long")),
+    ),
+    (
+        "kilograms",
+        "grams",
+        1000,
+        (("bag of rice", "bags of rice", "weighs", ""), ("parcel", "parcels", "weighs", "")),
+    ),
+    (
+        "liters",
+        "milliliters",
+        1000,
+        (("jug", "jugs", "holds", ""), ("bucket", "buckets", "holds", "")),
+    ),
+    (
+        "weeks",
+        "days",
+        7,
+        (("holiday", "holidays", "lasts", ""), ("course", "courses", "lasts", "")),
+    ),
+    (
+        "days",
+        "hours",
+        24,
+        (("journey", "journeys", "takes", ""), ("festival", "festivals", "lasts", "")),
+    ),
+    (
+        "kilometers",
+        "meters",
+        1000,
+        (("trail", "trails", "is", " long"), ("bike ride", "bike rides", "is", " long")),
+    ),
 )
 _UNIT_TEMPLATES = ("to_small", "mixed", "to_large", "several")
 
@@ -335,31 +378,37 @@ def _draw_units(rng: random.Random, level: int) -> tuple[str, int, dict[str, Any
         level, ((1_000, 99_999), (100, 999))
     )
     template = rng.choice(_UNIT_TEMPLATES)
-    large, small, factor, thing, things, verb, after = rng.choice(_MEASURES)
+    large, small, factor, measured = rng.choice(_MEASURES)
+    thing, things, verb, after = rng.choice(measured)
+    # An owner's name multiplies the phrasings, so that small numbers still give enough
+    # distinct problems for disjoint training and held-out sets.
+    name, _pronoun = rng.choice(_PEOPLE)
     amount = rng.randint(*amount_range)
     # The conversion factor is never stated: knowing it is part of the problem.
     params: dict[str, Any] = {"template": template, "large": large, "small": small}
     if template == "to_small":
         answer = amount * factor
-        prompt = f"A {thing} {verb} {amount} {large}{after}. How many {small} is that?"
+        prompt = f"{name}'s {thing} {verb} {amount} {large}{after}. How many {small} is that?"
         params["amount"] = amount
     elif template == "mixed":
         extra = rng.randint(1, factor - 1)
         answer = amount * factor + extra
         prompt = (
-            f"A {thing} {verb} {amount} {large} and {extra} {small}{after}. "
+            f"{name}'s {thing} {verb} {amount} {large} and {extra} {small}{after}. "
             f"How many {small} is that in all?"
         )
         params.update(amount=amount, extra=extra)
     elif template == "to_large":
         answer = amount
-        prompt = f"A {thing} {verb} {amount * factor} {small}{after}. How many {large} is that?"
+        prompt = (
+            f"{name}'s {thing} {verb} {amount * factor} {small}{after}. How many {large} is that?"
+        )
         params["small_amount"] = amount * factor
     else:
         count = rng.randint(*count_range)
         answer = count * amount * factor
         prompt = (
-            f"Each of {count} {things} {verb} {amount} {large}{after}. "
+            f"{name} has {count} {things}, and each {verb} {amount} {large}{after}. "
             f"How many {small} is that altogether?"
         )
         params.update(count=count, amount=amount)
@@ -375,19 +424,24 @@ def _word_units(rng: random.Random, level: int) -> _Problem:
 # --------------------------------------------------------------------------------------
 
 _TOTAL_TEMPLATES = ("bakery", "library", "legs", "packs")
+# How many legs each has is not stated: knowing it is part of the problem.
+_FOUR_LEGGED = ("cows", "horses", "goats", "sheep", "pigs")
+_TWO_LEGGED = ("chickens", "ducks", "geese")
 
 
 def _draw_totals(rng: random.Random, level: int) -> tuple[str, int, dict[str, Any]]:
     factor_range = {1: (2, 9), 2: (10, 60)}.get(level, (1_000, 9_999))
     extra_range = {1: (1, 20), 2: (10, 200)}.get(level, (1_000, 99_999))
     template = rng.choice(_TOTAL_TEMPLATES)
+    name, _pronoun = rng.choice(_PEOPLE)
     first, second = rng.randint(*factor_range), rng.randint(*factor_range)
     if template == "bakery":
         sold = rng.randint(1, first * second - 1)
+        baked = rng.choice(("rolls", "muffins", "cookies"))
         answer = first * second - sold
         prompt = (
-            f"A baker makes {first} trays of {second} rolls and sells {sold} of them. "
-            "How many rolls are left?"
+            f"{name} bakes {first} trays of {second} {baked} and sells {sold} of them. "
+            f"How many {baked} are left?"
         )
         params = {"template": template, "trays": first, "per_tray": second, "sold": sold}
     elif template == "library":
@@ -395,8 +449,9 @@ def _draw_totals(rng: random.Random, level: int) -> tuple[str, int, dict[str, An
         given = rng.randint(1, first * second)
         answer = first * second + bought - given
         prompt = (
-            f"A library has {first} shelves with {second} books on each. It buys {bought} "
-            f"new books and gives away {given} old ones. How many books does it have now?"
+            f"{name}'s library has {first} shelves with {second} books on each. It buys "
+            f"{bought} new books and gives away {given} old ones. How many books does it "
+            "have now?"
         )
         params = {
             "template": template,
@@ -406,17 +461,18 @@ def _draw_totals(rng: random.Random, level: int) -> tuple[str, int, dict[str, An
             "given": given,
         }
     elif template == "legs":
+        four_legged, two_legged = rng.choice(_FOUR_LEGGED), rng.choice(_TWO_LEGGED)
         answer = 4 * first + 2 * second
         prompt = (
-            f"A farm has {first} cows and {second} chickens. "
+            f"{name}'s farm has {first} {four_legged} and {second} {two_legged}. "
             "How many legs do the animals have in total?"
         )
-        params = {"template": template, "cows": first, "chickens": second}
+        params = {"template": template, "four_legged": first, "two_legged": second}
     else:
         third, fourth = rng.randint(*factor_range), rng.randint(*factor_range)
         answer = first * second + third * fourth
         prompt = (
-            f"A school orders {first} packs of {second} pencils and {third} packs of "
+            f"{name}'s school orders {first} packs of {second} pencils and {third} packs of "
             f"{fourth} erasers. How many pencils and erasers does it get in all?"
         )
         params = {"template": template, "packs": [[first, second], [third, fourth]]}
