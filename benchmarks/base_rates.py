@@ -15,13 +15,19 @@ graded outcome, where the chain broke: the code executor's code printed the answ
 (``answer_printed``), the verifier boxed a number (``boxed``). Every episode is kept
 (task id, kind, answer, the verifier's boxed answer, correct).
 
+``--upstream oracle`` replaces the problem solver and the code executor by scripted
+agents whose code prints the right answer: the row then measures the untrained
+verifier alone, given a perfect upstream, which bounds what the whole untrained system
+can reach on any task set at that temperature.
+
 Rows are merged into ``benchmarks/results/repro/base_rates.json`` by (candidate,
-temperature): measure candidates one command at a time on a small machine, the file
-keeps them all, each row with the commit and settings it was measured with.
+temperature, upstream): measure candidates one command at a time on a small machine,
+the file keeps them all, each row with the commit and settings it was measured with.
 
     python -m benchmarks.base_rates --list
     python -m benchmarks.base_rates --candidates word-easy --episodes 128
     python -m benchmarks.base_rates --candidates word-easy,arithmetic-easy --temperatures 1.0,0.6
+    python -m benchmarks.base_rates --candidates word-easy --upstream oracle
 """
 
 from __future__ import annotations
@@ -174,6 +180,35 @@ def summarize_records(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------
 
 
+def oracle_upstream(tasks: Sequence[Any]) -> dict[str, Any]:
+    """Scripted problem solver and code executor whose code prints each task's answer.
+
+    The code executor's first turn is ``print(<answer>)``; its second turn has no code,
+    which ends its slot, and does not restate the number: the verifier has to take it
+    from the code and its output, as it would from a good code executor.
+    """
+    from mappa_agents.scripted import ScriptedPolicy
+
+    answers = {task.prompt: task.answer for task in tasks}
+
+    def answer_of(messages: Sequence[Mapping[str, str]]) -> str:
+        user = next(m["content"] for m in messages if m["role"] == "user")
+        problem = user.split("Problem:\n", 1)[1].split("\n\n", 1)[0]
+        return answers[problem]
+
+    def code_executor(messages: list[dict[str, str]]) -> str:
+        if len(messages) <= 2:  # system prompt and the problem: its first turn
+            return f"```python\nprint({answer_of(messages)})\n```"
+        return "The code above computes the answer."
+
+    return {
+        "problem_solver": ScriptedPolicy(
+            lambda _messages: "Let us compute the answer with Python.", name="oracle-solver"
+        ),
+        "code_executor": ScriptedPolicy(code_executor, name="oracle-executor"),
+    }
+
+
 def measure(
     system: Any,
     name: str,
@@ -198,6 +233,10 @@ def measure(
     if args.episodes > len(tasks):
         raise SystemExit(f"{name}: --episodes {args.episodes} exceeds its {len(tasks)} tasks")
     chosen = tasks[: args.episodes]
+    if args.upstream == "oracle":
+        from mappa_agents.system import AgentSystem
+
+        system = AgentSystem({**oracle_upstream(tasks), "verifier": system.policy_for("verifier")})
     runner = RolloutRunner(
         lambda: mappa_env.make("MathChat-v0", **env_options),
         system,
@@ -213,6 +252,7 @@ def measure(
     return {
         "candidate": name,
         "temperature": temperature,
+        "upstream": args.upstream,
         "tasks": dict(spec),
         **summarize_records(records),
         "own_solution_tasks": sum(is_own_solution(task) for task in chosen),
@@ -242,9 +282,13 @@ def load_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def merge_rows(old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> list[dict]:
-    """``old`` with the rows of ``new`` in place of those with the same candidate and
-    temperature, the rest appended."""
-    key = lambda row: (row["candidate"], float(row["temperature"]))  # noqa: E731
+    """``old`` with the rows of ``new`` in place of those with the same candidate,
+    temperature and upstream, the rest appended."""
+    key = lambda row: (  # noqa: E731
+        row["candidate"],
+        float(row["temperature"]),
+        row.get("upstream", "model"),
+    )
     replaced = {key(row): row for row in new}
     merged = [replaced.pop(key(row), row) for row in old]
     return merged + [row for row in new if key(row) in replaced]
@@ -257,7 +301,8 @@ def table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         low, high = row["ci95"]
         lines.append(
             {
-                "candidate": row["candidate"],
+                "candidate": row["candidate"]
+                + ("" if row.get("upstream", "model") == "model" else " (oracle upstream)"),
                 "T": row["temperature"],
                 "episodes": row["episodes"],
                 "solved": row["successes"],
@@ -303,6 +348,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="auto: bfloat16 where the CPU computes it natively (AVX512-BF16 or AMX), "
         "else float32, as `make demo` chooses; or a dtype name",
     )
+    parser.add_argument(
+        "--upstream",
+        choices=["model", "oracle"],
+        default="model",
+        help="oracle: scripted problem solver and code executor that print the answer, "
+        "to measure the verifier alone",
+    )
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS_PATH, help="results file")
     args = parser.parse_args(argv)
@@ -325,7 +377,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             for temperature in temperatures:
                 row = measure(system, name, CANDIDATES[name], temperature, args)
                 rows.append(row)
-                print_table(table([row]), title=f"{name} at temperature {temperature}")
+                title = f"{name} at temperature {temperature}, {args.upstream} upstream"
+                print_table(table([row]), title=title)
                 # Written after every row: a long session cut short keeps what it measured.
                 write_rows(args.out, merge_rows(load_rows(args.out), [row]))
     finally:
