@@ -215,8 +215,13 @@ def measure(
     spec: Mapping[str, Any],
     temperature: float,
     args: argparse.Namespace,
+    commit: str | None,
 ) -> dict[str, Any]:
-    """Run the first ``args.episodes`` tasks of ``spec`` once each; one result row."""
+    """Run the first ``args.episodes`` tasks of ``spec`` once each; one result row.
+
+    ``commit`` is the code's commit when the command started: a commit made while
+    a long measurement runs must not be recorded as the code it ran.
+    """
     import mappa_env
     from mappa_agents.policy import SamplingParams
     from mappa_agents.runner import RolloutRunner
@@ -268,7 +273,7 @@ def measure(
             "seed": args.seed,
             "dtype": args.dtype,
         },
-        "commit": git_commit(),
+        "commit": commit,
         "machine": machine_info(),
         "episodes_detail": records,
     }
@@ -370,12 +375,13 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     from mappa_agents.system import AgentSystem
 
+    commit = git_commit()
     system = AgentSystem.from_spec(args.system, list(AGENTS), device="cpu", dtype=args.dtype)
     rows = []
     try:
         for name in names:
             for temperature in temperatures:
-                row = measure(system, name, CANDIDATES[name], temperature, args)
+                row = measure(system, name, CANDIDATES[name], temperature, args, commit)
                 rows.append(row)
                 title = f"{name} at temperature {temperature}, {args.upstream} upstream"
                 print_table(table([row]), title=title)
