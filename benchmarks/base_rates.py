@@ -12,8 +12,10 @@ Each candidate is a generator spec (the ``tasks`` mapping of a recipe); its firs
 ``--episodes`` problems run once each, so an episode is a problem. A row gives the
 successes, the rate with a 95% Wilson interval, and per kind the same; besides the
 graded outcome, where the chain broke: the code executor's code printed the answer
-(``answer_printed``), the verifier boxed a number (``boxed``). Every episode is kept
-(task id, kind, answer, the verifier's boxed answer, correct).
+(``answer_printed``), the verifier boxed a number (``boxed``), and the rate a lenient
+grader (``strict_boxed=False``: "the final answer is 42" counts) would give the same
+episodes. Every episode is kept (task id, kind, answer, the verifier's answer and the
+start of its reply, correct).
 
 ``--upstream oracle`` replaces the problem solver and the code executor by scripted
 agents whose code prints the right answer: the row then measures the untrained
@@ -130,12 +132,26 @@ def _mentions(text: str, answer: str) -> bool:
     return re.search(rf"(?<![\d.]){re.escape(answer)}(?!\d|\.\d)", text or "") is not None
 
 
+REPLY_CHARS = 300
+"""The verifier's reply is kept up to this many characters, to read what it wrote."""
+
+
 def episode_record(episode: Any) -> dict[str, Any]:
-    """What one episode shows about the chain: the outcome, and where it broke."""
+    """What one episode shows about the chain: the outcome, and where it broke.
+
+    Besides the strict grade (a boxed answer, MathChat-v0's default), ``lenient_*``
+    grades the verifier's reply as ``strict_boxed=False`` would: a box, else "the final
+    answer is X" and the like. The sampled text does not depend on the grader, so this
+    is what a run with the lenient grader would have counted on the same episodes.
+    """
+    from mappa_env.grading.math import answers_match_any, extract_boxed
+
     outcome = episode.outcome
     answer = str(outcome.get("answer", ""))
     code_turns = [a for a in episode.actions if a.agent == "code_executor"]
     printed = any(_mentions((a.tool or {}).get("stdout") or "", answer) for a in code_turns)
+    reply = next((a.text for a in reversed(episode.actions) if a.agent == "verifier"), "")
+    lenient = extract_boxed(reply, fallback=True) if reply else None
     return {
         "task_id": episode.task_id,
         "kind": outcome.get("task_type"),
@@ -147,7 +163,11 @@ def episode_record(episode: Any) -> dict[str, Any]:
         "code_turns_with_code": sum(a.code is not None for a in code_turns),
         "answer_printed": printed,
         "boxed": outcome.get("predicted") is not None,
+        "verifier_states_answer": _mentions(reply, answer),
+        "lenient_predicted": lenient,
+        "lenient_correct": bool(lenient) and answers_match_any(lenient, [answer]),
         "truncated_actions": sum(a.finish_reason == "length" for a in episode.actions),
+        "verifier_reply": reply[:REPLY_CHARS],
     }
 
 
@@ -159,6 +179,8 @@ def summarize_records(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     by_kind: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for record in finished:
         by_kind[str(record["kind"])].append(record)
+    lenient = sum(r.get("lenient_correct", False) for r in finished)
+    summary["lenient"] = rate_row(lenient, len(finished))
     summary["per_kind"] = {
         kind: rate_row(sum(r["correct"] for r in rows), len(rows))
         for kind, rows in sorted(by_kind.items())
@@ -168,6 +190,7 @@ def summarize_records(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     summary["chain"] = {
         "answer_printed": sum(r["answer_printed"] for r in finished) / n,
         "boxed": sum(r["boxed"] for r in finished) / n,
+        "verifier_states_answer": sum(r.get("verifier_states_answer", False) for r in finished) / n,
         "code_turn_share_with_code": (
             sum(r["code_turns_with_code"] for r in finished) / code_turns if code_turns else None
         ),
@@ -315,6 +338,7 @@ def table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "95% CI %": f"{100 * low:.1f}-{100 * high:.1f}",
                 "printed %": f"{100 * row['chain']['answer_printed']:.0f}",
                 "boxed %": f"{100 * row['chain']['boxed']:.0f}",
+                "lenient %": _percent(row.get("lenient", {}).get("rate")),
                 "wall s": f"{row['wall_s']:.0f}",
                 "commit": (row.get("commit") or "")[:7],
             }
@@ -331,11 +355,16 @@ def table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     "95% CI %": f"{100 * low:.1f}-{100 * high:.1f}",
                     "printed %": "",
                     "boxed %": "",
+                    "lenient %": "",
                     "wall s": "",
                     "commit": "",
                 }
             )
     return lines
+
+
+def _percent(value: float | None) -> str:
+    return "" if value is None else f"{100 * value:.1f}"
 
 
 def main(argv: Sequence[str] | None = None) -> None:

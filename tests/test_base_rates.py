@@ -67,10 +67,13 @@ def test_oracle_upstream_prints_the_answer_and_records_show_the_chain():
     tasks = generate_math_tasks(4, seed=0, kinds=["word_totals"], difficulty=1, secret="")
 
     def verifier(messages: list[dict[str, str]]) -> str:
-        # Boxes the last number of the code output it was shown.
+        # The last number of the code output it was shown: boxed for the first two
+        # tasks, plain for the others (which only a lenient grader counts).
         output = messages[-1]["content"].split("Output of its last code run:")[1]
         number = re.findall(r"-?\d+", output)[-1]
-        return "The final answer is \\boxed{" + number + "}"
+        if any(task.prompt in messages[-1]["content"] for task in tasks[:2]):
+            return "The final answer is \\boxed{" + number + "}"
+        return f"The final answer is {number}."
 
     system = AgentSystem({**oracle_upstream(tasks), "verifier": ScriptedPolicy(verifier)})
     runner = RolloutRunner(
@@ -88,7 +91,11 @@ def test_oracle_upstream_prints_the_answer_and_records_show_the_chain():
     )
     episodes = runner.run(4, [{"task_id": t.id} for t in tasks])
     records = [episode_record(e) for e in episodes]
-    assert all(r["correct"] and r["answer_printed"] and r["boxed"] for r in records)
+    assert [r["correct"] for r in records] == [True, True, False, False]
+    assert [r["boxed"] for r in records] == [True, True, False, False]
+    assert all(r["lenient_correct"] and r["answer_printed"] for r in records)
+    assert all(r["verifier_states_answer"] for r in records)
+    assert records[2]["verifier_reply"].startswith("The final answer is ")
     assert all(r["code_turns"] == 2 and r["code_turns_with_code"] == 1 for r in records)
     # The verifier is shown neither the answer in the executor's words nor the draft's.
     verifier_prompts = [
@@ -98,6 +105,7 @@ def test_oracle_upstream_prints_the_answer_and_records_show_the_chain():
         "\\boxed" not in p.split("Output of its last code run:")[0] for p in verifier_prompts
     )
     summary = summarize_records(records)
-    assert summary["successes"] == 4
+    assert summary["successes"] == 2
+    assert summary["lenient"]["successes"] == 4
     assert summary["per_kind"]["word_totals"]["episodes"] == 4
     assert summary["chain"]["answer_printed"] == 1.0
