@@ -54,9 +54,14 @@ def test_candidates_are_generator_specs_with_a_pinned_secret():
             4, seed=spec["seed"], kinds=spec["kinds"], difficulty=spec["difficulty"], secret=""
         )
         assert len(tasks) == 4
-    heldout = {t.prompt for t in generate_math_tasks(128, **_args(CANDIDATES["word-easy-heldout"]))}
-    train = {t.prompt for t in generate_math_tasks(512, **_args(CANDIDATES["word-easy"]))}
+    train = {t.prompt for t in generate_math_tasks(512, **_args(CANDIDATES["word4-easy"]))}
+    assert len(train) == 512
+    heldout_spec = _args(CANDIDATES["word4-easy-heldout"])
+    heldout = {t.prompt for t in generate_math_tasks(128, **heldout_spec)}
+    assert len(heldout) == 128
     assert not heldout & train
+    out_of_family = CANDIDATES["word2-easy-heldout"]["kinds"]
+    assert not set(out_of_family) & set(CANDIDATES["word4-easy"]["kinds"])
 
 
 def _args(spec: dict) -> dict:
