@@ -177,6 +177,11 @@ def episode_record(episode: Any) -> dict[str, Any]:
         "lenient_correct": bool(lenient) and answers_match_any(lenient, [answer]),
         "truncated_actions": sum(a.finish_reason == "length" for a in episode.actions),
         "verifier_reply": reply[:REPLY_CHARS],
+        # The code executor's last code that ran, and what it printed.
+        "last_code": next((a.code for a in reversed(code_turns) if a.code), "")[:REPLY_CHARS],
+        "last_stdout": next(
+            ((a.tool or {}).get("stdout") or "" for a in reversed(code_turns) if a.code), ""
+        )[:REPLY_CHARS],
     }
 
 

@@ -101,6 +101,8 @@ def test_oracle_upstream_prints_the_answer_and_records_show_the_chain():
     assert all(r["lenient_correct"] and r["answer_printed"] for r in records)
     assert all(r["verifier_states_answer"] for r in records)
     assert records[2]["verifier_reply"].startswith("The final answer is ")
+    assert all(r["last_code"].strip() == f"print({r['answer']})" for r in records)
+    assert all(r["last_stdout"].strip() == r["answer"] for r in records)
     assert all(r["code_turns"] == 2 and r["code_turns_with_code"] == 1 for r in records)
     # The verifier is shown neither the answer in the executor's words nor the draft's.
     verifier_prompts = [
