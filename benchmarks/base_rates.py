@@ -69,6 +69,8 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     # The recipe's tasks so far (their prompts are their own solution), for reference.
     "expression-medium": _spec(["expression"], "medium", 1),
     "expression-easy": _spec(["expression"], "easy", 1),
+    # One operation per problem: the easiest word problems.
+    "one-step-easy": _spec(["word_one_step"], "easy", 1),
     # Word problems, all six families in turn (per-family rates).
     "word-easy": _spec(WORD_KINDS, "easy", 1),
     "word-medium": _spec(WORD_KINDS, "medium", 1),

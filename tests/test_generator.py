@@ -265,6 +265,17 @@ def brute_word_totals(p: dict) -> int:
     return sum(repeated_sum(per_pack, packs) for packs, per_pack in p["packs"])
 
 
+def brute_word_one_step(p: dict) -> int:
+    template = p["template"]
+    if template == "more":
+        return p["first"] + p["second"]
+    if template == "give_away":
+        return p["total"] - p["given"]
+    if template == "groups":
+        return repeated_sum(p["per_bag"], p["bags"])
+    return deal(p["total"], p["friends"])[0]
+
+
 BRUTE_FORCE = {
     "arithmetic": brute_arithmetic,
     "divisor_sum": brute_divisor_sum,
@@ -283,6 +294,7 @@ BRUTE_FORCE = {
     "word_ages": brute_word_ages,
     "word_units": brute_word_units,
     "word_totals": brute_word_totals,
+    "word_one_step": brute_word_one_step,
 }
 
 WORD_KINDS = sorted(kind for kind in KINDS if kind.startswith("word_"))
@@ -477,6 +489,7 @@ def test_word_kinds_are_registered_as_word_problems():
     assert WORD_KINDS == [
         "word_ages",
         "word_change",
+        "word_one_step",
         "word_rates",
         "word_sharing",
         "word_totals",

@@ -23,6 +23,7 @@ word_rates         word_problem    rates: output over time, travel time, teams, 
 word_ages          word_problem    ages now, in the past and in the future
 word_units         word_problem    unit conversion (time, length, mass, volume)
 word_totals        word_problem    multi-step totals (trays of rolls, shelves, legs, packs)
+word_one_step      word_problem    one operation: gets more, gives away, groups, shares
 =================  ==============  =========================================================
 
 ``expression`` is a starter family for small models, where one line of Python (a

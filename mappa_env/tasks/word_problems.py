@@ -1,16 +1,18 @@
 """Everyday word problems for small models: the generator's ``word_*`` kinds.
 
-Each family states a short story in words ("A baker makes 7 trays of 12 rolls and sells
-30 of them. How many rolls are left?"), so no prompt is a Python expression: an agent
-has to turn the words into arithmetic itself, instead of copying the problem into a
-``print``. Every family has several templates (phrasings and question types), chosen
-per problem and recorded in ``params["template"]``, and three levels:
+Each family states a short story in words ("A baker makes 7 trays of 12 rolls and
+sells 30 of them. How many rolls are left?"), so no prompt is a Python expression: an
+agent has to turn the words into arithmetic itself, instead of copying the problem
+into a ``print``. Every family has several templates (phrasings and question types),
+chosen per problem and recorded in ``params["template"]``, and three levels:
 
-* 1: one or two steps on one-digit numbers (a 135M model with a Python tool solves
-  some of them);
+* 1: one or two steps on one-digit numbers;
 * 2: two or three steps on two-digit numbers;
 * 3: the same stories with four- to six-digit numbers, where arithmetic by hand is
   impractical and an agent has to compute.
+
+``word_one_step`` is the exception: one operation at every level (the same stories
+with larger numbers), for models that cannot yet chain two.
 
 Answers are positive integers computed from the drawn numbers, and never equal a
 number the prompt states (one-digit answers included: a model that boxes a number
@@ -483,6 +485,85 @@ def _word_totals(rng: random.Random, level: int) -> _Problem:
     return _hidden(_draw_totals, rng, level)
 
 
+# --------------------------------------------------------------------------------------
+# word_one_step: one operation
+# --------------------------------------------------------------------------------------
+
+_COUNTED = (
+    "apples",
+    "stickers",
+    "marbles",
+    "cards",
+    "pencils",
+    "shells",
+    "coins",
+    "books",
+    "stamps",
+    "beads",
+    "balloons",
+    "crayons",
+    "buttons",
+    "toy cars",
+    "cookies",
+    "feathers",
+)
+# Verbs and containers vary too: with one-digit numbers, the words are what keeps the
+# problems of different seeds apart.
+_GAINS = ("gets", "finds", "buys")
+_LOSSES = ("gives {} of them away", "loses {} of them", "sells {} of them")
+_BAGS = (("bag", "bags"), ("box", "boxes"), ("jar", "jars"), ("basket", "baskets"))
+_SHARERS = ("friends", "cousins", "classmates")
+_ONE_STEP_TEMPLATES = ("more", "give_away", "groups", "share")
+
+
+def _draw_one_step(rng: random.Random, level: int) -> tuple[str, int, dict[str, Any]]:
+    # The simplest stories: one addition, subtraction, multiplication or exact division,
+    # for models that cannot yet chain two steps.
+    small_range, large_range = {1: ((2, 9), (10, 20)), 2: ((11, 99), (100, 999))}.get(
+        level, ((1_000, 99_999), (100_000, 9_999_999))
+    )
+    template = rng.choice(_ONE_STEP_TEMPLATES)
+    name, pronoun = rng.choice(_PEOPLE)
+    things = rng.choice(_COUNTED)
+    first, second = rng.randint(*small_range), rng.randint(*small_range)
+    if template == "more":
+        answer = first + second
+        prompt = (
+            f"{name} has {first} {things}. {pronoun.capitalize()} {rng.choice(_GAINS)} "
+            f"{second} more. How many {things} does {pronoun} have now?"
+        )
+        params = {"template": template, "first": first, "second": second}
+    elif template == "give_away":
+        total = rng.randint(*large_range)
+        answer = total - second
+        prompt = (
+            f"{name} has {total} {things} and {rng.choice(_LOSSES).format(second)}. "
+            f"How many {things} does {pronoun} have left?"
+        )
+        params = {"template": template, "total": total, "given": second}
+    elif template == "groups":
+        answer = first * second
+        bag, bags = rng.choice(_BAGS)
+        prompt = (
+            f"{name} has {first} {bags} with {second} {things} in each {bag}. "
+            f"How many {things} does {pronoun} have in all?"
+        )
+        params = {"template": template, "bags": first, "per_bag": second}
+    else:
+        answer = first
+        sharers = rng.choice(_SHARERS)
+        prompt = (
+            f"{name} shares {first * second} {things} equally among {second} {sharers}. "
+            f"How many {things} does each of them get?"
+        )
+        params = {"template": template, "total": first * second, "friends": second}
+    return prompt, answer, params
+
+
+def _word_one_step(rng: random.Random, level: int) -> _Problem:
+    return _hidden(_draw_one_step, rng, level)
+
+
 WORD_KINDS: dict[str, Callable[[random.Random, int], _Problem]] = {
     "word_change": _word_change,
     "word_sharing": _word_sharing,
@@ -490,5 +571,6 @@ WORD_KINDS: dict[str, Callable[[random.Random, int], _Problem]] = {
     "word_ages": _word_ages,
     "word_units": _word_units,
     "word_totals": _word_totals,
+    "word_one_step": _word_one_step,
 }
 """Word-problem kinds: name -> builder (all in the ``word_problem`` category)."""
