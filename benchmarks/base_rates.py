@@ -71,6 +71,7 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "expression-easy": _spec(["expression"], "easy", 1),
     # One operation per problem: the easiest word problems.
     "one-step-easy": _spec(["word_one_step"], "easy", 1),
+    "one-step-easy-heldout": _spec(["word_one_step"], "easy", 2, n=128),
     # Word problems, all six families in turn (per-family rates).
     "word-easy": _spec(WORD_KINDS, "easy", 1),
     "word-medium": _spec(WORD_KINDS, "medium", 1),

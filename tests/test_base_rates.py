@@ -60,6 +60,12 @@ def test_candidates_are_generator_specs_with_a_pinned_secret():
     heldout = {t.prompt for t in generate_math_tasks(128, **heldout_spec)}
     assert len(heldout) == 128
     assert not heldout & train
+    one_step = {t.prompt for t in generate_math_tasks(512, **_args(CANDIDATES["one-step-easy"]))}
+    one_step_heldout_spec = _args(CANDIDATES["one-step-easy-heldout"])
+    one_step_heldout = {t.prompt for t in generate_math_tasks(128, **one_step_heldout_spec)}
+    assert len(one_step) == 512
+    assert len(one_step_heldout) == 128
+    assert not one_step & one_step_heldout
     out_of_family = CANDIDATES["word2-easy-heldout"]["kinds"]
     assert not set(out_of_family) & set(CANDIDATES["word4-easy"]["kinds"])
 
