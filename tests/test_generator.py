@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 import sympy
 
-from mappa_env.tasks import KINDS, MathTask, generate_math_tasks
+from mappa_env.tasks import (
+    KINDS,
+    MathTask,
+    arithmetic_value,
+    generate_math_tasks,
+    is_own_solution,
+)
+from mappa_env.tasks.checks import expression_candidates
 from mappa_env.tasks.generator import DEFAULT_KINDS
 
 # --------------------------------------------------------------------------------------
@@ -165,6 +172,110 @@ def brute_linear_system(p: dict) -> int:
     return sum(i * v for i, v in enumerate(solution, 1))
 
 
+def repeated_sum(value: int, times: int) -> int:
+    """``value * times`` by repeated addition."""
+    total = 0
+    for _ in range(times):
+        total += value
+    return total
+
+
+def deal(total: int, per_group: int) -> tuple[int, int]:
+    """(groups filled, items left) by dealing out ``per_group`` at a time."""
+    groups = 0
+    while total >= per_group:
+        total -= per_group
+        groups += 1
+    return groups, total
+
+
+def brute_word_change(p: dict) -> int:
+    cost = sum(repeated_sum(price, count) for count, price in zip(p["counts"], p["prices"]))
+    return cost - p["money"] if p["template"] == "short" else p["money"] - cost
+
+
+def brute_word_sharing(p: dict) -> int:
+    groups, left = deal(p["total"], p["divisor"])
+    if p["template"] == "leftover":
+        return left
+    if p["template"] == "needed":
+        return groups + (left > 0)
+    return groups
+
+
+def brute_word_rates(p: dict) -> int:
+    template = p["template"]
+    if template == "output":
+        return repeated_sum(p["rate"], p["time"])
+    if template == "team":
+        return repeated_sum(repeated_sum(p["rate"], p["crew"]), p["time"])
+    target, level, hours = (
+        (p["distance"], 0, 0) if template == "trip" else (p["capacity"], p["start"], 0)
+    )
+    while level < target:  # hour by hour (or minute by minute) until the target is met
+        level += p["rate"]
+        hours += 1
+    assert level == target, "the rate does not reach the target exactly"
+    return hours
+
+
+def brute_word_ages(p: dict) -> int:
+    template = p["template"]
+    if template == "older_future":
+        return p["age"] + p["gap"] + p["years"]
+    if template == "times_past":
+        return repeated_sum(p["age"], p["factor"]) - p["years"]
+    if template == "future_past":
+        return p["later"] - p["years"] - p["ago"]
+    (younger,) = [b for b in range(p["together"] + 1) if b + (b + p["gap"]) == p["together"]]
+    return younger
+
+
+# Conversion factors, written out here rather than read from the generator.
+SMALL_PER_LARGE = {
+    ("hours", "minutes"): 60,
+    ("minutes", "seconds"): 60,
+    ("meters", "centimeters"): 100,
+    ("kilograms", "grams"): 1000,
+    ("liters", "milliliters"): 1000,
+    ("weeks", "days"): 7,
+    ("days", "hours"): 24,
+    ("kilometers", "meters"): 1000,
+}
+
+
+def brute_word_units(p: dict) -> int:
+    factor = SMALL_PER_LARGE[(p["large"], p["small"])]
+    if p["template"] == "to_large":
+        large, left = deal(p["small_amount"], factor)
+        assert left == 0
+        return large
+    total = repeated_sum(factor, p["amount"]) + p.get("extra", 0)
+    return repeated_sum(total, p.get("count", 1))
+
+
+def brute_word_totals(p: dict) -> int:
+    template = p["template"]
+    if template == "bakery":
+        return repeated_sum(p["per_tray"], p["trays"]) - p["sold"]
+    if template == "library":
+        return repeated_sum(p["per_shelf"], p["shelves"]) + p["bought"] - p["given"]
+    if template == "legs":
+        return repeated_sum(4, p["four_legged"]) + repeated_sum(2, p["two_legged"])
+    return sum(repeated_sum(per_pack, packs) for packs, per_pack in p["packs"])
+
+
+def brute_word_one_step(p: dict) -> int:
+    template = p["template"]
+    if template == "more":
+        return p["first"] + p["second"]
+    if template == "give_away":
+        return p["total"] - p["given"]
+    if template == "groups":
+        return repeated_sum(p["per_bag"], p["bags"])
+    return deal(p["total"], p["friends"])[0]
+
+
 BRUTE_FORCE = {
     "arithmetic": brute_arithmetic,
     "divisor_sum": brute_divisor_sum,
@@ -177,7 +288,16 @@ BRUTE_FORCE = {
     "polynomial_roots": brute_polynomial_roots,
     "series_sum": brute_series_sum,
     "linear_system": brute_linear_system,
+    "word_change": brute_word_change,
+    "word_sharing": brute_word_sharing,
+    "word_rates": brute_word_rates,
+    "word_ages": brute_word_ages,
+    "word_units": brute_word_units,
+    "word_totals": brute_word_totals,
+    "word_one_step": brute_word_one_step,
 }
+
+WORD_KINDS = sorted(kind for kind in KINDS if kind.startswith("word_"))
 
 
 def brute_expression_from_prompt(prompt: str) -> int:
@@ -199,6 +319,19 @@ def numbers_in(text: str) -> set[int]:
 def magnitudes_in(text: str) -> set[int]:
     """Integers written in ``text`` with and without a leading minus sign."""
     return {abs(n) for n in numbers_in(text)} | numbers_in(text)
+
+
+def flat_ints(value) -> list[int]:
+    """Every int inside nested lists / dicts (bools excluded)."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list | tuple):
+        return [n for item in value for n in flat_ints(item)]
+    return []
 
 
 def params_shown(task: MathTask) -> set[int]:
@@ -224,6 +357,8 @@ def params_shown(task: MathTask) -> set[int]:
         return {abs(c) for c in p["coefficients"][1:] if abs(c) > 1}
     if kind == "expression":
         return {v for v in p.values() if isinstance(v, int)}
+    if kind.startswith("word_"):
+        return set(flat_ints(p))
     return {abs(v) for row in p["matrix"] for v in row if abs(v) > 1} | set(p["rhs"])
 
 
@@ -304,7 +439,22 @@ def test_hard_problems_need_large_enumeration_or_arithmetic():
 def test_expression_kind_is_named_not_default():
     assert "expression" in KINDS
     assert "expression" not in DEFAULT_KINDS
-    assert tuple(k for k in KINDS if k != "expression") == DEFAULT_KINDS
+    # The default rotation is the eleven competition-style kinds, in their first order:
+    # kinds added later (expression, word problems) are asked for by name.
+    assert DEFAULT_KINDS == (
+        "arithmetic",
+        "divisor_sum",
+        "modular_power",
+        "gcd_lcm",
+        "prime_count",
+        "digit_count",
+        "lattice_paths",
+        "subset_sum",
+        "polynomial_roots",
+        "series_sum",
+        "linear_system",
+    )
+    assert not set(WORD_KINDS) & set(DEFAULT_KINDS)
     # Tasks of the default rotation do not depend on the starter family existing.
     assert {t.metadata["kind"] for t in generate_math_tasks(44, seed=0)} == set(DEFAULT_KINDS)
     hard = generate_math_tasks(20, seed=2, kinds=["expression"], difficulty="hard")
@@ -328,3 +478,173 @@ def test_kind_selection_and_invalid_arguments():
         generate_math_tasks(3, difficulty=4)
     with pytest.raises(ValueError, match="n must be"):
         generate_math_tasks(-1)
+
+
+# --------------------------------------------------------------------------------------
+# Word problems and the own-solution check
+# --------------------------------------------------------------------------------------
+
+
+def test_word_kinds_are_registered_as_word_problems():
+    assert WORD_KINDS == [
+        "word_ages",
+        "word_change",
+        "word_one_step",
+        "word_rates",
+        "word_sharing",
+        "word_totals",
+        "word_units",
+    ]
+    assert all(KINDS[kind][0] == "word_problem" for kind in WORD_KINDS)
+
+
+@pytest.mark.parametrize("difficulty", [1, 2, 3])
+def test_word_problems_are_seeded_per_index(difficulty):
+    tasks = generate_math_tasks(36, seed=4, kinds=WORD_KINDS, difficulty=difficulty, secret="")
+    assert tasks == generate_math_tasks(
+        36, seed=4, kinds=WORD_KINDS, difficulty=difficulty, secret=""
+    )
+    # Task i depends on (seed, i) alone: asking for fewer gives the same first tasks.
+    assert tasks[:7] == generate_math_tasks(
+        7, seed=4, kinds=WORD_KINDS, difficulty=difficulty, secret=""
+    )
+    other_seed = generate_math_tasks(36, seed=5, kinds=WORD_KINDS, difficulty=difficulty)
+    assert sum(a.prompt != b.prompt for a, b in zip(tasks, other_seed)) >= 30
+
+
+# Word problems of seed 0 as first generated: a change to a builder that changes the
+# tasks of existing seeds fails here.
+WORD_PROBLEMS_SEED_0 = [
+    (
+        "word_change",
+        1,
+        "Iris has 20 dollars and buys 3 sandwiches at 4 dollars each. "
+        "How many dollars does she have left?",
+        "8",
+    ),
+    (
+        "word_sharing",
+        1,
+        "Farid shares 39 cookies equally among 4 friends, giving each friend as many as "
+        "possible. How many cookies are left over?",
+        "3",
+    ),
+    (
+        "word_units",
+        1,
+        "Sam has 4 ropes, and each is 2 meters long. How many centimeters is that altogether?",
+        "800",
+    ),
+    (
+        "word_totals",
+        2,
+        "Leo's school orders 10 packs of 16 pencils and 20 packs of 49 erasers. "
+        "How many pencils and erasers does it get in all?",
+        "1140",
+    ),
+]
+
+
+def test_word_problems_of_a_seed_stay_the_same():
+    order = ["word_change", "word_sharing", "word_rates", "word_ages", "word_units", "word_totals"]
+    for kind, level, prompt, answer in WORD_PROBLEMS_SEED_0:
+        tasks = generate_math_tasks(6, seed=0, kinds=order, difficulty=level, secret="")
+        (task,) = [t for t in tasks if t.metadata["kind"] == kind]
+        assert (task.prompt, task.answer) == (prompt, answer)
+
+
+@pytest.mark.parametrize("kind", WORD_KINDS)
+def test_word_problems_hide_their_answer_and_are_not_code(kind):
+    templates: dict[int, set[str]] = {}
+    for level in (1, 2, 3):
+        tasks = generate_math_tasks(120, seed=9, kinds=[kind], difficulty=level, secret="")
+        for task in tasks:
+            answer = int(task.answer)
+            assert answer > 0, (task.id, task.prompt)
+            assert str(answer) == task.answer
+            assert answer == BRUTE_FORCE[kind](task.metadata["params"]), task.prompt
+            # Not even a one-digit answer is a number of the prompt.
+            assert answer not in numbers_in(task.prompt), (task.id, task.prompt)
+            assert not is_own_solution(task), task.prompt
+            assert all(
+                arithmetic_value(text) is None for text in expression_candidates(task.prompt)
+            )
+            assert task.metadata["needs_code"] is (level == 3)
+            if kind == "word_units":  # the units the answer is converted between are named
+                params = task.metadata["params"]
+                assert params["large"] in task.prompt
+                assert params["small"] in task.prompt
+        templates[level] = {t.metadata["params"]["template"] for t in tasks}
+        assert len({t.prompt for t in tasks}) >= 100, "too few distinct problems"
+    # Several phrasings at every level, the same ones at each.
+    assert len(templates[1]) >= 4
+    assert templates[1] == templates[2] == templates[3]
+
+
+def test_word_levels_grow_in_size():
+    def largest_number(level: int) -> float:
+        tasks = generate_math_tasks(60, seed=2, kinds=WORD_KINDS, difficulty=level, secret="")
+        return float(np.median([max(numbers_in(t.prompt)) for t in tasks]))
+
+    easy, medium, hard = (largest_number(level) for level in (1, 2, 3))
+    assert easy < 100 <= medium < 10_000 <= hard
+
+
+def test_expression_tasks_are_their_own_solution():
+    for level in (1, 2, 3):
+        tasks = generate_math_tasks(100, seed=6, kinds=["expression"], difficulty=level, secret="")
+        assert all(is_own_solution(task) for task in tasks)
+    # The competition-style kinds are not (their prompts are sentences with LaTeX).
+    assert not any(is_own_solution(t) for t in generate_math_tasks(110, seed=6, secret=""))
+
+
+@pytest.mark.parametrize(
+    ("prompt", "answer", "own"),
+    [
+        ("Compute 76 * 89 - 230.", "6534", True),
+        ("76 * 89 - 230", "6534", True),
+        ("What is 2 ** 10?", "1024", True),
+        ("Evaluate $12 // 5 + 7 % 4$.", "5", True),
+        ("Compute 7 / 2.", "3.5", True),
+        ("Compute 0.1 + 0.2.", "0.3", True),
+        ("Compute -(3 - 10).", "7", True),
+        ("Compute 76 * 89 - 230.", "6535", False),
+        ("A baker makes 7 trays of 12 rolls and sells 30. How many rolls are left?", "54", False),
+        ("Compute 2 ^ 3.", "8", False),  # ^ is not a power in Python
+        ("Compute 2 ** 3.", "eight", False),
+    ],
+)
+def test_is_own_solution(prompt, answer, own):
+    assert is_own_solution(MathTask("t", prompt, answer)) is own
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "__import__('os').system('true')",
+        "print(1)",
+        "x + 1",
+        "(1).__class__",
+        "'a' * 3",
+        "[1, 2][0]",
+        "1 if 1 else 2",
+        "True + 1",
+        "9 ** 9 ** 9",
+        "10 ** 100000",
+        "1 / 0",
+        "1e999",
+        "(" * 500 + "1" + ")" * 500,
+        "1 + " * 2000 + "1",
+    ],
+)
+def test_arithmetic_value_refuses_everything_but_bounded_arithmetic(text):
+    assert arithmetic_value(text) is None
+
+
+def test_arithmetic_value_is_exact():
+    assert arithmetic_value("7 / 2") == sympy.Rational(7, 2)
+    assert arithmetic_value("0.1 + 0.2") == sympy.Rational(3, 10)
+    assert arithmetic_value("2 ** -2") == sympy.Rational(1, 4)
+    assert arithmetic_value("-7 // 2") == -4
+    assert arithmetic_value("-7 % 3") == 2
+    assert arithmetic_value("123456789 * 987654321") == 123456789 * 987654321

@@ -1,5 +1,6 @@
 """Task sources: math problems from files, named benchmarks, datasets or a seeded generator."""
 
+from mappa_env.tasks.checks import arithmetic_value, is_own_solution
 from mappa_env.tasks.generator import (
     DEFAULT_KINDS,
     DIFFICULTY_LEVELS,
@@ -33,9 +34,11 @@ __all__ = [
     "MathTask",
     "PublicBenchmark",
     "TaskFormatError",
+    "arithmetic_value",
     "bench_dir_candidates",
     "find_bench_dir",
     "generate_math_tasks",
+    "is_own_solution",
     "load_math_tasks",
     "normalize_answer_value",
     "task_secret_path",

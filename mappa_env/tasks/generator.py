@@ -17,12 +17,24 @@ polynomial_roots   algebra         a quantity of the integer roots of a monic po
 series_sum         algebra         sum of the integers below N divisible by a or b, not c
 linear_system      algebra         a combination of the solution of an integer linear system
 expression         arithmetic      the value of an integer expression such as 47 * 83 - 215
+word_change        word_problem    shopping: change, money left, money still needed
+word_sharing       word_problem    equal sharing: each share, leftovers, full boxes, vans needed
+word_rates         word_problem    rates: output over time, travel time, teams, filling a tank
+word_ages          word_problem    ages now, in the past and in the future
+word_units         word_problem    unit conversion (time, length, mass, volume)
+word_totals        word_problem    multi-step totals (trays of rolls, shelves, legs, packs)
+word_one_step      word_problem    one operation: gets more, gives away, groups, shares
 =================  ==============  =========================================================
 
 ``expression`` is a starter family for small models, where one line of Python (a
 ``print`` of the expression as written) solves the problem and mental arithmetic on
-the larger levels rarely does. It is not in the default rotation (:data:`DEFAULT_KINDS`),
-so adding it left the tasks of every existing seed as they were; ask for it by name.
+the larger levels rarely does. Its prompt is its own solution
+(:func:`~mappa_env.tasks.checks.is_own_solution`): success on it measures copying the
+problem into code, not reading it. The ``word_*`` families
+(:mod:`mappa_env.tasks.word_problems`) are stories in words with small numbers on
+their easy level: an agent must turn the words into arithmetic, and no prompt is
+Python. None of these is in the default rotation (:data:`DEFAULT_KINDS`), so adding
+them left the tasks of every existing seed as they were; ask for them by name.
 
 Difficulty levels: 1 (``"easy"``: small numbers, doable by hand), 2 (``"medium"``:
 larger numbers, still doable by hand with care), 3 (``"hard"``: built so that a
@@ -44,25 +56,17 @@ import math
 import random
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 from mappa_env.options import integer_option
+from mappa_env.tasks._problem import _Problem
 from mappa_env.tasks.math import MathTask
 from mappa_env.tasks.secret import user_task_secret
+from mappa_env.tasks.word_problems import WORD_KINDS
 
 DIFFICULTY_LEVELS = {"easy": 1, "medium": 2, "hard": 3}
 """Difficulty names and their levels; ``"mixed"`` draws a level per task."""
-
-
-@dataclass(frozen=True)
-class _Problem:
-    """A generated problem before it becomes a task."""
-
-    prompt: str
-    answer: int
-    params: dict[str, Any]
 
 
 # --------------------------------------------------------------------------------------
@@ -572,10 +576,25 @@ KINDS: dict[str, tuple[str, Callable[[random.Random, int], _Problem]]] = {
     "series_sum": ("algebra", _series_sum),
     "linear_system": ("algebra", _linear_system),
     "expression": ("arithmetic", _expression),
+    **{kind: ("word_problem", build) for kind, build in WORD_KINDS.items()},
 }
 """Problem kinds: name -> (category, builder)."""
 
-DEFAULT_KINDS: tuple[str, ...] = tuple(kind for kind in KINDS if kind != "expression")
+# Spelled out, not derived from KINDS: a kind added later must not change the tasks that
+# the default rotation gives every existing seed.
+DEFAULT_KINDS: tuple[str, ...] = (
+    "arithmetic",
+    "divisor_sum",
+    "modular_power",
+    "gcd_lcm",
+    "prime_count",
+    "digit_count",
+    "lattice_paths",
+    "subset_sum",
+    "polynomial_roots",
+    "series_sum",
+    "linear_system",
+)
 """Kinds used when none are named: the competition-style ones, in a fixed order."""
 
 
