@@ -1,9 +1,8 @@
-"""The reproduction driver: statistics, summaries, an end-to-end run, and the CPU smoke check."""
+"""The reproduction driver: the recipe's decided test, records, reports, a run, the smoke."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 
@@ -11,75 +10,108 @@ import pytest
 
 pytest.importorskip("torch")
 
+from benchmarks import repro_collect, repro_report
 from benchmarks import repro_mathchat as repro
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_mean_ci95_matches_a_hand_computed_t_interval():
-    # mean 0.2, s = 0.1, n = 3, t(0.975, 2) = 4.302653 -> half-width 0.248414
-    stat = repro.mean_ci95([0.1, 0.2, 0.3])
-    assert stat["mean"] == pytest.approx(0.2)
-    assert stat["ci95"] == pytest.approx(4.302653 * 0.1 / math.sqrt(3), rel=1e-5)
-    assert repro.mean_ci95([0.5])["ci95"] is None
-    assert repro.mean_ci95([None, float("nan")])["mean"] is None
-
-
 def test_ema_carries_over_gaps():
-    assert repro.ema([3.0, None, 0.0]) == pytest.approx([3.0, 3.0, 2.0])
-    assert math.isnan(repro.ema([None, 1.0])[0])
+    import math
+
+    assert repro_report.ema([3.0, None, 0.0]) == pytest.approx([3.0, 3.0, 2.0])
+    assert math.isnan(repro_report.ema([None, 1.0])[0])
 
 
-def fake_run(mode: str, seed: int, accuracies: list[float], tool: list[float], base: bool):
-    evals = [
-        {
-            "step": 5 * i,
-            "accuracy": acc,
-            **{f"{a}/mean_response_tokens": 100.0 - i for a in repro.AGENTS},
-            **{f"{a}/mean_coach_score": 1.0 for a in repro.AGENTS},
-            **{f"{a}/tool_call_rate": 0.0 for a in repro.AGENTS},
-            "code_executor/tool_call_rate": rate,
-        }
-        for i, (acc, rate) in enumerate(zip(accuracies, tool))
-    ]
-    return {"mode": mode, "seed": seed, "evals": evals if base else evals[1:], "train": []}
+def test_the_recipe_decides_the_test_and_its_task_sets_hold_a_held_out_claim():
+    recipe, test = repro.load_recipe(repro.DEFAULT_CONFIG)
+    assert test["treatment"] == "process"
+    assert {"outcome", "agent_oracle", "process"} <= set(test["arms"])
+    assert len(test["seeds"]) >= 6
+    assert test["compare_step"] == recipe["steps"]
+    facts = repro.check_task_sets(recipe, test)
+    # Training problems are stated in words: none is its own solution.
+    assert facts["train"]["own_solution_share"] == 0.0
+    for name in test["out_of_family_sets"]:
+        assert facts[name]["out_of_family"]
+        assert not set(facts[name]["kinds"]) & set(facts["train"]["kinds"])
+    assert set(facts[test["main_task_set"]]["kinds"]) <= set(facts["train"]["kinds"])
 
 
-def test_summary_pairs_runs_by_seed_and_judges_the_goals():
-    runs = []
-    for seed, (base, proc, out) in enumerate([(0.0, 0.2, 0.0), (0.05, 0.2, 0.05), (0.1, 0.3, 0.1)]):
-        runs.append(fake_run("process", seed, [base, proc], [0.1, 0.5], base=True))
-        runs.append(fake_run("outcome", seed, [base, out], [0.1, 0.1], base=False))
-    for run in runs:  # what collect() does for runs without their own base evaluation
-        if run["mode"] == "outcome":
-            first = next(r for r in runs if r["mode"] == "process" and r["seed"] == run["seed"])
-            run["evals"].insert(0, first["evals"][0])
-    summary = repro.summarise(runs, ["process", "outcome"])
-    assert summary["base"]["accuracy"]["mean"] == pytest.approx(0.05)
-    process = summary["modes"]["process"]
-    assert process["accuracy"]["mean"] == pytest.approx(0.7 / 3)
-    assert process["gain_over_base"]["values"] == pytest.approx([0.2, 0.15, 0.2])
-    assert process["tool_call_ratio_over_base"] == pytest.approx(5.0)
-    assert summary["process_minus_outcome"]["values"] == pytest.approx([0.2, 0.15, 0.2])
-    goals = repro.goal_checks(summary)
-    assert goals == {
-        "process_gain_at_least_10_points": True,
-        "process_gain_interval_excludes_0": True,
-        "process_beats_outcome_by_5_points": True,
-        "tool_call_rate_at_least_3x": True,
+def test_a_recipe_without_its_decided_test_is_refused(tmp_path):
+    (tmp_path / "recipe.yaml").write_text(json.dumps({"env": "MathChat-v0"}))
+    path = tmp_path / "test.yaml"
+    path.write_text(json.dumps({"arms": {}}))
+    with pytest.raises(ValueError, match="must name its training recipe"):
+        repro.load_recipe(path)
+    path.write_text(json.dumps({"recipe": "recipe.yaml", "arms": {}}))
+    with pytest.raises(ValueError, match="must give"):
+        repro.load_recipe(path)
+    test = {
+        "recipe": "recipe.yaml",
+        "arms": {"process": {"credit_mode": "process", "colour": "red"}},
+        "seeds": [0],
+        "treatment": "process",
+        "compare_step": 1,
+        "main_task_set": "in_family",
+        "out_of_family_sets": [],
+        "goal": {},
     }
-    assert summary["compared_at_step"] == 5
-    # A run cut short: every mode is compared at the last step all runs reached.
-    runs[0]["evals"].append({**runs[0]["evals"][-1], "step": 10, "accuracy": 0.9})
-    again = repro.summarise(runs, ["process", "outcome"])
-    assert again["compared_at_step"] == 5
-    assert again["modes"]["process"]["accuracy"] == summary["modes"]["process"]["accuracy"]
-    assert again["modes"]["process"]["last_evaluation"]["0"] == {"step": 10, "accuracy": 0.9}
-    flat = [fake_run("process", s, [0.1, 0.1], [0.1, 0.1], base=True) for s in range(3)]
-    goals = repro.goal_checks(repro.summarise(flat, ["process"]))
-    assert not goals["process_gain_at_least_10_points"]
-    assert not goals["process_gain_interval_excludes_0"]
-    assert not goals["tool_call_rate_at_least_3x"]
+    path.write_text(json.dumps(test))
+    with pytest.raises(ValueError, match="arm 'process' must give credit_mode"):
+        repro.load_recipe(path)
+
+
+def test_overlapping_or_same_kind_task_sets_are_refused(tmp_path):
+    test = {"main_task_set": "in_family", "out_of_family_sets": ["other"]}
+    recipe = {
+        "env": "MathChat-v0",
+        "env_options": {"tasks": {"n": 8, "seed": 1, "kinds": ["expression"]}},
+        "eval_env_options": {"tasks": {"n": 4, "seed": 1, "kinds": ["expression"]}},
+    }
+    with pytest.raises(SystemExit, match="also training problems"):
+        repro.check_task_sets(recipe, test)
+    recipe["eval_env_options"]["tasks"]["seed"] = 2
+    recipe["eval_sets"] = {"other": {"tasks": {"n": 4, "seed": 3, "kinds": ["expression"]}}}
+    with pytest.raises(SystemExit, match="out-of-family set 'other' has kinds"):
+        repro.check_task_sets(recipe, test)
+    recipe["eval_sets"]["other"]["tasks"]["kinds"] = ["gcd_lcm"]
+    facts = repro.check_task_sets(recipe, test)
+    assert facts["train"]["own_solution_share"] == 1.0  # "Compute 3 * 4 + 5." is Python
+    assert facts["other"]["kinds"] == ["gcd_lcm"]
+    # A task file given on the command line becomes one more held-out set.
+    tasks = [{"id": "f1", "prompt": "What is 2 + 2?", "answer": "4"}]
+    (tmp_path / "more.json").write_text(json.dumps(tasks))
+    extended = repro.with_eval_tasks(recipe, [str(tmp_path / "more.json")])
+    assert repro.task_sets(extended, test) == ["in_family", "other", "file_more"]
+    assert repro.check_task_sets(extended, test)["file_more"]["tasks"] == 1
+
+
+def test_runs_are_planned_per_seed_with_one_base_evaluation(tmp_path):
+    test = {
+        "arms": {
+            "outcome": {"credit_mode": "outcome"},
+            "process_blind": {"credit_mode": "process", "env_options": {"reveal": "last_agent"}},
+        },
+        "main_task_set": "in_family",
+    }
+    recipe = {"env": "MathChat-v0", "steps": 2, "env_options": {"max_new_tokens": 8}}
+    first = repro.plan_runs(recipe, test, ["outcome", "process_blind"], [0, 1], tmp_path)
+    assert [(a, s, c["eval_at_start"]) for a, s, _, c in first] == [
+        ("outcome", 0, True),
+        ("process_blind", 0, False),
+        ("outcome", 1, True),
+        ("process_blind", 1, False),
+    ]
+    blind = first[1][3]
+    assert blind["credit_mode"] == "process"
+    assert blind["env_options"] == {"max_new_tokens": 8, "reveal": "last_agent"}
+    assert recipe["env_options"] == {"max_new_tokens": 8}  # the recipe itself is untouched
+    # Seed 0's base was evaluated by an earlier command: a later one does not repeat it.
+    (tmp_path / "outcome-s0" / "eval").mkdir(parents=True)
+    (tmp_path / "outcome-s0" / "eval" / "step-000000.jsonl").write_text("")
+    later = repro.plan_runs(recipe, test, ["process_blind"], [0, 1], tmp_path)
+    assert [(s, c["eval_at_start"]) for _, s, _, c in later] == [(0, False), (1, True)]
 
 
 def test_lockstep_holds_runs_ahead_and_never_the_slowest():
@@ -91,105 +123,66 @@ def test_lockstep_holds_runs_ahead_and_never_the_slowest():
     assert moves({"a": 3, "b": 1, "c": 2}, {"a", "c"}, {"b"}) == (set(), {"c"})
     assert moves({"a": 3, "b": 1}, {"a"}, {"a", "b"}) == (set(), {"a"})
     assert moves({"a": 5, "b": 4}, set(), set(), lead=2) == (set(), set())
-    # Whatever the progress, the slowest unfinished run is never paused: no deadlock.
     for steps in ({"a": 0, "b": 0}, {"a": 7, "b": 2, "c": 2}, {"a": 1, "b": 9}):
         to_pause, _ = moves(steps, set(), set())
         assert min(steps, key=steps.get) not in to_pause
 
 
 def test_lockstep_pauses_come_out_of_the_rollout_seconds(tmp_path):
-    (tmp_path / repro.PAUSES_FILE).write_text(
+    (tmp_path / repro_collect.PAUSES_FILE).write_text(
         '{"step": 2, "seconds": 3.0}\n{"step": 2, "seconds": 1.5}\n{"step": 3, "sec'
     )  # two pauses in step 2, and a line torn by a kill
-    assert repro.read_pauses(tmp_path) == {2: 4.5}
+    assert repro_collect.read_pauses(tmp_path) == {2: 4.5}
     records = [
         {"step": s, "rollout/episodes": 4, "rollout/seconds": 10.0, "train/seconds": 2.0}
         for s in (1, 2)
     ]
-    points = repro.train_points(records, repro.read_pauses(tmp_path))
+    points = repro_collect.train_points(records, repro_collect.read_pauses(tmp_path))
     assert [p["rollout_seconds"] for p in points] == [10.0, 5.5]
     assert [p["paused_seconds"] for p in points] == [0.0, 4.5]
     assert points[1]["seconds"] == 7.5
 
 
-def test_one_base_evaluation_per_seed_also_across_sessions(tmp_path):
-    recipe = {"env": "MathChat-v0", "steps": 2}
-    first = repro.plan_runs(recipe, ["process", "outcome"], [0, 1], tmp_path)
-    assert [(m, s, c["eval_at_start"]) for m, s, _, c in first] == [
-        ("process", 0, True),
-        ("outcome", 0, False),
-        ("process", 1, True),
-        ("outcome", 1, False),
+def _row(episode: int, task: str, agent: str, score, correct: bool, **outcome) -> str:
+    coach = None if score is None else {"valid": score >= 0, "score": max(score, 0)}
+    if coach is not None:
+        coach["rubric_version"] = "mathchat-rules-v4"
+    return json.dumps(
+        {
+            "episode_id": f"ep-{episode:05d}",
+            "task_id": task,
+            "agent": agent,
+            "coach": coach,
+            "outcome": {"correct": correct, "task_type": "word_change", **outcome},
+        }
+    )
+
+
+def test_each_saved_held_out_episode_becomes_one_record(tmp_path):
+    path = tmp_path / "step-000010.jsonl"
+    lines = [
+        _row(0, "a", "problem_solver", 3, False),
+        _row(0, "a", "code_executor", 10, False),
+        _row(0, "a", "code_executor", 6, False),
+        _row(1, "b", "problem_solver", -1, True),  # an invalid verdict: no score
+        _row(2, "a", "problem_solver", 10, True, agent_correct={"problem_solver": True}),
+        _row(3, "b", "problem_solver", 1, False, aborted=True),
     ]
-    # Seed 0's process run evaluated the base (and a later step); seed 1's did not get
-    # that far. A later session's outcome runs reuse seed 0's base only.
-    (tmp_path / "process-s0").mkdir()
-    (tmp_path / "process-s0" / "metrics.jsonl").write_text(
-        '{"step": 0, "eval/success_rate": 0.01}\n{"step": 1}\n'
-        '{"step": 10, "eval/success_rate": 0.1}\n'
-    )
-    (tmp_path / "process-s1").mkdir()
-    (tmp_path / "process-s1" / "metrics.jsonl").write_text('{"step": 1}\n')
-    later = repro.plan_runs(recipe, ["outcome"], [0, 1], tmp_path)
-    assert [(s, c["eval_at_start"]) for _, s, _, c in later] == [(0, False), (1, True)]
-    assert later[0][2] == tmp_path / "outcome-s0"
+    path.write_text("\n".join(lines) + "\n{torn")
+    records = repro_collect.episode_records(path, "process", 4, 10, "in_family")
+    assert [(r["task_id"], r["sample"], r["correct"]) for r in records] == [
+        ("a", 0, False),
+        ("b", 0, True),
+        ("a", 1, True),
+    ]
+    assert records[0]["scores"] == {"problem_solver": 3.0, "code_executor": 8.0}
+    assert records[1]["scores"] == {"problem_solver": None}
+    assert records[2]["agent_correct"] == {"problem_solver": True}
+    assert records[0]["rubric_versions"] == ["mathchat-rules-v4"]
+    assert repro_collect.aborted_episodes(path) == 1
+    from benchmarks.repro_stats import validate_records
 
-
-def _metrics(run_dir: Path, records: list[dict]) -> None:
-    run_dir.mkdir(parents=True)
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-
-
-def test_an_earlier_sessions_results_file_joins_the_report(tmp_path):
-    recipe = {"env": "MathChat-v0", "steps": 2, "eval_every": 2}
-    tool = "code_executor/tool_call_rate"
-    # Session 1: process credit, seed 0, on a machine whose run dirs are gone afterwards.
-    first_dir = tmp_path / "session1"
-    _metrics(
-        first_dir / "process-s0",
-        [
-            {"step": 0, "eval/success_rate": 0.0, f"eval/{tool}": 0.5},
-            {"step": 1, "rollout/episodes": 4, tool: 0.5},
-            {"step": 2, "rollout/episodes": 4, tool: 0.9},
-            {"step": 2, "eval/success_rate": 0.25, f"eval/{tool}": 1.0},
-        ],
-    )
-    (first_dir / "process-s0" / "provenance.json").write_text('{"commit": null}\n')
-    earlier = repro.collect(first_dir, ["process"], [0], runs_commit="abc123")
-    assert earlier[0]["commit"] == "abc123"
-    results = tmp_path / "process.json"
-    results.write_text(json.dumps({"recipe": recipe, "runs": earlier, "runs_commit": ["abc123"]}))
-    included = repro.load_included([results], recipe)
-    assert set(included) == {("process", 0)}
-    # Session 2 trains outcome credit only, and reuses the included run's base evaluation.
-    planned = repro.plan_runs(recipe, ["process", "outcome"], [0], tmp_path / "s2", included)
-    assert [(m, c["eval_at_start"]) for m, _, _, c in planned] == [("outcome", False)]
-    _metrics(
-        tmp_path / "s2" / "outcome-s0",
-        [
-            {"step": 1, "rollout/episodes": 4, tool: 0.5},
-            {"step": 2, "rollout/episodes": 4, tool: 0.5},
-            {"step": 2, "eval/success_rate": 0.0, f"eval/{tool}": 0.5},
-        ],
-    )
-    runs = repro.collect(tmp_path / "s2", ["process", "outcome"], [0], included)
-    assert "shared_base" not in included[("process", 0)]["evals"][0]  # the input is kept
-    by_mode = {r["mode"]: r for r in runs}
-    assert by_mode["process"]["included_from"] == "process.json"
-    assert by_mode["process"]["commit"] == "abc123"
-    assert by_mode["outcome"]["evals"][0]["shared_base"] is True
-    summary = repro.summarise(runs, ["process", "outcome"])
-    assert summary["compared_at_step"] == 2
-    assert summary["process_minus_outcome"]["values"] == pytest.approx([0.25])
-    # A results file of an outcome run whose base was a copy: the copy serves as base.
-    only_copy = {("outcome", 0): {**by_mode["outcome"], "regraded": []}}
-    (again,) = repro.collect(tmp_path / "none", ["outcome"], [0], only_copy)
-    assert again["evals"][0]["step"] == 0
-    # Another recipe is not at equal rollouts: refused, naming the field.
-    with pytest.raises(SystemExit, match="fields steps differ"):
-        repro.load_included([results], {**recipe, "steps": 20})
-    with pytest.raises(SystemExit, match="cannot read a results file"):
-        repro.load_included([tmp_path / "missing.json"], recipe)
+    assert len(validate_records(records)) == 3
 
 
 def test_saved_episodes_are_graded_again_with_the_current_grader(tmp_path):
@@ -198,7 +191,7 @@ def test_saved_episodes_are_graded_again_with_the_current_grader(tmp_path):
         return json.dumps({"episode_id": episode, "agent": "verifier", "outcome": outcome})
 
     (tmp_path / "rollouts").mkdir()
-    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "unseen").mkdir(parents=True)
     # Graded solved by an older grader: the problem's expression, copied; and a real answer.
     (tmp_path / "rollouts" / "step-000002.jsonl").write_text(
         "\n".join(
@@ -217,40 +210,115 @@ def test_saved_episodes_are_graded_again_with_the_current_grader(tmp_path):
         + action("e", "81", True, answer="080", accepted_answers=["080", "081"])
         + "\n"
     )
-    assert repro.regrade(tmp_path) == [
+    (tmp_path / "eval" / "unseen" / "step-000010.jsonl").write_text(
+        action("f", "\\boxed{1} \\boxed{5507}", True) + "\n"
+    )
+    assert repro_collect.regrade(tmp_path) == [
         {"kind": "rollouts", "step": 3, "episodes": 3, "solved_logged": 2, "solved_now": 1},
         {"kind": "eval", "step": 10, "episodes": 2, "solved_logged": 1, "solved_now": 1},
+        {"kind": "eval/unseen", "step": 10, "episodes": 1, "solved_logged": 1, "solved_now": 0},
     ]
 
 
-def test_overlapping_task_sets_are_refused():
-    recipe = {
-        "env": "MathChat-v0",
-        "env_options": {"tasks": {"n": 8, "seed": 1, "kinds": ["expression"]}},
-        "eval_env_options": {"tasks": {"n": 4, "seed": 1, "kinds": ["expression"]}},
+def _records(arm: str, seeds, accuracy: float, step: int = 2, problems: int = 4):
+    return [
+        {
+            "arm": arm,
+            "seed": seed,
+            "step": step,
+            "task_set": "in_family",
+            "task_id": f"t{p}",
+            "sample": 0,
+            "correct": p < accuracy * problems,
+            "scores": {},
+        }
+        for seed in seeds
+        for p in range(problems)
+    ]
+
+
+def _run(arm: str, seed: int, commit: str = "abc", steps=(1, 2), success: float = 0.25):
+    return {
+        "arm": arm,
+        "seed": seed,
+        "commits": [commit],
+        "evals": {"in_family": [{"step": s, "accuracy": 0.5} for s in (0, *steps)]},
+        "train": [
+            {
+                "step": s,
+                "rollout/episodes": 4,
+                "rollout/success_rate": success,
+                "process/kl": 0.1,
+                "process/grad_norm": 1.0,
+            }
+            for s in steps
+        ],
     }
-    with pytest.raises(SystemExit, match="held-out problems are also training problems"):
-        repro.check_disjoint(recipe)
+
+
+def test_the_decided_test_is_applied_and_voided_where_the_runs_cannot_carry_it():
+    seeds = range(6)
+    test = {"treatment": "process", "compare_step": 2, "goal": {"resamples": 200}}
+    records = _records("process", seeds, 0.75) + _records("outcome", seeds, 0.25)
+    records += _records("base", seeds, 0.25, step=0)
+    runs = [_run(arm, s) for arm in ("process", "outcome") for s in seeds]
+    summary = repro_report.compare(runs, records, test, ["process", "outcome"], ["in_family"])
+    entry = summary["task_sets"]["in_family"]
+    assert entry["step"] == 2
+    assert entry["at_decided_step"]
+    assert entry["base"]["mean"] == pytest.approx(0.25)
+    (pair,) = entry["comparison"]["pairs"]
+    assert pair["interval"]["estimate"] == pytest.approx(0.5)
+    assert pair["tests"]["sign_p"] == pytest.approx(2**-5)
+    assert pair["verdict"]["met"], pair["verdict"]["why"]
+    arm_rows, pair_rows = repro_report.table_rows(summary, "in_family")
+    assert arm_rows[0]["arm"] == "base (step 0)"
+    assert arm_rows[0]["mean"] == "25.0"
+    assert pair_rows[0]["goal"] == "met"
+    # Runs of two commits: nothing is compared as if one code had made them.
+    mixed = [*runs[:-1], _run("outcome", 5, commit="def")]
+    again = repro_report.compare(mixed, records, test, ["process", "outcome"], ["in_family"])
+    (pair,) = again["task_sets"]["in_family"]["comparison"]["pairs"]
+    assert pair["void"]
+    assert not pair["verdict"]["met"]
+    assert any("2 commits" in why for why in pair["verdict"]["why"])
+    # An arm that never succeeded in training is void, whatever its accuracy.
+    failed = [*runs[:6], *(_run("outcome", s, success=0.0) for s in seeds)]
+    void = repro_report.compare(failed, records, test, ["process", "outcome"], ["in_family"])
+    (pair,) = void["task_sets"]["in_family"]["comparison"]["pairs"]
+    assert any("no training episode succeeded" in r for r in pair["void_reasons"])
+    # Runs cut short are compared where they all got to, and say it is not the decided step.
+    short = [_run(arm, s, steps=(1,)) for arm in ("process", "outcome") for s in seeds]
+    ones = [{**r, "step": 1} for r in records if r["step"] == 2]
+    cut = repro_report.compare(short, ones, test, ["process", "outcome"], ["in_family"])
+    entry = cut["task_sets"]["in_family"]
+    assert entry["step"] == 1
+    assert not entry["at_decided_step"]
+    (pair,) = entry["comparison"]["pairs"]
+    assert not pair["verdict"]["met"]
+    assert any("not the decided step 2" in why for why in pair["verdict"]["why"])
 
 
 @pytest.mark.slow
-def test_end_to_end_runs_write_results_and_plots(tmp_path):
+def test_end_to_end_runs_write_results_records_and_plots(tmp_path):
     from mappa_agents.tiny_models import tiny_model_dir
 
     model = tiny_model_dir(tmp_path / "model")
+    tasks = [{"id": "f1", "prompt": "What is 2 + 2?", "answer": "4"}]
+    (tmp_path / "more.json").write_text(json.dumps(tasks))
+    env_options = {"max_new_tokens": 6, "sandbox": None}
     recipe = {
         "env": "MathChat-v0",
         "system": str(model),
         "env_options": {
-            "tasks": {"n": 4, "seed": 1, "kinds": ["expression"]},
-            "max_new_tokens": 6,
-            "sandbox": None,
+            **env_options,
+            "tasks": {"n": 4, "seed": 1, "kinds": ["word_change"]},
         },
         "eval_env_options": {
-            "tasks": {"n": 2, "seed": 2, "kinds": ["expression"]},
-            "max_new_tokens": 6,
-            "sandbox": None,
+            **env_options,
+            "tasks": {"n": 2, "seed": 2, "kinds": ["word_change"]},
         },
+        "eval_sets": {"out_of_family": {"tasks": {"n": 2, "seed": 3, "kinds": ["word_ages"]}}},
         "steps": 2,
         "prompts_per_step": 2,
         "samples_per_prompt": 1,
@@ -266,68 +334,63 @@ def test_end_to_end_runs_write_results_and_plots(tmp_path):
         "tensorboard": False,
         "device": "cpu",
         "dtype": "float32",
+        "repro": {
+            "arms": {
+                "process": {"credit_mode": "process"},
+                "outcome": {"credit_mode": "outcome"},
+                "agent_oracle": {"credit_mode": "agent_oracle"},
+            },
+            "seeds": [0],
+            "treatment": "process",
+            "compare_step": 2,
+            "main_task_set": "in_family",
+            "out_of_family_sets": ["out_of_family"],
+            "goal": {"resamples": 100},
+        },
     }
     config = tmp_path / "recipe.yaml"
     config.write_text(json.dumps(recipe))  # JSON is YAML
     out, runs_dir = tmp_path / "results", tmp_path / "runs"
-    code = repro.main(
-        [
-            "--config",
-            str(config),
-            "--seeds",
-            "0",
-            "--runs-dir",
-            str(runs_dir),
-            "--out",
-            str(out),
-            "--name",
-            "tiny",
-        ]
-    )
-    assert code == 0
+    common = ["--config", str(config), "--runs-dir", str(runs_dir), "--out", str(out)]
+    extra = ["--eval-tasks", str(tmp_path / "more.json")]
+    assert repro.main([*common, *extra, "--name", "tiny"]) == 0
     data = json.loads((out / "tiny.json").read_text())
     assert data["recipe"]["steps"] == 2
-    assert {r["commit"] for r in data["runs"]} == {repro.git_commit()}
-    assert {r["machine"]["cpus"] for r in data["runs"]} == {os.cpu_count()}
-    assert data["train_tasks"] == 4
-    by_mode = {r["mode"]: r for r in data["runs"]}
-    assert [p["step"] for p in by_mode["process"]["evals"]] == [0, 1, 2]
-    # The outcome run shares its seed's base evaluation instead of repeating it.
-    assert by_mode["outcome"]["evals"][0].get("shared_base") is True
-    assert [p["step"] for p in by_mode["outcome"]["train"]] == [1, 2]
-    assert set(data["summary"]["modes"]) == {"process", "outcome"}
+    assert data["runs_commits"] == [repro.git_commit()]
+    assert data["coach"]["rubric_versions"]["truth_aware"].startswith("mathchat-rules")
+    assert {r["launches"][0]["machine"]["cpus"] for r in data["runs"]} == {os.cpu_count()}
+    assert set(data["task_sets"]) == {"train", "in_family", "out_of_family", "file_more"}
+    by_arm = {r["arm"]: r for r in data["runs"]}
+    assert [p["step"] for p in by_arm["process"]["evals"]["out_of_family"]] == [0, 1, 2]
+    assert [p["step"] for p in by_arm["outcome"]["evals"]["file_more"]] == [1, 2]
+    run_config = json.loads((runs_dir / "agent_oracle-s0" / "run_config.json").read_text())
+    assert run_config["credit_mode"] == "agent_oracle"
+    assert run_config["eval_at_start"] is False
+    # Every held-out episode is a record: 2 episodes x (3 arms x 2 steps + base) x 3 sets.
+    episodes = [json.loads(x) for x in (out / "tiny_episodes.jsonl").read_text().splitlines()]
+    assert len(episodes) == data["episodes"] == 2 * 7 * 3
+    assert {(e["arm"], e["step"]) for e in episodes if e["step"] == 0} == {("base", 0)}
+    # The tiny model never succeeds: every comparison is void, and says why.
+    for entry in data["summary"]["task_sets"].values():
+        for pair in entry["comparison"]["pairs"]:
+            assert pair["void"]
+            assert not pair["verdict"]["met"]
     assert (out / "tiny_accuracy.png").stat().st_size > 0
     assert (out / "tiny_behaviour.png").stat().st_size > 0
-    run_config = json.loads((runs_dir / "outcome-s0" / "run_config.json").read_text())
-    assert run_config["credit_mode"] == "outcome"
-    assert run_config["eval_at_start"] is False
     # --report-only rebuilds the same summary from the run directories.
-    code = repro.main(
-        [
-            "--config",
-            str(config),
-            "--seeds",
-            "0",
-            "--runs-dir",
-            str(runs_dir),
-            "--out",
-            str(out),
-            "--name",
-            "again",
-            "--report-only",
-        ]
-    )
-    assert code == 0
+    assert repro.main([*common, *extra, "--name", "again", "--report-only"]) == 0
     again = json.loads((out / "again.json").read_text())
     assert again["summary"] == data["summary"]
 
 
 @pytest.mark.slow
-def test_smoke_process_credit_raises_code_turns_and_outcome_does_not(tmp_path):
+def test_smoke_every_arm_trains_on_its_own_reward(tmp_path):
     from benchmarks.repro_smoke import run_smoke
 
     assert run_smoke(tmp_path) == 0
     data = json.loads((tmp_path / "mathchat_smoke.json").read_text())
     assert all(data["checks"].values()), data["checks"]
-    # Outcome credit with no success has no signal: its code executor never moved.
-    assert all(kl in (0.0, None) for kl in data["results"]["outcome"]["code_executor_kl"])
+    assert set(data["results"]) == {"process", "outcome", "agent_oracle"}
+    for arm, result in data["results"].items():
+        assert result["rewards_checked"] > 0, arm
+        assert result["rewards_wrong"] == [], arm
