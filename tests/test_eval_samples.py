@@ -196,6 +196,44 @@ def test_checkpoint_specs_resolve_per_agent(tmp_path, caplog):
     assert "frozen in training" in caplog.text
 
 
+def _train_run_dir(run, step=10):
+    """A run directory as ``mappa train`` leaves it: its TrainConfig in config.json too."""
+    from mappa_train.config import TrainConfig
+
+    checkpoint = _fake_checkpoint(run, step, AGENTS)
+    run.joinpath("config.json").write_text(json.dumps(TrainConfig().to_dict()))
+    run.joinpath("metrics.jsonl").write_text('{"step": 1}\n')
+    return checkpoint
+
+
+def test_a_real_run_dir_with_its_training_config_is_a_checkpoint_spec(tmp_path):
+    run = tmp_path / "run"
+    newest = _train_run_dir(run)
+    assert parse_system_spec(str(run), AGENTS) == {a: str(newest / "agents" / a) for a in AGENTS}
+    # A model directory stays one, beside a run's files or not.
+    model = tmp_path / "model"
+    model.mkdir()
+    model.joinpath("config.json").write_text('{"model_type": "llama"}')
+    assert parse_system_spec(str(model), AGENTS) == dict.fromkeys(AGENTS, str(model))
+
+
+def test_the_documented_checkpoint_eval_commands_resolve(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "evaluation.md"
+    commands = [
+        line.split("#")[0].split("--system", 1)[1].strip().strip('"')
+        for line in page.read_text().splitlines()
+        if line.startswith("mappa eval --system") and "runs/x" in line
+    ]
+    assert len(commands) >= 3, commands
+    _train_run_dir(tmp_path / "runs" / "x")
+    monkeypatch.chdir(tmp_path)
+    for spec in commands:
+        per_agent = parse_system_spec(spec, AGENTS)
+        assert set(per_agent) == set(AGENTS), spec
+
+
 def test_checkpoint_spec_errors_say_what_to_do(tmp_path):
     lacking = tmp_path / "lacking"
     _fake_checkpoint(lacking, 1, ["problem_solver"])
