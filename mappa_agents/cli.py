@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mappa_env.credit import CREDIT_MODES
+from mappa_env.typecheck import check_env_options
 
 logger = logging.getLogger("mappa")
 
@@ -51,7 +52,9 @@ def env_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
         options.update(cli_options(flags))
     elif args.tasks is not None:
         options["tasks"] = args.tasks
-    options.update(_parse_env_options(args.env_option or []))
+    given = _parse_env_options(args.env_option or [])
+    check_env_options(args.env, given, setting="--env-option")
+    options.update(given)
     return options
 
 

@@ -10,6 +10,7 @@ import json
 import typing
 from typing import Any
 
+from mappa_env.typecheck import check_env_options
 from mappa_train.config import TrainConfig
 
 
@@ -109,11 +110,27 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         for f in dataclasses.fields(TrainConfig)
         if getattr(args, f.name, None) is not None
     }
-    if args.config:
-        return TrainConfig.from_file(args.config, **overrides)
     if "system" in overrides and not isinstance(overrides["system"], (str, dict)):
         overrides["system"] = str(overrides["system"])
-    return TrainConfig.from_dict(overrides)
+    if args.config:
+        config = TrainConfig.from_file(args.config, **overrides)
+    else:
+        config = TrainConfig.from_dict(overrides)
+    check_config_env_options(config)
+    return config
+
+
+def check_config_env_options(config: TrainConfig) -> None:
+    """Check every environment option set of ``config`` against the environment's constructor.
+
+    Raises:
+        mappa_env.errors.SettingsError: Naming the option, its value and what it must be.
+    """
+    check_env_options(config.env, config.env_options, setting="env_options")
+    if config.eval_env_options is not None:
+        check_env_options(config.env, config.eval_env_options, setting="eval_env_options")
+    for name, options in config.eval_sets.items():
+        check_env_options(config.env, options, setting=f"eval_sets.{name}")
 
 
 def run_train(args: argparse.Namespace) -> int:

@@ -46,6 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from mappa_env.errors import RunStoppedError, SettingsError
     from mappa_env.sandbox.isolation import IsolationUnavailableError
 
     try:
@@ -54,6 +55,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A setup problem with a known fix, not a crash: one line, no traceback.
         print(f"mappa {args.command}: {isolation_hint(exc)}", file=sys.stderr)
         return 2
+    except SettingsError as exc:
+        # A setting that cannot work: its message says what to pass instead.
+        print(f"mappa {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except RunStoppedError as exc:
+        # The run stopped itself (e.g. nothing could be scored): the cause and the fix.
+        print(f"mappa {args.command}: stopped: {exc}", file=sys.stderr)
+        return 1
 
 
 def isolation_hint(exc: Exception) -> str:
