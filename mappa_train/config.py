@@ -324,7 +324,14 @@ class TrainConfig:
     weights (2 weights + 4 master + 8 Adam), 6 in bf16 without, 12 in float32."""
 
     output_dir: str = "runs/train"
-    """Where metrics, checkpoints and plots go."""
+    """Where metrics, checkpoints and plots go. A run whose ``output_dir`` holds
+    checkpoints resumes from the newest one, which must be of the same environment,
+    trained agents, LoRA rank and models (:mod:`mappa_train.resume`)."""
+
+    resume_intact: bool = False
+    """When the newest checkpoint is damaged (a file cut by a kill or a full disk), resume
+    from the newest intact one, renaming the damaged one ``<name>.damaged``; off, the
+    run stops naming both."""
 
     tensorboard: bool = True
     """Also log metrics to TensorBoard (needs the ``tensorboard`` package)."""

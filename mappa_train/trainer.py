@@ -64,6 +64,7 @@ from mappa_train.memory import (
     static_memory_bytes,
 )
 from mappa_train.precision import MasterWeightAdamW
+from mappa_train.resume import checkpoint_to_resume
 from mappa_train.update import (
     PreparedRows,
     largest_micro_batch_tokens,
@@ -323,9 +324,10 @@ class Trainer:
         torch.manual_seed(config.seed)
         np.random.seed(config.seed % (2**32))
         specs = self.specs
-        resume_from = ckpt.latest_checkpoint(self.checkpoint_root)
-        if resume_from is not None:
-            _check_checkpoint_agents(resume_from, self.trained_agents, self.agents)
+        # Resume only a whole checkpoint of this run's settings (mappa_train.resume).
+        resume_from = checkpoint_to_resume(
+            self.checkpoint_root, config, self.specs, self.trained_agents
+        )
         if self.device.startswith("cuda"):
             free, total = torch.cuda.mem_get_info(torch.device(self.device))
             if config.rollout_engine == "vllm":
@@ -1321,28 +1323,6 @@ def _sync_device(device: str) -> None:
 def _is_remote_spec(spec: str) -> bool:
     """Whether a model spec names a model outside this process (no weights to train)."""
     return spec.strip().startswith(("api:", "vllm:"))
-
-
-def _check_checkpoint_agents(path: Path, trained: Sequence[str], agents: Sequence[str]) -> None:
-    """Stop a resume whose checkpoint lacks a trained agent's weights, saying why.
-
-    Raises:
-        ValueError: Naming the agents missing from ``path``.
-    """
-    missing = [a for a in trained if not (path / "agents" / a).is_dir()]
-    if missing:
-        raise ValueError(
-            f"checkpoint {path} has no weights for {missing} (they were frozen in that run): "
-            "resume with the same train_agents, or start a new output_dir"
-        )
-    for agent in agents:
-        if agent not in trained and (path / "agents" / agent).is_dir():
-            logger.warning(
-                "checkpoint %s holds trained weights of %s, now frozen: it acts with its "
-                "`system` model instead",
-                path,
-                agent,
-            )
 
 
 def _plain(value: Any) -> Any:
