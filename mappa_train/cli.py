@@ -7,6 +7,7 @@ import ast
 import dataclasses
 import itertools
 import json
+import sys
 import typing
 from typing import Any
 
@@ -148,4 +149,29 @@ def run_train(args: argparse.Namespace) -> int:
         f"{last.get('rollout/success_rate')}"
     )
     print(describe_isolation(trainer.isolation))
+    nothing = nothing_trained(history)
+    if nothing:
+        print(f"mappa train: warning: {nothing}", file=sys.stderr)
     return 0
+
+
+def nothing_trained(history: list[dict[str, Any]]) -> str | None:
+    """Why a run's steps trained no token at all, or ``None`` when some step trained.
+
+    Args:
+        history: The run's metric lines (``Trainer.history``).
+    """
+    steps = [m for m in history if m.get("step", 0) > 0 and "train/tokens" in m]
+    if not steps or any(m["train/tokens"] for m in steps):
+        return None
+    cut = sum(v for m in steps for k, v in m.items() if k.endswith("/masked_length") and v)
+    invalid = sum(v for m in steps for k, v in m.items() if k.endswith("/masked_invalid") and v)
+    causes = []
+    if cut:
+        causes.append(
+            f"{cut:.0f} actions were cut by max_new_tokens and masked (raise --max-new-tokens, "
+            "or pass --no-mask-truncated)"
+        )
+    if invalid:
+        causes.append(f"{invalid:.0f} actions had no usable coach verdict (fix the --coach)")
+    return f"the {len(steps)} steps trained no token: " + ("; ".join(causes) or "no actions")

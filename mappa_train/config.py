@@ -156,6 +156,16 @@ class TrainConfig:
     """Leave responses cut by ``max_new_tokens`` (no EOS) out of the loss, as the paper
     does: their reward judges an unfinished answer."""
 
+    stop_unscored_rate: float = 1.0
+    """A step counts toward the stop rule when at least this share of the trained agents'
+    actions got no usable reward (an invalid coach verdict: garbage, a timeout, an HTTP
+    error, a dead server; see :mod:`mappa_train.stop_rules`). 1.0: only steps where no
+    action could be scored, i.e. that trained nothing."""
+
+    stop_unscored_steps: int = 2
+    """Stop the run, naming the coach's last error, after this many counting steps in a
+    row (0: never). 2 lets a one-step coach outage cost that step's rewards, not the run."""
+
     # ------------------------------------------------------------------ optimisation
     lr: float = 1e-6
     """Learning rate (Adam)."""
@@ -430,11 +440,19 @@ class TrainConfig:
             "warmup_ratio": (0.0, 1.0),
             "gamma": (0.0, 1.0),
             "top_p": (1e-9, 1.0),
+            "stop_unscored_rate": (0.0, 1.0),
         }
         for name, (low, high) in ranges.items():
             if not low <= getattr(self, name) <= high:
                 raise SettingsError(f"{name} must be in [{low}, {high}], got {getattr(self, name)}")
-        for name in ("kl_coef", "clip_eps", "grad_clip", "weight_decay", "lora_rank"):
+        for name in (
+            "kl_coef",
+            "clip_eps",
+            "grad_clip",
+            "weight_decay",
+            "lora_rank",
+            "stop_unscored_steps",
+        ):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.temperature <= 0:

@@ -65,6 +65,7 @@ from mappa_train.memory import (
 )
 from mappa_train.precision import MasterWeightAdamW
 from mappa_train.resume import checkpoint_to_resume
+from mappa_train.stop_rules import UnscoredStopRule
 from mappa_train.update import (
     PreparedRows,
     largest_micro_batch_tokens,
@@ -257,6 +258,8 @@ class Trainer:
         """Policies of the agents left out of ``train_agents`` (acting, never updated)."""
         # The learning rate is a function of the rollout step (no scheduler state to save).
         self.lr_factor = warmup_cosine(config.steps, config.warmup_ratio)
+        # Stops a run whose coach scores none of its actions (mappa_train.stop_rules).
+        self.stop_rule = UnscoredStopRule(config.stop_unscored_rate, config.stop_unscored_steps)
         self.step = 0
         self.history: list[dict[str, Any]] = []
         self._tb: Any = None
@@ -639,6 +642,7 @@ class Trainer:
                 ):
                     metrics.update(self.evaluate())
                 self._log(metrics)
+                self.stop_rule.stop_if_due()  # raises RunStoppedError: nothing to learn from
                 if (config.save_every and self.step % config.save_every == 0) or (
                     self.step == last
                 ):
@@ -762,6 +766,7 @@ class Trainer:
                 f"the first error: {episodes[0].outcome.get('error')}"
             )
         metrics = self.learn(episodes)
+        metrics.update(self.stop_rule.observe(s for s in samples if s.agent in self.learners))
         self.after_update()
         response_tokens = metrics["rollout/response_tokens"]
         metrics["rollout/seconds"] = rollout_s
