@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -258,7 +259,7 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     import mappa_env
     from mappa_agents.policy import SamplingParams
     from mappa_agents.report import format_table, isolation_of, plot_report, summarize
-    from mappa_agents.runner import RolloutRunner
+    from mappa_agents.runner import RolloutRunner, verdict_failure
     from mappa_agents.system import AgentSystem, parse_system_spec
     from mappa_agents.trajectory import save_jsonl
     from mappa_env.coach import make_coach
@@ -338,6 +339,11 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     # What confined the agents' code, so a run that was not confined says so.
     report["isolation"] = isolation
     report["coach_verdicts"] = dict(runner.coach_verdict_counts)
+    # Invalid verdicts by cause (timeout, connection, http_429, http_500, format, ...):
+    # each has another fix.
+    failures = Counter(verdict_failure(a.coach) for e in episodes for a in e.actions)
+    failures.pop(None, None)
+    report["coach_failures"] = dict(sorted(failures.items()))
     report["system_per_agent"] = system_per_agent
     report["model_load_s"] = load_s
     report["sampling"] = {

@@ -77,8 +77,25 @@ def classify_verdict(coach: Mapping[str, Any] | None) -> str | None:
         return None
     if coach.get("valid", False):
         return "valid"
+    if coach.get("failure") == "timeout":
+        return "timeout"
     error = str(coach.get("error") or coach.get("analysis") or "").lower()
     return "timeout" if any(marker in error for marker in _TIMEOUT_MARKERS) else "invalid"
+
+
+def verdict_failure(coach: Mapping[str, Any] | None) -> str | None:
+    """Why a recorded coach verdict has no score, by cause, for ``mappa eval``'s report.
+
+    Returns:
+        ``None`` for a valid verdict or none; else the verdict's ``failure``
+        (``timeout``, ``connection``, ``http_<status>``, ``format``, ``api_error``; see
+        :class:`~mappa_env.coach.CoachVerdict`), or for a coach that records none,
+        ``timeout`` or ``invalid`` as :func:`classify_verdict` tells them apart.
+    """
+    kind = classify_verdict(coach)
+    if kind in (None, "valid"):
+        return None
+    return str((coach or {}).get("failure") or kind)
 
 
 def progress_postfix(

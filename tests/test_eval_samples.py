@@ -160,6 +160,24 @@ def test_coach_verdicts_are_classified_for_the_progress_line():
     assert progress_postfix({}, {}) == {"success": "0/0"}
 
 
+def test_eval_reports_verdict_failures_by_cause():
+    from mappa_agents.report import format_table
+    from mappa_agents.runner import verdict_failure
+
+    assert verdict_failure(None) is None
+    assert verdict_failure({"valid": True, "score": 5}) is None
+    assert verdict_failure({"valid": False, "failure": "http_500", "error": "..."}) == "http_500"
+    assert verdict_failure({"valid": False, "failure": "timeout"}) == "timeout"
+    assert verdict_failure({"valid": False, "error": "deadline_s=60 passed"}) == "timeout"
+    assert verdict_failure({"valid": False, "error": "rubric failed"}) == "invalid"
+    report = {
+        "env_id": "MathChat-v0", "episodes": 2, "success_rate": 0.0,
+        "mean_outcome_reward": 0.0, "invalid_coach_rate": 1.0, "per_agent": {},
+        "coach_failures": {"connection": 2, "http_429": 1, "http_500": 3},
+    }  # fmt: skip
+    assert "(by cause: connection 2, http_429 1, http_500 3)" in format_table(report)
+
+
 # ------------------------------------------------------------------ checkpoint specs
 
 
