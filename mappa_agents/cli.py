@@ -261,7 +261,7 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     from mappa_agents.report import format_table, isolation_of, plot_report, summarize
     from mappa_agents.runner import RolloutRunner, verdict_failure
     from mappa_agents.system import AgentSystem, parse_system_spec
-    from mappa_agents.trajectory import save_jsonl
+    from mappa_agents.trajectory import EpisodeStream
     from mappa_env.coach import make_coach
 
     out = Path(args.out)
@@ -304,6 +304,8 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     sampling = SamplingParams(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p
     )
+    # Each episode goes to disk as it finishes: a run killed or out of disk keeps them.
+    transcripts = EpisodeStream(out / "transcripts.jsonl")
     runner = RolloutRunner(
         lambda: mappa_env.make(args.env, **env_options),
         system,
@@ -312,11 +314,13 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
         seed=args.seed,
         progress=not args.no_progress,
         schedule=args.schedule,
+        on_episode=transcripts.write,
     )
     start = time.perf_counter()
     try:
         episodes = runner.run(num_episodes, plan)
     finally:
+        transcripts.close()
         shared_tasks = env_options.get("tasks")
         if hasattr(shared_tasks, "close"):
             shared_tasks.close()
@@ -331,8 +335,7 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     try:
         check_some_finished(episodes)
     except AllEpisodesFailedError as exc:
-        save_jsonl(out / "transcripts.jsonl", [a for e in episodes for a in e.actions])
-        raise SystemExit(f"mappa eval: {exc} (transcripts in {out / 'transcripts.jsonl'})") from exc
+        raise SystemExit(f"mappa eval: {exc} (transcripts in {transcripts.path})") from exc
     report = summarize(episodes, wall_time_s=wall, samples_per_task=samples_per_task or 1)
     report["system"] = args.system
     report["coach"] = args.coach
@@ -359,8 +362,28 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
         calibration = coach_report(records)
         report["coach_auroc"] = calibration.to_dict().get("auroc_overall")
         (out / "coach_report.md").write_text(calibration.to_markdown() + "\n")
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    save_jsonl(out / "transcripts.jsonl", [a for e in episodes for a in e.actions])
+    # How many episodes transcripts.jsonl holds (all, unless writing it failed).
+    report["transcripts"] = {
+        "path": str(transcripts.path),
+        "episodes": transcripts.episodes,
+        "error": transcripts.error,
+    }
+    try:
+        (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    except OSError as exc:
+        raise SystemExit(
+            f"mappa eval: writing {out / 'report.json'} failed ({exc}); {transcripts.path} "
+            f"holds {transcripts.episodes} of the {len(episodes)} episodes. Free space and "
+            "rerun, or pass another --out"
+        ) from exc
+    if transcripts.error is not None:
+        logger.error(
+            "%s holds %d of the %d episodes: %s",
+            transcripts.path,
+            transcripts.episodes,
+            len(episodes),
+            transcripts.error,
+        )
     plots = plot_report(episodes, out)
     print(format_table(report))
     written = [out / "report.json", out / "transcripts.jsonl", *plots]

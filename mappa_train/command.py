@@ -48,7 +48,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     from mappa_env.errors import RunStoppedError, SettingsError
     from mappa_env.sandbox.isolation import IsolationUnavailableError
+    from mappa_env.tempdirs import remove_stale
 
+    # Kernel folders, workspaces and filter files of runs that were killed (by owner
+    # pid on this machine: never those of a run still going).
+    remove_stale()
     try:
         return int(args.handler(args) or 0)
     except IsolationUnavailableError as exc:

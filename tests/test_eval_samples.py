@@ -448,3 +448,31 @@ def test_a_lora_checkpoint_loads_each_agents_adapter(tmp_path):
         assert getattr(policy.model, "_hf_peft_config_loaded", False)  # the adapter is on
     finally:
         policy.close()
+
+
+def test_eval_streams_transcripts_and_keeps_them_when_the_disk_fills(tmp_path, monkeypatch):
+    from mappa_agents import trajectory
+    from mappa_agents.tiny_models import tiny_model_dir
+
+    model = tiny_model_dir(tmp_path / "model")
+    out = tmp_path / "out"
+    synced = []
+    real_fsync = trajectory.os.fsync
+
+    def fsync_until_full(fd):
+        # Each finished episode is on disk before the run ends; the third finds it full.
+        if len(synced) == 2:
+            raise OSError(28, "No space left on device")
+        real_fsync(fd)
+        synced.append((out / "transcripts.jsonl").read_text().count("\n"))
+
+    monkeypatch.setattr(trajectory.os, "fsync", fsync_until_full)
+    code = _eval("--system", str(model), "--episodes", "4", "--concurrency", "1", "--out", str(out))
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["episodes"] == 4
+    assert report["transcripts"]["episodes"] == 2
+    assert "No space left on device" in report["transcripts"]["error"]
+    rows = [json.loads(line) for line in (out / "transcripts.jsonl").read_text().splitlines()]
+    assert len({row["episode_id"] for row in rows}) == 2
+    assert len(rows) == synced[-1]  # the failed third episode left no partial lines
