@@ -53,10 +53,27 @@ def env_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
         options.update(cli_options(flags))
     elif args.tasks is not None:
         options["tasks"] = args.tasks
+    as_json = getattr(args, "env_options", None)
+    if as_json is not None:
+        check_env_options(args.env, as_json, setting="--env-options")
+        options.update(as_json)
     given = _parse_env_options(args.env_option or [])
     check_env_options(args.env, given, setting="--env-option")
     options.update(given)
     return options
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """``--env-options``: one JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc.msg}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(
+            f'expected a JSON object such as {{"turns": ...}}, got {text!r}'
+        )
+    return value
 
 
 def _parse_env_options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -80,6 +97,15 @@ def add_env_arguments(parser: argparse.ArgumentParser) -> None:
         default="MathChat-v0",
         help="a registered id (MathChat-v0, DSBench-v0, or one registered with "
         "mappa_env.register) or the import path of an environment class, module:Class",
+    )
+    parser.add_argument(
+        "--env-options",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="the environment's constructor options as one JSON object, as mappa train "
+        'takes them (e.g. \'{"tasks": "gen:64", "sandbox": null}\'); it goes over '
+        "--tasks, --sandbox and the other task flags; --env-option pairs go over it",
     )
     parser.add_argument(
         "--env-option",

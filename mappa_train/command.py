@@ -34,9 +34,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+GLOBAL_FLAGS = ("-v", "--verbose")
+"""Flags of the ``mappa`` command itself, accepted before or after the sub-command."""
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse a ``mappa`` command line; :data:`GLOBAL_FLAGS` may follow the sub-command.
+
+    ``mappa eval -v ...`` is read as ``mappa -v eval ...`` (arguments after ``--`` are
+    left as they are).
+    """
+    tokens = list(sys.argv[1:] if argv is None else argv)
+    end = tokens.index("--") if "--" in tokens else len(tokens)
+    hoisted = [t for t in tokens[:end] if t in GLOBAL_FLAGS]
+    rest = [t for t in tokens[:end] if t not in GLOBAL_FLAGS] + tokens[end:]
+    return build_parser().parse_args(hoisted + rest)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mappa`` command; returns its exit status."""
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     # As ``python -m`` does: ``--env my_envs:MyEnv`` finds a module in the working
     # directory (a console script's sys.path starts with its bin directory instead).
     # Only this process sees it; kernels get PYTHONPATH, not this.
