@@ -19,6 +19,8 @@ import logging
 import re
 from pathlib import Path
 
+from mappa_env.errors import SettingsError
+
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_MARKER = "COMPLETE"
@@ -39,8 +41,11 @@ RUN_METRICS = "metrics.jsonl"
 _STEP_NAME = re.compile(r"^step-(\d{6,})$")
 
 
-class CheckpointError(ValueError):
-    """A checkpoint spec that cannot be resolved (no checkpoint, or an agent missing)."""
+class CheckpointError(SettingsError):
+    """A checkpoint spec that cannot be resolved (no checkpoint, or an agent missing).
+
+    The ``mappa`` command prints its message, which says what to pass, as one line.
+    """
 
 
 def complete_checkpoints(root: str | Path) -> list[Path]:

@@ -53,3 +53,15 @@ def test_both_commands_take_tasks_and_the_sandbox_the_same_ways():
         config_from_args(
             parse_args(["train", "--tasks", "gen:6", "--env-options", '{"tasks": "gen:8"}'])
         )
+
+
+def test_a_run_dir_without_checkpoints_is_one_line(tmp_path, capsys):
+    from mappa_train.command import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("")
+    assert main(["eval", "--system", str(run), "--sandbox", "none", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"mappa eval: {run} holds no complete checkpoint")
+    assert len(err.splitlines()) == 1
