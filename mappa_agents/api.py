@@ -50,7 +50,10 @@ _TOKEN_ID = re.compile(r"^token_id:(\d+)$")
 def _import_litellm() -> ModuleType:
     # Without this, litellm downloads a price list when imported.
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    return require("litellm", "llm", purpose="API policies (LiteLLMPolicy)")
+    litellm = require("litellm", "llm", purpose="API policies (LiteLLMPolicy)")
+    # No "Give Feedback / Get Help" banner on every failed call: failures are raised.
+    litellm.suppress_debug_info = True
+    return litellm
 
 
 class LiteLLMPolicy:

@@ -19,6 +19,8 @@ import logging
 import re
 from pathlib import Path
 
+from mappa_env.errors import SettingsError
+
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_MARKER = "COMPLETE"
@@ -39,8 +41,11 @@ RUN_METRICS = "metrics.jsonl"
 _STEP_NAME = re.compile(r"^step-(\d{6,})$")
 
 
-class CheckpointError(ValueError):
-    """A checkpoint spec that cannot be resolved (no checkpoint, or an agent missing)."""
+class CheckpointError(SettingsError):
+    """A checkpoint spec that cannot be resolved (no checkpoint, or an agent missing).
+
+    The ``mappa`` command prints its message, which says what to pass, as one line.
+    """
 
 
 def complete_checkpoints(root: str | Path) -> list[Path]:
@@ -90,13 +95,13 @@ def looks_like_checkpoint_spec(path: str | Path) -> bool:
     """Whether ``path`` is a run dir, a checkpoints dir or a checkpoint (not a model dir).
 
     A checkpoint still being written (no marker yet) counts, so that resolving it says
-    it is incomplete. A model directory (with ``config.json`` or
-    ``adapter_config.json``) is never taken for a checkpoint spec.
+    it is incomplete. A model directory (an HF ``config.json`` or an
+    ``adapter_config.json``) is never taken for a checkpoint spec; the ``config.json``
+    that ``mappa train`` writes into its run directory (the training config) does not
+    make one a model directory.
     """
     path = Path(path)
-    if not path.is_dir() or (path / "config.json").is_file():
-        return False
-    if (path / "adapter_config.json").is_file():
+    if not path.is_dir() or is_model_dir(path):
         return False
     return (
         is_checkpoint(path)
@@ -105,6 +110,30 @@ def looks_like_checkpoint_spec(path: str | Path) -> bool:
         or (path / RUN_METRICS).is_file()  # a run dir, even one that saved no checkpoint
         or any(_STEP_NAME.match(p.name) for p in path.iterdir())
     )
+
+
+def is_model_dir(path: str | Path) -> bool:
+    """Whether ``path`` holds a model transformers or peft loads.
+
+    That is an ``adapter_config.json``, or a ``config.json`` that is a model's (it names
+    a ``model_type`` or ``architectures``), not the training config of a run directory.
+    """
+    path = Path(path)
+    if (path / "adapter_config.json").is_file():
+        return True
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        return False
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return True  # unreadable: let the model loader say what is wrong with it
+    if not isinstance(config, dict):
+        return True
+    if "model_type" in config or "architectures" in config:
+        return True
+    # A run directory's config.json is its TrainConfig; a run has metrics or checkpoints.
+    return not ((path / RUN_METRICS).is_file() or (path / CHECKPOINTS_DIR).is_dir())
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

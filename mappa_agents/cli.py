@@ -10,11 +10,13 @@ import argparse
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from mappa_env.credit import CREDIT_MODES
+from mappa_env.typecheck import check_env_options
 
 logger = logging.getLogger("mappa")
 
@@ -51,8 +53,27 @@ def env_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
         options.update(cli_options(flags))
     elif args.tasks is not None:
         options["tasks"] = args.tasks
-    options.update(_parse_env_options(args.env_option or []))
+    as_json = getattr(args, "env_options", None)
+    if as_json is not None:
+        check_env_options(args.env, as_json, setting="--env-options")
+        options.update(as_json)
+    given = _parse_env_options(args.env_option or [])
+    check_env_options(args.env, given, setting="--env-option")
+    options.update(given)
     return options
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """``--env-options``: one JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc.msg}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(
+            f'expected a JSON object such as {{"turns": ...}}, got {text!r}'
+        )
+    return value
 
 
 def _parse_env_options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -76,6 +97,15 @@ def add_env_arguments(parser: argparse.ArgumentParser) -> None:
         default="MathChat-v0",
         help="a registered id (MathChat-v0, DSBench-v0, or one registered with "
         "mappa_env.register) or the import path of an environment class, module:Class",
+    )
+    parser.add_argument(
+        "--env-options",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="the environment's constructor options as one JSON object, as mappa train "
+        'takes them (e.g. \'{"tasks": "gen:64", "sandbox": null}\'); it goes over '
+        "--tasks, --sandbox and the other task flags; --env-option pairs go over it",
     )
     parser.add_argument(
         "--env-option",
@@ -255,9 +285,9 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     import mappa_env
     from mappa_agents.policy import SamplingParams
     from mappa_agents.report import format_table, isolation_of, plot_report, summarize
-    from mappa_agents.runner import RolloutRunner
+    from mappa_agents.runner import RolloutRunner, verdict_failure
     from mappa_agents.system import AgentSystem, parse_system_spec
-    from mappa_agents.trajectory import save_jsonl
+    from mappa_agents.trajectory import EpisodeStream
     from mappa_env.coach import make_coach
 
     out = Path(args.out)
@@ -300,6 +330,8 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     sampling = SamplingParams(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p
     )
+    # Each episode goes to disk as it finishes: a run killed or out of disk keeps them.
+    transcripts = EpisodeStream(out / "transcripts.jsonl")
     runner = RolloutRunner(
         lambda: mappa_env.make(args.env, **env_options),
         system,
@@ -308,11 +340,13 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
         seed=args.seed,
         progress=not args.no_progress,
         schedule=args.schedule,
+        on_episode=transcripts.write,
     )
     start = time.perf_counter()
     try:
         episodes = runner.run(num_episodes, plan)
     finally:
+        transcripts.close()
         shared_tasks = env_options.get("tasks")
         if hasattr(shared_tasks, "close"):
             shared_tasks.close()
@@ -327,14 +361,18 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     try:
         check_some_finished(episodes)
     except AllEpisodesFailedError as exc:
-        save_jsonl(out / "transcripts.jsonl", [a for e in episodes for a in e.actions])
-        raise SystemExit(f"mappa eval: {exc} (transcripts in {out / 'transcripts.jsonl'})") from exc
+        raise SystemExit(f"mappa eval: {exc} (transcripts in {transcripts.path})") from exc
     report = summarize(episodes, wall_time_s=wall, samples_per_task=samples_per_task or 1)
     report["system"] = args.system
     report["coach"] = args.coach
     # What confined the agents' code, so a run that was not confined says so.
     report["isolation"] = isolation
     report["coach_verdicts"] = dict(runner.coach_verdict_counts)
+    # Invalid verdicts by cause (timeout, connection, http_429, http_500, format, ...):
+    # each has another fix.
+    failures = Counter(verdict_failure(a.coach) for e in episodes for a in e.actions)
+    failures.pop(None, None)
+    report["coach_failures"] = dict(sorted(failures.items()))
     report["system_per_agent"] = system_per_agent
     report["model_load_s"] = load_s
     report["sampling"] = {
@@ -350,8 +388,28 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
         calibration = coach_report(records)
         report["coach_auroc"] = calibration.to_dict().get("auroc_overall")
         (out / "coach_report.md").write_text(calibration.to_markdown() + "\n")
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    save_jsonl(out / "transcripts.jsonl", [a for e in episodes for a in e.actions])
+    # How many episodes transcripts.jsonl holds (all, unless writing it failed).
+    report["transcripts"] = {
+        "path": str(transcripts.path),
+        "episodes": transcripts.episodes,
+        "error": transcripts.error,
+    }
+    try:
+        (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    except OSError as exc:
+        raise SystemExit(
+            f"mappa eval: writing {out / 'report.json'} failed ({exc}); {transcripts.path} "
+            f"holds {transcripts.episodes} of the {len(episodes)} episodes. Free space and "
+            "rerun, or pass another --out"
+        ) from exc
+    if transcripts.error is not None:
+        logger.error(
+            "%s holds %d of the %d episodes: %s",
+            transcripts.path,
+            transcripts.episodes,
+            len(episodes),
+            transcripts.error,
+        )
     plots = plot_report(episodes, out)
     print(format_table(report))
     written = [out / "report.json", out / "transcripts.jsonl", *plots]

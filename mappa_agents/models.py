@@ -12,12 +12,14 @@ Cache root: ``$MAPPA_CACHE_DIR`` when set, else ``~/.cache/mappa/models``.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib
 import importlib.metadata
 import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -28,6 +30,7 @@ from typing import Any
 from mappa_agents.policy import Policy
 from mappa_env._optional import MissingExtraError, require
 from mappa_env.coach import parse_model_spec, parse_spec_bool
+from mappa_env.errors import SettingsError
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +98,57 @@ def resolve_model(name_or_path: str | Path) -> str | Path:
     """
     if isinstance(name_or_path, str) and name_or_path.strip().lower() in SMOLLM2_ALIASES:
         return ensure_smollm2()
+    check_model_name(name_or_path)
     return name_or_path
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def check_model_name(name_or_path: str | Path) -> None:
+    """Stop early on a model name that can only be a mistake, saying what to pass.
+
+    Checked before the Hugging Face Hub is tried (whose retries take most of a minute
+    offline and then blame the network or the repo id):
+
+    - a path (absolute, ``./``, ``~``, two or more ``/``, or under a folder that exists
+      here) that does not exist;
+    - a name close to an alias of the embedded model (``smolm2-135m``): did you mean?
+
+    Anything else (``org/name``, ``gpt2``) is left to the Hub.
+
+    Raises:
+        SettingsError: Naming the path, or the alias meant.
+    """
+    text = os.fspath(name_or_path).strip()
+    path = Path(text).expanduser()
+    if path.exists():
+        return
+    first = Path(text).parts[0] if Path(text).parts else ""
+    looks_like_path = (
+        isinstance(name_or_path, Path)
+        or text.startswith(("/", "./", "../", "~", "."))
+        or text.count("/") >= 2
+        or text.endswith("/")
+        or (os.sep in text and Path(first).is_dir())
+        or not _HUB_ID.match(text)
+    )
+    if looks_like_path:
+        parent = next((p for p in path.parents if p.is_dir()), None)
+        raise SettingsError(
+            f"model path {text} does not exist (the nearest existing folder is "
+            f"{parent}): pass a model directory (with config.json), a Hugging Face id "
+            f"such as HuggingFaceTB/SmolLM2-135M-Instruct, or smollm2-135m (the embedded "
+            "model)"
+        )
+    if "/" not in text:
+        close = difflib.get_close_matches(text.lower(), sorted(SMOLLM2_ALIASES), n=1, cutoff=0.85)
+        if close:
+            raise SettingsError(
+                f"unknown model {text!r}: did you mean {close[0]!r} (the embedded "
+                "SmolLM2-135M-Instruct)? Otherwise pass a Hugging Face id (org/name) or a "
+                "model directory"
+            )
 
 
 def ensure_smollm2() -> Path:

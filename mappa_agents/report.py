@@ -230,6 +230,10 @@ def format_table(report: dict[str, Any]) -> str:
         f"{_fmt(report['mean_outcome_reward'])}, invalid coach verdicts "
         f"{_fmt_rate(report['invalid_coach_rate'])}"
     ]
+    failures = report.get("coach_failures") or {}
+    if failures:
+        causes = ", ".join(f"{cause} {n}" for cause, n in sorted(failures.items()))
+        lines[0] += f" (by cause: {causes})"
     if report.get("mean_at_k") is not None:
         k = report.get("samples_per_task", 1)
         lines.append(

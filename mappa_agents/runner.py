@@ -77,8 +77,25 @@ def classify_verdict(coach: Mapping[str, Any] | None) -> str | None:
         return None
     if coach.get("valid", False):
         return "valid"
+    if coach.get("failure") == "timeout":
+        return "timeout"
     error = str(coach.get("error") or coach.get("analysis") or "").lower()
     return "timeout" if any(marker in error for marker in _TIMEOUT_MARKERS) else "invalid"
+
+
+def verdict_failure(coach: Mapping[str, Any] | None) -> str | None:
+    """Why a recorded coach verdict has no score, by cause, for ``mappa eval``'s report.
+
+    Returns:
+        ``None`` for a valid verdict or none; else the verdict's ``failure``
+        (``timeout``, ``connection``, ``http_<status>``, ``format``, ``api_error``; see
+        :class:`~mappa_env.coach.CoachVerdict`), or for a coach that records none,
+        ``timeout`` or ``invalid`` as :func:`classify_verdict` tells them apart.
+    """
+    kind = classify_verdict(coach)
+    if kind in (None, "valid"):
+        return None
+    return str((coach or {}).get("failure") or kind)
 
 
 def progress_postfix(
@@ -137,6 +154,8 @@ class RolloutRunner:
         schedule: ``"ticks"`` (deterministic batches: reproducible seeded runs) or
             ``"continuous"`` (requests served as they arrive: more of the engine busy,
             not reproducible); see the module docstring.
+        on_episode: Called with each episode as soon as it finishes (in finishing
+            order), e.g. to write it out at once.
 
     A generation that fails (an API error after its retries, for example) or an
     environment step that raises ends only the episodes concerned: they are returned with
@@ -155,6 +174,7 @@ class RolloutRunner:
         progress: bool = True,
         keep_envs: bool = False,
         schedule: Literal["ticks", "continuous"] = "ticks",
+        on_episode: Callable[[EpisodeResult], None] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -168,11 +188,20 @@ class RolloutRunner:
         self.seed = seed
         self.progress = progress
         self.keep_envs = keep_envs
+        self.on_episode = on_episode
         # A policy's place in the system (agent order) salts its generation seeds; it does
         # not depend on which policy happened to generate first in a run.
         self._policy_index = {id(p): i for i, p in enumerate(system.unique_policies())}
         self._envs: list[PipelineEnv] = []
         self._verdicts: Counter[str] = Counter()
+
+    def _finish(
+        self, results: dict[int, EpisodeResult], index: int, episode: EpisodeResult
+    ) -> None:
+        """Record a finished episode and hand it to :attr:`on_episode`."""
+        results[index] = episode
+        if self.on_episode is not None:
+            self.on_episode(episode)
 
     @property
     def coach_verdict_counts(self) -> dict[str, int]:
@@ -300,8 +329,12 @@ class RolloutRunner:
                         return await start(env)
                     except Exception as exc:  # a broken env must not lose the run
                         logger.exception("resetting the environment for episode %d failed", index)
-                        results[index] = self._aborted(
-                            index, env, f"reset failed: {exc!r}", planned.get(index, "")
+                        self._finish(
+                            results,
+                            index,
+                            self._aborted(
+                                index, env, f"reset failed: {exc!r}", planned.get(index, "")
+                            ),
                         )
                         self._update_bar(bar, results)
 
@@ -336,7 +369,7 @@ class RolloutRunner:
                             logger.error("episode %d failed: %r", episode.index, raised)
                             error = f"environment step failed: {raised!r}"
                     if error is not None or self._finished(episode.env):
-                        results[episode.index] = await self._collect(episode, error)
+                        self._finish(results, episode.index, await self._collect(episode, error))
                         self._update_bar(bar, results)
                         replacement = await refill(episode.env)
                         if replacement is not None:
@@ -447,7 +480,7 @@ class RolloutRunner:
                     except Exception as exc:  # ends this episode, not the run
                         logger.exception("episode %d failed", episode.index)
                         error = f"environment step failed: {exc!r}"
-                results[episode.index] = await self._collect(episode, error)
+                self._finish(results, episode.index, await self._collect(episode, error))
                 self._update_bar(bar, results)
                 self._refresh_bar(bar, results)
                 episode = await refill(episode.env)

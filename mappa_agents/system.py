@@ -119,7 +119,8 @@ def parse_system_spec(spec: str | Mapping[str, str], agents: Sequence[str]) -> d
     its peft adapter, which transformers loads over the base named in its
     ``adapter_config.json``). An agent the checkpoint lacks (frozen during training)
     gets the model the run's ``trainer_state.json`` names for it, with a warning.
-    ``"problem_solver=runs/x,verifier=smollm2-135m"`` mixes checkpoints and models.
+    ``"problem_solver=runs/x,code_executor=runs/x,verifier=smollm2-135m"`` mixes
+    checkpoints and models (every agent needs a spec).
 
     Each distinct checkpoint spec is resolved once, so every agent given ``runs/x`` gets
     the weights of the same checkpoint even while the run saves a newer one.
@@ -151,7 +152,11 @@ def _per_agent_specs(spec: str | Mapping[str, str], agents: Sequence[str]) -> di
             raise ValueError(f"system spec names unknown agents {unknown}; agents: {list(agents)}")
         missing = [a for a in agents if a not in spec]
         if missing:
-            raise ValueError(f"system spec has no model for agents {missing}")
+            example = ",".join(f"{a}=<model>" for a in missing)
+            raise ValueError(
+                f"system spec has no model for agents {missing}: every agent of "
+                f"{list(agents)} needs one, e.g. add {example!r}"
+            )
         per_agent = {agent: spec[agent] for agent in agents}
     return per_agent
 

@@ -16,11 +16,15 @@ same way (it is filled from ``text``).
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -178,6 +182,70 @@ def save_jsonl(path: str | Path, samples: Iterable[ActionSample]) -> Path:
         for sample in samples:
             handle.write(sample.to_json() + "\n")
     return path
+
+
+class EpisodeStream:
+    """Writes each episode's actions to a JSONL file as soon as it finishes.
+
+    Each episode is flushed and synced to disk when written, so a run that is killed
+    keeps the episodes it finished. A write that fails (a full disk) is cut back to the
+    last whole episode and logged; later episodes are not written, and :attr:`error`
+    says why. Lines are in finishing order; each names its ``episode_id``.
+
+    Args:
+        path: The file to (re)write; parents are created.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._handle = self.path.open("w", encoding="utf-8", errors="replace")
+        self.episodes = 0
+        """Episodes whose every line is in the file."""
+        self.error: str | None = None
+        """Why writing stopped (``None`` while every episode has been written)."""
+
+    def write(self, episode: EpisodeResult) -> bool:
+        """Append ``episode``'s actions; returns whether it was written whole."""
+        if self.error is not None or self._handle.closed:
+            return False
+        good = self._handle.tell()
+        try:
+            self._handle.write("".join(a.to_json() + "\n" for a in episode.actions))
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
+        except OSError as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+            logger.error(
+                "writing %s failed after %d episodes (%s): the later episodes are not kept",
+                self.path,
+                self.episodes,
+                self.error,
+            )
+            self._cut_back(good)
+            return False
+        self.episodes += 1
+        return True
+
+    def close(self) -> None:
+        """Close the file (what was written stays)."""
+        if self._handle.closed:
+            return
+        try:
+            self._handle.close()
+        except OSError as exc:  # buffered bytes of a failed write: the file was cut back
+            logger.debug("closing %s: %s", self.path, exc)
+
+    def _cut_back(self, size: int) -> None:
+        """Drop a partly written episode; truncating frees space, so it works on a full disk."""
+        try:
+            self._handle.close()
+        except OSError as exc:
+            logger.debug("closing %s after a failed write: %s", self.path, exc)
+        try:
+            os.truncate(self.path, size)
+        except OSError as exc:
+            logger.error("could not cut %s back to its whole episodes: %s", self.path, exc)
 
 
 def load_jsonl(path: str | Path) -> list[ActionSample]:

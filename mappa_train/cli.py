@@ -7,9 +7,13 @@ import ast
 import dataclasses
 import itertools
 import json
+import re
+import sys
 import typing
 from typing import Any
 
+from mappa_env.errors import SettingsError
+from mappa_env.typecheck import check_env_options
 from mappa_train.config import TrainConfig
 
 
@@ -31,6 +35,30 @@ def _field_docs() -> dict[str, str]:
         ):
             docs[node.target.id] = " ".join(nxt.value.value.split())
     return docs
+
+
+_ROLE = re.compile(r":[a-z]+:`~?([^`<]*?)(?:\s*<[^>]*>)?`")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(`\"])")
+
+
+def plain_text(doc: str) -> str:
+    """A reST docstring as plain text for ``--help``: no double backticks, no roles.
+
+    ``:mod:`mappa_train.resume``` reads ``mappa_train.resume``, ``:func:`~a.b.c``` reads
+    ``c``, and a literal in double backticks reads as itself.
+    """
+
+    def role(match: re.Match[str]) -> str:
+        target = match.group(1)
+        return target.rsplit(".", 1)[-1] if match.group(0).count("~") else target
+
+    text = _ROLE.sub(role, doc)
+    return text.replace("``", "").replace("`", "")
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of ``text`` (the whole text when it has one)."""
+    return _SENTENCE_END.split(text, maxsplit=1)[0]
 
 
 def _parse_value(text: str) -> Any:
@@ -56,9 +84,28 @@ def add_train_parser(commands: Any) -> argparse.ArgumentParser:
     parser = commands.add_parser(
         "train",
         help="train a multiagent system with per-action coach rewards (REINFORCE++)",
+        usage="mappa train [--config FILE] [--FIELD VALUE ...]",
         description="Fields of TrainConfig as flags; --config reads a YAML/JSON file first.",
+        epilog="Each flag shows the first sentence of its field's description; "
+        "docs/training.md and help(mappa_train.TrainConfig) have the whole of each.",
     )
     parser.add_argument("--config", default=None, help="YAML or JSON file of config fields")
+    # The same task and sandbox flags as `mappa eval`: shorthands for env_options entries.
+    parser.add_argument(
+        "--tasks",
+        dest="env_tasks",
+        default=None,
+        help="the environment's tasks option, as for mappa eval (MathChat: a task file, a "
+        "name such as aime_2025, or gen:N); the same as env_options {'tasks': ...}",
+    )
+    parser.add_argument(
+        "--sandbox",
+        dest="env_sandbox",
+        default=None,
+        choices=["jupyter", "none"],
+        help="where agents' code runs, as for mappa eval; the same as env_options "
+        "{'sandbox': ...} (none: no code runs)",
+    )
     docs = _field_docs()
     hints = typing.get_type_hints(TrainConfig)
     for field in dataclasses.fields(TrainConfig):
@@ -66,7 +113,8 @@ def add_train_parser(commands: Any) -> argparse.ArgumentParser:
         default = (
             field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
         )
-        help_text = f"{docs.get(field.name, '')} (default: {default!r})"
+        # One sentence per flag keeps --help short; the docs hold every field's full text.
+        help_text = f"{first_sentence(plain_text(docs.get(field.name, '')))} (default: {default!r})"
         if hints[field.name] is bool:
             parser.add_argument(
                 flag,
@@ -109,11 +157,39 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         for f in dataclasses.fields(TrainConfig)
         if getattr(args, f.name, None) is not None
     }
-    if args.config:
-        return TrainConfig.from_file(args.config, **overrides)
     if "system" in overrides and not isinstance(overrides["system"], (str, dict)):
         overrides["system"] = str(overrides["system"])
-    return TrainConfig.from_dict(overrides)
+    if args.config:
+        config = TrainConfig.from_file(args.config, **overrides)
+    else:
+        config = TrainConfig.from_dict(overrides)
+    shorthands = {}
+    if getattr(args, "env_tasks", None) is not None:
+        shorthands["tasks"] = args.env_tasks
+    if getattr(args, "env_sandbox", None) is not None:
+        shorthands["sandbox"] = None if args.env_sandbox == "none" else args.env_sandbox
+    for key, value in shorthands.items():
+        if key in config.env_options and config.env_options[key] != value:
+            raise SettingsError(
+                f"--{key} {value!r} and env_options {key}={config.env_options[key]!r} "
+                "disagree: give one of them"
+            )
+    config.env_options = {**config.env_options, **shorthands}
+    check_config_env_options(config)
+    return config
+
+
+def check_config_env_options(config: TrainConfig) -> None:
+    """Check every environment option set of ``config`` against the environment's constructor.
+
+    Raises:
+        mappa_env.errors.SettingsError: Naming the option, its value and what it must be.
+    """
+    check_env_options(config.env, config.env_options, setting="env_options")
+    if config.eval_env_options is not None:
+        check_env_options(config.env, config.eval_env_options, setting="eval_env_options")
+    for name, options in config.eval_sets.items():
+        check_env_options(config.env, options, setting=f"eval_sets.{name}")
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -131,4 +207,29 @@ def run_train(args: argparse.Namespace) -> int:
         f"{last.get('rollout/success_rate')}"
     )
     print(describe_isolation(trainer.isolation))
+    nothing = nothing_trained(history)
+    if nothing:
+        print(f"mappa train: warning: {nothing}", file=sys.stderr)
     return 0
+
+
+def nothing_trained(history: list[dict[str, Any]]) -> str | None:
+    """Why a run's steps trained no token at all, or ``None`` when some step trained.
+
+    Args:
+        history: The run's metric lines (``Trainer.history``).
+    """
+    steps = [m for m in history if m.get("step", 0) > 0 and "train/tokens" in m]
+    if not steps or any(m["train/tokens"] for m in steps):
+        return None
+    cut = sum(v for m in steps for k, v in m.items() if k.endswith("/masked_length") and v)
+    invalid = sum(v for m in steps for k, v in m.items() if k.endswith("/masked_invalid") and v)
+    causes = []
+    if cut:
+        causes.append(
+            f"{cut:.0f} actions were cut by max_new_tokens and masked (raise --max-new-tokens, "
+            "or pass --no-mask-truncated)"
+        )
+    if invalid:
+        causes.append(f"{invalid:.0f} actions had no usable coach verdict (fix the --coach)")
+    return f"the {len(steps)} steps trained no token: " + ("; ".join(causes) or "no actions")

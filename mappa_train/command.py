@@ -34,9 +34,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+GLOBAL_FLAGS = ("-v", "--verbose")
+"""Flags of the ``mappa`` command itself, accepted before or after the sub-command."""
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse a ``mappa`` command line; :data:`GLOBAL_FLAGS` may follow the sub-command.
+
+    ``mappa eval -v ...`` is read as ``mappa -v eval ...`` (arguments after ``--`` are
+    left as they are).
+    """
+    tokens = list(sys.argv[1:] if argv is None else argv)
+    end = tokens.index("--") if "--" in tokens else len(tokens)
+    hoisted = [t for t in tokens[:end] if t in GLOBAL_FLAGS]
+    rest = [t for t in tokens[:end] if t not in GLOBAL_FLAGS] + tokens[end:]
+    return build_parser().parse_args(hoisted + rest)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mappa`` command; returns its exit status."""
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     # As ``python -m`` does: ``--env my_envs:MyEnv`` finds a module in the working
     # directory (a console script's sys.path starts with its bin directory instead).
     # Only this process sees it; kernels get PYTHONPATH, not this.
@@ -46,14 +63,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from mappa_env.errors import RunStoppedError, SettingsError
     from mappa_env.sandbox.isolation import IsolationUnavailableError
+    from mappa_env.tempdirs import remove_stale
 
+    # Kernel folders, workspaces and filter files of runs that were killed (by owner
+    # pid on this machine: never those of a run still going).
+    remove_stale()
     try:
         return int(args.handler(args) or 0)
     except IsolationUnavailableError as exc:
         # A setup problem with a known fix, not a crash: one line, no traceback.
         print(f"mappa {args.command}: {isolation_hint(exc)}", file=sys.stderr)
         return 2
+    except SettingsError as exc:
+        # A setting that cannot work: its message says what to pass instead.
+        print(f"mappa {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except RunStoppedError as exc:
+        # The run stopped itself (e.g. nothing could be scored): the cause and the fix.
+        print(f"mappa {args.command}: stopped: {exc}", file=sys.stderr)
+        return 1
 
 
 def isolation_hint(exc: Exception) -> str:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from mappa_env.credit import CREDIT_MODES
+from mappa_env.errors import SettingsError
+from mappa_env.typecheck import check_fields
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +156,16 @@ class TrainConfig:
     """Leave responses cut by ``max_new_tokens`` (no EOS) out of the loss, as the paper
     does: their reward judges an unfinished answer."""
 
+    stop_unscored_rate: float = 1.0
+    """A step counts toward the stop rule when at least this share of the trained agents'
+    actions got no usable reward (an invalid coach verdict: garbage, a timeout, an HTTP
+    error, a dead server; see :mod:`mappa_train.stop_rules`). 1.0: only steps where no
+    action could be scored, i.e. that trained nothing."""
+
+    stop_unscored_steps: int = 2
+    """Stop the run, naming the coach's last error, after this many counting steps in a
+    row (0: never). 2 lets a one-step coach outage cost that step's rewards, not the run."""
+
     # ------------------------------------------------------------------ optimisation
     lr: float = 1e-6
     """Learning rate (Adam)."""
@@ -214,7 +227,7 @@ class TrainConfig:
     lora_target_modules: str = "all-linear"
     """Modules that get adapters (``all-linear``: every linear layer but the output head)."""
 
-    gradient_checkpointing: bool | str = "auto"
+    gradient_checkpointing: bool | Literal["auto"] = "auto"
     """Recompute decoder activations in the backward pass to save memory. ``"auto"``
     decides before each agent's update from its model and rows: off (faster) when the
     largest micro-batch's activations (:func:`mappa_train.memory.activation_bytes`) fit
@@ -270,7 +283,7 @@ class TrainConfig:
     bundles of their own, on GPUs no rank uses (split placement; weights by
     broadcast)."""
 
-    agents_in_parallel: bool | str = "auto"
+    agents_in_parallel: bool | Literal["auto"] = "auto"
     """Run the agents' log-prob passes and updates at once, each agent's group in its
     own processes (``distributed: ray``); ``False``: one agent after another (the
     single-process order). ``"auto"``: at once unless two agents' groups of several
@@ -321,7 +334,14 @@ class TrainConfig:
     weights (2 weights + 4 master + 8 Adam), 6 in bf16 without, 12 in float32."""
 
     output_dir: str = "runs/train"
-    """Where metrics, checkpoints and plots go."""
+    """Where metrics, checkpoints and plots go. A run whose ``output_dir`` holds
+    checkpoints resumes from the newest one, which must be of the same environment,
+    trained agents, LoRA rank and models (:mod:`mappa_train.resume`)."""
+
+    resume_intact: bool = False
+    """When the newest checkpoint is damaged (a file cut by a kill or a full disk), resume
+    from the newest intact one, renaming the damaged one ``<name>.damaged``; off, the
+    run stops naming both."""
 
     tensorboard: bool = True
     """Also log metrics to TensorBoard (needs the ``tensorboard`` package)."""
@@ -338,23 +358,25 @@ class TrainConfig:
     def __post_init__(self) -> None:
         from mappa_train.algorithms.registry import estimator_names
 
+        self.train_agents = _agent_list(self.train_agents)
+        # Every field against its own annotation (YAML's "false" is text, not False).
+        check_fields(self)
         if self.advantage_estimator not in estimator_names():
-            raise ValueError(
+            raise SettingsError(
                 f"advantage_estimator must be a registered estimator, one of "
                 f"{estimator_names()}, got {self.advantage_estimator!r}; add your own with "
                 "mappa_train.register_estimator(name, fn) before building the config"
             )
-        self.train_agents = _agent_list(self.train_agents)
         if not isinstance(self.eval_sets, dict) or not all(
             isinstance(options, dict) for options in self.eval_sets.values()
         ):
-            raise ValueError(
+            raise SettingsError(
                 "eval_sets must map a set name to environment options, e.g. "
                 f"{{'out_of_family': {{'tasks': 'more.json'}}}}; got {self.eval_sets!r}"
             )
         for name in self.eval_sets:
             if not isinstance(name, str) or not name or "/" in name:
-                raise ValueError(
+                raise SettingsError(
                     f"eval set names become metric and folder names: use a non-empty name "
                     f"without '/', got {name!r}"
                 )
@@ -370,9 +392,9 @@ class TrainConfig:
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+                raise SettingsError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.rollout_engine == "vllm" and self.lora_rank > 0:
-            raise ValueError(
+            raise SettingsError(
                 "rollout_engine='vllm' loads each trained agent's full weights into its "
                 "engine after every update: it needs lora_rank=0"
             )
@@ -381,14 +403,14 @@ class TrainConfig:
             and self.distributed == "ray"
             and (self.engines_per_agent < 1)
         ):
-            raise ValueError(
+            raise SettingsError(
                 "rollout_engine='vllm' with distributed='ray' runs the vLLM engines as "
                 "rollout engine actors: set engines_per_agent to 1 or more"
             )
         for name in ("gradient_checkpointing", "agents_in_parallel"):
             value = getattr(self, name)
             if not (isinstance(value, bool) or value == "auto"):
-                raise ValueError(f"{name} must be true, false or 'auto', got {value!r}")
+                raise SettingsError(f"{name} must be true, false or 'auto', got {value!r}")
         positive = (
             "steps",
             "prompts_per_step",
@@ -402,50 +424,60 @@ class TrainConfig:
         )
         for name in positive:
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise SettingsError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.micro_batch_size > self.train_batch_size:
-            raise ValueError("micro_batch_size must not exceed train_batch_size")
+            raise SettingsError("micro_batch_size must not exceed train_batch_size")
         if self.micro_batch_tokens < 0:
-            raise ValueError(
+            raise SettingsError(
                 f"micro_batch_tokens must be >= 0 (0: by micro_batch_size), "
                 f"got {self.micro_batch_tokens}"
             )
         if self.lr <= 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
+            raise SettingsError(f"lr must be positive, got {self.lr}")
         ranges = {
             "outcome_weight": (0.0, 1.0),
             "backprop_decay": (0.0, 1.0),
             "warmup_ratio": (0.0, 1.0),
             "gamma": (0.0, 1.0),
             "top_p": (1e-9, 1.0),
+            "stop_unscored_rate": (0.0, 1.0),
         }
         for name, (low, high) in ranges.items():
             if not low <= getattr(self, name) <= high:
-                raise ValueError(f"{name} must be in [{low}, {high}], got {getattr(self, name)}")
-        for name in ("kl_coef", "clip_eps", "grad_clip", "weight_decay", "lora_rank"):
+                raise SettingsError(f"{name} must be in [{low}, {high}], got {getattr(self, name)}")
+        for name in (
+            "kl_coef",
+            "clip_eps",
+            "grad_clip",
+            "weight_decay",
+            "lora_rank",
+            "stop_unscored_steps",
+        ):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+                raise SettingsError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.temperature <= 0:
-            raise ValueError(f"temperature must be positive for training, got {self.temperature}")
+            raise SettingsError(
+                f"temperature must be positive for training, got {self.temperature}"
+            )
         if self.distributed == "ray" and self.lora_rank > 0:
-            raise ValueError(
+            raise SettingsError(
                 "distributed: ray trains full weights only (sharded learners do not hold "
                 "LoRA adapters yet): set lora_rank: 0, or train LoRA in one process"
             )
         for name in ("gpus_per_rank", "gpus_per_engine"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+                raise SettingsError(f"{name} must be positive, got {getattr(self, name)}")
         if self.engines_per_agent < 0:
-            raise ValueError(f"engines_per_agent must be >= 0, got {self.engines_per_agent}")
+            raise SettingsError(f"engines_per_agent must be >= 0, got {self.engines_per_agent}")
         if self.weight_sync in ("cuda_ipc", "broadcast") and self.engines_per_agent < 1:
-            raise ValueError(
+            raise SettingsError(
                 f"weight_sync: {self.weight_sync} sends the weights to rollout engine "
                 "actors, and engines_per_agent is 0 (the driver acts with its own copies, "
                 "synced through the object store): set engines_per_agent to 1 or more, "
                 "or weight_sync: auto"
             )
         if self.weight_sync_bucket_mb <= 0:
-            raise ValueError(
+            raise SettingsError(
                 f"weight_sync_bucket_mb must be positive, got {self.weight_sync_bucket_mb}"
             )
         if self.top_p < 1.0:
@@ -453,7 +485,6 @@ class TrainConfig:
                 "top_p=%s samples from a truncated distribution that the loss does not model",
                 self.top_p,
             )
-        self.adam_betas = tuple(self.adam_betas)  # YAML gives lists
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> TrainConfig:
@@ -466,9 +497,14 @@ class TrainConfig:
         if str(path).endswith((".yaml", ".yml")):
             import yaml
 
-            data = yaml.safe_load(text) or {}
+            data = yaml.load(text, Loader=_yaml_loader()) or {}  # a SafeLoader subclass
         else:
             data = json.loads(text)
+        if not isinstance(data, dict):
+            raise SettingsError(
+                f"{path} must hold a mapping of config fields (field: value lines), got "
+                f"{type(data).__name__}"
+            )
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_dict(data)
 
@@ -478,7 +514,7 @@ class TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"unknown config fields {unknown}; known fields: {sorted(known)}")
+            raise SettingsError(f"unknown config fields {unknown}; known fields: {sorted(known)}")
         return cls(**data)
 
     def to_dict(self) -> dict[str, Any]:
@@ -486,6 +522,22 @@ class TrainConfig:
         data = dataclasses.asdict(self)
         data["adam_betas"] = list(self.adam_betas)
         return data
+
+
+def _yaml_loader() -> Any:
+    """YAML's safe loader, reading ``1e-3`` as a number as YAML 1.2 and JSON do.
+
+    YAML 1.1 (PyYAML) reads a float without a dot (``lr: 1e-3``) as the text ``"1e-3"``.
+    """
+    import yaml
+
+    loader = type("ConfigLoader", (yaml.SafeLoader,), {})
+    loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+        list("-+0123456789"),
+    )
+    return loader
 
 
 def _agent_list(value: str | list[str] | tuple[str, ...] | None) -> list[str] | None:
@@ -498,17 +550,17 @@ def _agent_list(value: str | list[str] | tuple[str, ...] | None) -> list[str] | 
         return None
     names = value.split(",") if isinstance(value, str) else value
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
-        raise ValueError(
+        raise SettingsError(
             f"train_agents must be agent names (a list, or 'a,b' on the command line), "
             f"got {value!r}"
         )
     names = [n.strip() for n in names]
     if not names or not all(names):
-        raise ValueError(
+        raise SettingsError(
             f"train_agents must name at least one agent, with no empty names, got {value!r} "
             "(leave it unset to train every agent)"
         )
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
-        raise ValueError(f"train_agents names {repeated} more than once")
+        raise SettingsError(f"train_agents names {repeated} more than once")
     return names

@@ -44,7 +44,8 @@ import torch
 from mappa_agents.trajectory import ActionSample
 from mappa_train import checkpoint as ckpt
 from mappa_train import weight_sync
-from mappa_train.trainer import Trainer, _check_checkpoint_agents, _enable_checkpointing
+from mappa_train.resume import checkpoint_to_resume
+from mappa_train.trainer import Trainer, _enable_checkpointing
 from mappa_train.update import PreparedRows
 
 logger = logging.getLogger(__name__)
@@ -887,9 +888,10 @@ class RayTrainer(Trainer):
         self.check_sandboxes()
         torch.manual_seed(config.seed)
         np.random.seed(config.seed % (2**32))
-        resume_from = ckpt.latest_checkpoint(self.checkpoint_root)
-        if resume_from is not None:
-            _check_checkpoint_agents(resume_from, self.trained_agents, self.agents)
+        # Resume only a whole checkpoint of this run's settings (mappa_train.resume).
+        resume_from = checkpoint_to_resume(
+            self.checkpoint_root, self.config, self.specs, self.trained_agents
+        )
         try:
             self._placement = self._reserve_gpus(ray)
             self._start_agents(resume_from)

@@ -64,6 +64,8 @@ from mappa_train.memory import (
     static_memory_bytes,
 )
 from mappa_train.precision import MasterWeightAdamW
+from mappa_train.resume import checkpoint_to_resume
+from mappa_train.stop_rules import UnscoredStopRule
 from mappa_train.update import (
     PreparedRows,
     largest_micro_batch_tokens,
@@ -256,6 +258,8 @@ class Trainer:
         """Policies of the agents left out of ``train_agents`` (acting, never updated)."""
         # The learning rate is a function of the rollout step (no scheduler state to save).
         self.lr_factor = warmup_cosine(config.steps, config.warmup_ratio)
+        # Stops a run whose coach scores none of its actions (mappa_train.stop_rules).
+        self.stop_rule = UnscoredStopRule(config.stop_unscored_rate, config.stop_unscored_steps)
         self.step = 0
         self.history: list[dict[str, Any]] = []
         self._tb: Any = None
@@ -323,9 +327,10 @@ class Trainer:
         torch.manual_seed(config.seed)
         np.random.seed(config.seed % (2**32))
         specs = self.specs
-        resume_from = ckpt.latest_checkpoint(self.checkpoint_root)
-        if resume_from is not None:
-            _check_checkpoint_agents(resume_from, self.trained_agents, self.agents)
+        # Resume only a whole checkpoint of this run's settings (mappa_train.resume).
+        resume_from = checkpoint_to_resume(
+            self.checkpoint_root, config, self.specs, self.trained_agents
+        )
         if self.device.startswith("cuda"):
             free, total = torch.cuda.mem_get_info(torch.device(self.device))
             if config.rollout_engine == "vllm":
@@ -637,6 +642,7 @@ class Trainer:
                 ):
                     metrics.update(self.evaluate())
                 self._log(metrics)
+                self.stop_rule.stop_if_due()  # raises RunStoppedError: nothing to learn from
                 if (config.save_every and self.step % config.save_every == 0) or (
                     self.step == last
                 ):
@@ -760,6 +766,7 @@ class Trainer:
                 f"the first error: {episodes[0].outcome.get('error')}"
             )
         metrics = self.learn(episodes)
+        metrics.update(self.stop_rule.observe(s for s in samples if s.agent in self.learners))
         self.after_update()
         response_tokens = metrics["rollout/response_tokens"]
         metrics["rollout/seconds"] = rollout_s
@@ -1321,28 +1328,6 @@ def _sync_device(device: str) -> None:
 def _is_remote_spec(spec: str) -> bool:
     """Whether a model spec names a model outside this process (no weights to train)."""
     return spec.strip().startswith(("api:", "vllm:"))
-
-
-def _check_checkpoint_agents(path: Path, trained: Sequence[str], agents: Sequence[str]) -> None:
-    """Stop a resume whose checkpoint lacks a trained agent's weights, saying why.
-
-    Raises:
-        ValueError: Naming the agents missing from ``path``.
-    """
-    missing = [a for a in trained if not (path / "agents" / a).is_dir()]
-    if missing:
-        raise ValueError(
-            f"checkpoint {path} has no weights for {missing} (they were frozen in that run): "
-            "resume with the same train_agents, or start a new output_dir"
-        )
-    for agent in agents:
-        if agent not in trained and (path / "agents" / agent).is_dir():
-            logger.warning(
-                "checkpoint %s holds trained weights of %s, now frozen: it acts with its "
-                "`system` model instead",
-                path,
-                agent,
-            )
 
 
 def _plain(value: Any) -> Any:

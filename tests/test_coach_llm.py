@@ -832,3 +832,53 @@ def test_an_upstream_agents_skill_cap_is_shown():
     user = CoachTemplates().render_user(request)
     assert "how well these files predict held-out answers: at most 3" in user
     assert "skill 0.02" in user
+
+
+# --------------------------------------------------------------------------- failure causes
+
+
+def _dead_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("reply", "cause"),
+    [
+        (StubReply(status=500), "http_500"),
+        (StubReply(status=429), "http_429"),
+        (StubReply(status=401), "http_401"),
+        ("no score here", "format"),
+        (StubReply(content="PROCESS_SCORE: 5", delay_s=3.0), "timeout"),
+    ],
+)
+def test_an_invalid_verdict_names_its_cause(reply, cause):
+    with run_stub_server(scripted([reply])) as server:
+        verdict = stub_coach(server, max_retries=0, timeout_s=0.5).score(math_request())
+    assert not verdict.valid
+    assert verdict.failure == cause, verdict.error
+
+
+def test_a_dead_server_is_a_connection_failure_and_prints_no_banner(capfd, monkeypatch):
+    monkeypatch.setattr(litellm, "suppress_debug_info", False)  # as a fresh import has it
+    coach = new_coach(
+        STUB_MODEL, api_base=f"http://127.0.0.1:{_dead_port()}/v1", max_retries=0, **FAST
+    )
+    verdict = coach.score(math_request())
+    assert verdict.failure == "connection", verdict.error
+    out, err = capfd.readouterr()
+    assert "Give Feedback" not in out + err
+
+
+def test_retry_after_is_waited_for():
+    limited = StubReply(status=429, headers={"retry-after": "1"})
+    with run_stub_server(scripted([limited, "PROCESS_SCORE: 6"])) as server:
+        started = time.perf_counter()
+        verdict = stub_coach(server, max_retries=1).score(math_request())
+        waited = time.perf_counter() - started
+    assert verdict.valid
+    assert verdict.attempts == 2
+    assert waited >= 1.0  # the backoff alone is at most 0.02 s

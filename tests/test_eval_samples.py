@@ -160,6 +160,24 @@ def test_coach_verdicts_are_classified_for_the_progress_line():
     assert progress_postfix({}, {}) == {"success": "0/0"}
 
 
+def test_eval_reports_verdict_failures_by_cause():
+    from mappa_agents.report import format_table
+    from mappa_agents.runner import verdict_failure
+
+    assert verdict_failure(None) is None
+    assert verdict_failure({"valid": True, "score": 5}) is None
+    assert verdict_failure({"valid": False, "failure": "http_500", "error": "..."}) == "http_500"
+    assert verdict_failure({"valid": False, "failure": "timeout"}) == "timeout"
+    assert verdict_failure({"valid": False, "error": "deadline_s=60 passed"}) == "timeout"
+    assert verdict_failure({"valid": False, "error": "rubric failed"}) == "invalid"
+    report = {
+        "env_id": "MathChat-v0", "episodes": 2, "success_rate": 0.0,
+        "mean_outcome_reward": 0.0, "invalid_coach_rate": 1.0, "per_agent": {},
+        "coach_failures": {"connection": 2, "http_429": 1, "http_500": 3},
+    }  # fmt: skip
+    assert "(by cause: connection 2, http_429 1, http_500 3)" in format_table(report)
+
+
 # ------------------------------------------------------------------ checkpoint specs
 
 
@@ -194,6 +212,44 @@ def test_checkpoint_specs_resolve_per_agent(tmp_path, caplog):
     assert per_agent["problem_solver"] == str(frozen / "agents" / "problem_solver")
     assert per_agent["verifier"] == "base-model"
     assert "frozen in training" in caplog.text
+
+
+def _train_run_dir(run, step=10):
+    """A run directory as ``mappa train`` leaves it: its TrainConfig in config.json too."""
+    from mappa_train.config import TrainConfig
+
+    checkpoint = _fake_checkpoint(run, step, AGENTS)
+    run.joinpath("config.json").write_text(json.dumps(TrainConfig().to_dict()))
+    run.joinpath("metrics.jsonl").write_text('{"step": 1}\n')
+    return checkpoint
+
+
+def test_a_real_run_dir_with_its_training_config_is_a_checkpoint_spec(tmp_path):
+    run = tmp_path / "run"
+    newest = _train_run_dir(run)
+    assert parse_system_spec(str(run), AGENTS) == {a: str(newest / "agents" / a) for a in AGENTS}
+    # A model directory stays one, beside a run's files or not.
+    model = tmp_path / "model"
+    model.mkdir()
+    model.joinpath("config.json").write_text('{"model_type": "llama"}')
+    assert parse_system_spec(str(model), AGENTS) == dict.fromkeys(AGENTS, str(model))
+
+
+def test_the_documented_checkpoint_eval_commands_resolve(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "evaluation.md"
+    commands = [
+        line.split("#")[0].split("--system", 1)[1].strip().strip('"')
+        for line in page.read_text().splitlines()
+        if line.startswith("mappa eval --system") and "runs/x" in line
+    ]
+    assert len(commands) >= 3, commands
+    _train_run_dir(tmp_path / "runs" / "x")
+    monkeypatch.chdir(tmp_path)
+    for spec in commands:
+        per_agent = parse_system_spec(spec, AGENTS)
+        assert set(per_agent) == set(AGENTS), spec
 
 
 def test_checkpoint_spec_errors_say_what_to_do(tmp_path):
@@ -392,3 +448,31 @@ def test_a_lora_checkpoint_loads_each_agents_adapter(tmp_path):
         assert getattr(policy.model, "_hf_peft_config_loaded", False)  # the adapter is on
     finally:
         policy.close()
+
+
+def test_eval_streams_transcripts_and_keeps_them_when_the_disk_fills(tmp_path, monkeypatch):
+    from mappa_agents import trajectory
+    from mappa_agents.tiny_models import tiny_model_dir
+
+    model = tiny_model_dir(tmp_path / "model")
+    out = tmp_path / "out"
+    synced = []
+    real_fsync = trajectory.os.fsync
+
+    def fsync_until_full(fd):
+        # Each finished episode is on disk before the run ends; the third finds it full.
+        if len(synced) == 2:
+            raise OSError(28, "No space left on device")
+        real_fsync(fd)
+        synced.append((out / "transcripts.jsonl").read_text().count("\n"))
+
+    monkeypatch.setattr(trajectory.os, "fsync", fsync_until_full)
+    code = _eval("--system", str(model), "--episodes", "4", "--concurrency", "1", "--out", str(out))
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["episodes"] == 4
+    assert report["transcripts"]["episodes"] == 2
+    assert "No space left on device" in report["transcripts"]["error"]
+    rows = [json.loads(line) for line in (out / "transcripts.jsonl").read_text().splitlines()]
+    assert len({row["episode_id"] for row in rows}) == 2
+    assert len(rows) == synced[-1]  # the failed third episode left no partial lines

@@ -27,3 +27,24 @@ def test_the_demo_runs_bfloat16_only_where_the_cpu_computes_it():
     native = re.search(r"\b(?:avx512_bf16|amx_bf16)\b", flags) is not None
     assert f"--dtype {'bfloat16' if native else 'float32'} " in _demo_command()
     assert "--dtype float32 " in _demo_command("DEMO_DTYPE=float32")
+
+
+def _commands(text: str) -> list[str]:
+    """Shell commands of a text, continuation lines joined, spaces normalised."""
+    return [" ".join(line.split()) for line in re.sub(r"\\\n\s*", " ", text).splitlines()]
+
+
+def test_the_docs_demo_command_is_what_make_demo_runs():
+    # The demo's command, as a user types it after `make install` (float32: any CPU).
+    (made,) = [c for c in _commands(_demo_command("DEMO_DTYPE=float32")) if " eval " in c]
+    made = "mappa " + made.split("/mappa ", 1)[1]
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    shown = [
+        (page.name, command)
+        for page in pages
+        for command in _commands(page.read_text(encoding="utf-8"))
+        if command.startswith("mappa eval") and "--out runs/demo" in command
+    ]
+    assert shown, "no page shows the demo's command"
+    for page, command in shown:
+        assert command == made, page

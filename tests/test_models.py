@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import re
 import subprocess
 import sys
 import threading
@@ -475,3 +476,32 @@ def test_smollm2_converts_loads_and_replies(monkeypatch, tmp_path):
         assert generation.response_ids[-1] in policy.eos_token_ids
     else:
         assert len(generation.response_ids) == 24
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("smolm2-135m", "did you mean 'smollm2-135m'"),
+        ("SmolLM-135m", "did you mean 'smollm2-135m'"),
+        ("/no/such/model", "model path /no/such/model does not exist"),
+        ("./my-model", "model path ./my-model does not exist"),
+        ("runs/x/checkpoints/step-000010", "does not exist"),
+    ],
+)
+def test_mistaken_model_names_stop_before_the_hub(name, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        resolve_model(name)
+
+
+def test_a_typo_of_the_alias_is_one_line_at_once(capsys):
+    pytest.importorskip("transformers")
+    from mappa_train.command import main
+
+    started = time.perf_counter()
+    code = main(["eval", "--system", "smolm2-135m", "--sandbox", "none", "--no-progress"])
+    seconds = time.perf_counter() - started
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err.startswith("mappa eval: unknown model 'smolm2-135m': did you mean 'smollm2-135m'")
+    assert len(err.splitlines()) == 1
+    assert seconds < 10  # no Hub retries

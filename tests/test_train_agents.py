@@ -117,7 +117,9 @@ def test_a_staged_run_with_frozen_agents_resumes_exactly(tmp_path, model_dir):
         assert same == {k: mb[k] for k in same}
     # Resuming with an agent trained that the checkpoint has no weights for says so.
     config = _config(tmp_path / "staged", str(model_dir), train_agents=["problem_solver"])
-    with pytest.raises(ValueError, match=r"no weights for \['problem_solver'\]"):
+    with pytest.raises(
+        ValueError, match=r"this run trains \['problem_solver'\] \(--train-agents verifier\)"
+    ):
         Trainer(config).setup()
 
 

@@ -506,6 +506,12 @@ def _cli(tmp_path, model_dir, out):
         str(out),
         "--seed",
         "7",
+        # Every action trains: the tiny model's 8-token replies are all cut at the limit,
+        # and whitening over all agents' tokens gives even an agent whose rewards are all
+        # alike an advantage, so every agent's weights move on every step.
+        "--no-mask-truncated",
+        "--normalize-scope",
+        "all",
     ]
 
 
@@ -549,15 +555,22 @@ def test_resume_after_kill_is_exact(tmp_path):
         timeout=300,
         capture_output=True,
     )
+    initial = _weights(model_dir)
     for agent in ("problem_solver", "code_executor", "verifier"):
         a = _weights(straight / "checkpoints" / "step-000003" / "agents" / agent)
         b = _weights(killed / "checkpoints" / "step-000003" / "agents" / agent)
         assert a.keys() == b.keys()
+        # Training moved them, so equal weights say the resume repeated the lost steps.
+        assert not torch.equal(a["lm_head.weight"], initial["lm_head.weight"]), agent
         for name in a:
             assert torch.equal(a[name], b[name]), f"{agent}:{name} differs after resume"
     lines_a = [json.loads(x) for x in (straight / "metrics.jsonl").read_text().splitlines()]
     lines_b = [json.loads(x) for x in (killed / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines_b] == [1, 2, 3]
+    for metrics in lines_a + lines_b:
+        assert metrics["train/tokens"] > 0
+        for agent in ("problem_solver", "code_executor", "verifier"):
+            assert metrics[f"{agent}/grad_norm"] > 0, (metrics["step"], agent)
     for ma, mb in zip(lines_a, lines_b):
         same = {k: v for k, v in ma.items() if "seconds" not in k and "per_s" not in k}
         assert same == {k: mb[k] for k in same}

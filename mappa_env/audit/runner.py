@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from mappa_env.audit.battery import FAMILIES, PAYLOADS, AttackCase, build_batter
 from mappa_env.audit.report import AuditReport, CaseResult, family_stats
 from mappa_env.coach import Coach, CoachRequest, CoachVerdict, RulesCoach, cap_verdict, make_coach
 from mappa_env.coach.templates import unfenced
+from mappa_env.tempdirs import make_temp_dir
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ async def _audit(
     payloads = [p for p in PAYLOADS if config.payloads is None or p.name in config.payloads]
     gates = [_ReplayGate(coach) for _ in range(config.concurrency)]
     envs: list[Any] = []
-    scratch = Path(tempfile.mkdtemp(prefix="mappa-audit-"))
+    scratch = make_temp_dir("audit")
     try:
         for gate in gates:
             # reveal=None: the coach's own default, as any environment given it decides.

@@ -163,6 +163,10 @@ class CoachVerdict:
             names none (a plain rubric function, an LLM coach).
         capped_from: The coach's own score when the environment lowered it to the
             action's cap (:func:`cap_verdict`); ``None`` when no cap applied.
+        failure: Why an invalid verdict has no score, by cause: ``"timeout"``,
+            ``"connection"`` (no server answered), ``"http_<status>"`` (e.g.
+            ``"http_429"``, ``"http_500"``), ``"format"`` (replies without a usable
+            score), ``"api_error"`` (another API error); ``None`` when valid or unknown.
     """
 
     score: float | None
@@ -178,6 +182,7 @@ class CoachVerdict:
     error: str | None = None
     rubric_version: str | None = None
     capped_from: float | None = None
+    failure: str | None = None
 
     def __post_init__(self) -> None:
         if self.valid:

@@ -20,6 +20,8 @@ mappa_env.coach.llm`` and prompt building work without the ``llm`` extra.
 from __future__ import annotations
 
 import asyncio
+import datetime
+import email.utils
 import logging
 import math
 import os
@@ -63,7 +65,82 @@ _API_STACK = ("litellm", "openai", "httpx", "httpcore", "aiohttp", "anthropic", 
 def _import_litellm() -> ModuleType:
     # Without this, litellm downloads a price list when imported.
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    return require("litellm", "llm", purpose="the LLM coach")
+    litellm = require("litellm", "llm", purpose="the LLM coach")
+    # Otherwise litellm prints a "Give Feedback / Get Help" banner on every failed call;
+    # failures are logged here, with their cause.
+    litellm.suppress_debug_info = True
+    return litellm
+
+
+def failure_cause(exc: BaseException) -> str:
+    """The cause of an API failure, for counting: what to fix differs by cause.
+
+    Args:
+        exc: The exception raised by the API call.
+
+    Returns:
+        ``"timeout"``, ``"connection"`` (no server answered: a wrong ``api_base``, a
+        dead server), ``"http_<status>"`` (an HTTP error status, e.g. ``"http_429"``)
+        or ``"api_error"``.
+    """
+    # litellm reraises a refused connection as an InternalServerError (status 500): the
+    # exceptions it was raised from say what happened.
+    chain: list[BaseException] = []
+    link: BaseException | None = exc
+    while link is not None and len(chain) < 16:
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    names = {cls.__name__ for link in chain for cls in type(link).__mro__}
+    if any(isinstance(link, TimeoutError) for link in chain) or names & {
+        "Timeout",
+        "APITimeoutError",
+        "TimeoutException",
+    }:
+        return "timeout"
+    if any(isinstance(link, ConnectionError) for link in chain) or names & {
+        "APIConnectionError",
+        "ConnectError",
+    }:
+        return "connection"
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int) and status >= 400:
+        return f"http_{status}"
+    return "api_error"
+
+
+def retry_after_s(exc: BaseException | None) -> float | None:
+    """The delay a server asked for before the next call (``retry-after``), in seconds.
+
+    Read from the response headers the exception carries (``retry-after-ms`` or
+    ``retry-after``, in seconds or as an HTTP date); ``None`` when there is none.
+    """
+    if exc is None:
+        return None
+    sources = (
+        getattr(getattr(exc, "response", None), "headers", None),
+        getattr(exc, "litellm_response_headers", None),
+        getattr(exc, "headers", None),
+    )
+    for headers in sources:
+        if headers is None:
+            continue
+        try:
+            millis = headers.get("retry-after-ms")
+            text = headers.get("retry-after")
+        except AttributeError:
+            continue
+        try:
+            if millis is not None:
+                return max(float(millis) / 1000.0, 0.0)
+            if text is not None:
+                return max(float(text), 0.0)
+        except ValueError:
+            try:
+                when = email.utils.parsedate_to_datetime(str(text))
+            except (TypeError, ValueError):
+                continue
+            return max((when - datetime.datetime.now(when.tzinfo)).total_seconds(), 0.0)
+    return None
 
 
 def is_transient_error(exc: BaseException) -> bool:
@@ -159,11 +236,14 @@ class _Bill:
 class _VerdictFailure(Exception):
     """Internal: the verdict cannot be produced; carries the error kind for the ledger."""
 
-    def __init__(self, kind: str, message: str, analysis: str | None = None) -> None:
+    def __init__(
+        self, kind: str, message: str, analysis: str | None = None, cause: str = "api_error"
+    ) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.analysis = analysis
+        self.cause = cause  # CoachVerdict.failure
 
 
 class LLMCoach:
@@ -525,6 +605,7 @@ class LLMCoach:
                 prompt_tokens=bill.prompt_tokens,
                 completion_tokens=bill.completion_tokens,
                 attempts=bill.attempts,
+                failure=failure.cause,
             )
             logger.warning(
                 "coach %s: invalid verdict for %s/%s (%s after %d calls): %s",
@@ -602,6 +683,7 @@ class LLMCoach:
             "format",
             f"no usable score after {replies} replies: {error}",
             analysis=f"no usable score after {replies} replies: {error}\n\nLast reply:\n{shown}",
+            cause="format",
         )
 
     async def _call_with_retries(
@@ -615,6 +697,11 @@ class LLMCoach:
             exponent = max(retry_state.attempt_number - 1, 0)
             delay = min(self.backoff_initial_s * 2.0**exponent, self.backoff_max_s)
             delay += random.uniform(0.0, self.backoff_initial_s)
+            # A server that says when to come back (429/503 retry-after) is waited for.
+            outcome = retry_state.outcome
+            asked = retry_after_s(outcome.exception() if outcome is not None else None)
+            if asked is not None:
+                delay = max(delay, asked)
             return max(0.0, min(delay, bill.remaining_s()))
 
         def log_retry(retry_state: Any) -> None:
@@ -644,19 +731,24 @@ class LLMCoach:
             if not _from_api_stack(exc):
                 raise
             message = _describe(exc)
+            cause = failure_cause(exc)
             if bill.remaining_s() <= 0:
                 raise _VerdictFailure(
                     "deadline",
                     f"deadline_s={self.deadline_s:g} passed after {bill.attempts} calls; "
                     f"last error: {message}",
+                    cause="timeout",
                 ) from exc
             if is_transient_error(exc):
                 raise _VerdictFailure(
                     "transient",
                     f"transient API error persisted through {bill.attempts} calls: {message}",
+                    cause=cause,
                 ) from exc
             logger.error("coach %s: non-retryable API error: %s", self.name, message)
-            raise _VerdictFailure("fatal", f"non-retryable API error: {message}") from exc
+            raise _VerdictFailure(
+                "fatal", f"non-retryable API error: {message}", cause=cause
+            ) from exc
         raise AssertionError("tenacity ended without a result or an exception")
 
     async def _call_once(
@@ -677,6 +769,7 @@ class LLMCoach:
                     "deadline",
                     f"deadline_s={self.deadline_s:g} passed after {bill.attempts} calls; "
                     f"last error: {bill.last_error}",
+                    cause="timeout",
                 )
             call_timeout = min(self.timeout_s, remaining)
             bill.attempts += 1

@@ -41,7 +41,6 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-import tempfile
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -56,6 +55,7 @@ from mappa_env._fs import remove_tree
 from mappa_env.dsbench.metrics import get_metric
 from mappa_env.dsbench.tasks import ANSWERS_FILE, DSBenchTask
 from mappa_env.tasks.secret import user_task_secret
+from mappa_env.tempdirs import make_temp_dir
 
 BUILTIN_PROMPTS_FILE = "cleaned_prompts.json"
 """Cleaned-prompts file written beside the built-in tasks (same format as DSBench's)."""
@@ -696,7 +696,7 @@ class BuiltinTaskSet:
     ) -> None:
         from mappa_env.dsbench.metrics import read_answers
 
-        self.root = Path(tempfile.mkdtemp(prefix="mappa-dsbench-tasks-"))
+        self.root = make_temp_dir("dsbench-tasks")
         # remove_tree: nothing under the folder (agent code may reach it when unconfined)
         # can make the clean-up raise.
         self._cleanup = weakref.finalize(self, remove_tree, self.root)

@@ -19,7 +19,6 @@ import functools
 import logging
 import math
 import shutil
-import tempfile
 import warnings
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
@@ -62,6 +61,7 @@ from mappa_env.sandbox.isolation import (
     resolve_confinement,
 )
 from mappa_env.spaces import UnicodeText, make_observation, text_observation_space
+from mappa_env.tempdirs import make_temp_dir
 
 if TYPE_CHECKING:
     from mappa_env.audit.battery import AuditActions
@@ -745,7 +745,7 @@ class PipelineEnv(AECEnv):
     def workdir(self) -> Path:
         """This episode's workspace directory (created on first use, removed at episode end)."""
         if self._workdir is None:
-            workdir = Path(tempfile.mkdtemp(prefix=f"mappa-{self.env_id.lower()}-"))
+            workdir = make_temp_dir(self.env_id.lower())
             # Confined interpreters run as another user, one of their own per episode
             # where the machine allows: the workspace is theirs to use.
             self._workspace_lease = self._confinement.lease_user()

@@ -14,7 +14,6 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from mappa_env._async import run_sync
 from mappa_env.sandbox import _process
 from mappa_env.sandbox.limits import SandboxLimits, inherited_import_paths
+from mappa_env.tempdirs import make_temp_dir
 from mappa_env.text import truncate_middle
 
 if TYPE_CHECKING:
@@ -308,7 +308,7 @@ def start_kernel(
     confined = confinement is not None and confinement.isolated
     started = time.monotonic()
     try:
-        runtime_dir = Path(tempfile.mkdtemp(prefix="mappa-kernel-"))
+        runtime_dir = make_temp_dir("kernel")
         (runtime_dir / SOCKETS).mkdir(mode=0o700)
         if confined:
             assert confinement is not None

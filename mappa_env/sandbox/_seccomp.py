@@ -25,8 +25,9 @@ import functools
 import os
 import platform
 import struct
-import tempfile
 from pathlib import Path
+
+from mappa_env.tempdirs import make_temp_file
 
 # Classic BPF instruction classes and fields (linux/filter.h, linux/bpf_common.h).
 _LD_W_ABS = 0x20
@@ -116,7 +117,7 @@ def filter_file() -> Path | None:
     program = filter_program()
     if program is None:
         return None
-    handle, name = tempfile.mkstemp(prefix="mappa-seccomp-", suffix=".bpf")
+    handle, name = make_temp_file("seccomp", suffix=".bpf")
     with os.fdopen(handle, "wb") as out:
         out.write(program)
     os.chmod(name, 0o444)

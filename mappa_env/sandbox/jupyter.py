@@ -21,7 +21,6 @@ import logging
 import os
 import re
 import signal
-import tempfile
 import threading
 import time
 import weakref
@@ -51,6 +50,7 @@ from mappa_env.sandbox.isolation import (
     resolve_confinement,
 )
 from mappa_env.sandbox.limits import SandboxLimits, kernel_environment
+from mappa_env.tempdirs import make_temp_dir
 from mappa_env.text import truncate_middle
 
 logger = logging.getLogger(__name__)
@@ -355,7 +355,7 @@ class JupyterSandbox:
     ) -> None:
         self._confinement = resolve_confinement(isolation)
         if workdir is None:
-            self._workdir = Path(tempfile.mkdtemp(prefix="mappa-sandbox-")).resolve()
+            self._workdir = make_temp_dir("sandbox").resolve()
             owned: Path | None = self._workdir
         else:
             self._workdir = Path(workdir).expanduser().resolve()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 import threading
 import weakref
 from collections import deque
@@ -14,6 +13,7 @@ from pathlib import Path
 from mappa_env.sandbox.isolation import Confinement, refuse_unconfined
 from mappa_env.sandbox.jupyter import JupyterSandbox, SandboxError
 from mappa_env.sandbox.limits import SandboxLimits
+from mappa_env.tempdirs import make_temp_dir
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ class _PoolState:
         self.limits = limits
         self.env = dict(env) if env else None
         # Pooled kernels wait here, in an empty directory, until they are handed out.
-        self.neutral_dir = Path(tempfile.mkdtemp(prefix="mappa-pool-")).resolve()
+        self.neutral_dir = make_temp_dir("pool").resolve()
         self.ready: deque[JupyterSandbox] = deque()
         self.cond = threading.Condition()
         self.closed = False
@@ -222,7 +222,7 @@ class KernelPool:
         if state.closed:
             raise SandboxError("the kernel pool is closed")
         if workdir is None:
-            target, owned = Path(tempfile.mkdtemp(prefix="mappa-sandbox-")).resolve(), True
+            target, owned = make_temp_dir("sandbox").resolve(), True
         else:
             target, owned = Path(workdir).expanduser().resolve(), False
             target.mkdir(parents=True, exist_ok=True)

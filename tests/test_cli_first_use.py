@@ -1,0 +1,67 @@
+"""The mappa command as a newcomer meets it: flags anywhere, readable help, one way in."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from mappa_train.cli import first_sentence, plain_text
+from mappa_train.command import build_parser, parse_args
+
+
+def test_global_flags_are_taken_after_the_sub_command():
+    assert parse_args(["eval", "-v", "--episodes", "1"]).verbose is True
+    assert parse_args(["train", "--steps", "2", "--verbose"]).verbose is True
+    assert parse_args(["-v", "train"]).verbose is True
+    assert parse_args(["eval"]).verbose is False
+
+
+def test_train_help_is_plain_text_and_short(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if a.dest == "command"]
+    text = commands.choices["train"].format_help()
+    assert "``" not in text
+    assert not re.search(r":[a-z]+:`", text)
+    assert len(text.splitlines()) < 300  # 416 with every docstring in full
+    assert "--stop-unscored-steps" in text
+
+
+def test_docstrings_become_plain_sentences():
+    doc = "Uses :mod:`mappa_train.resume` and :func:`~a.b.fn` with ``None``. Then more."
+    assert plain_text(doc) == "Uses mappa_train.resume and fn with None. Then more."
+    assert first_sentence(plain_text(doc)) == "Uses mappa_train.resume and fn with None."
+    assert first_sentence("e.g. 4 samples at 0.6. Next") == "e.g. 4 samples at 0.6."
+
+
+def test_both_commands_take_tasks_and_the_sandbox_the_same_ways():
+    from mappa_agents.cli import env_options_from_args
+    from mappa_train.cli import config_from_args
+
+    train = config_from_args(parse_args(["train", "--tasks", "gen:6", "--sandbox", "none"]))
+    assert train.env_options == {"tasks": "gen:6", "sandbox": None}
+    train = config_from_args(parse_args(["train", "--env-options", '{"tasks": "gen:6"}']))
+    assert train.env_options == {"tasks": "gen:6"}
+    for argv in (
+        ["eval", "--tasks", "gen:6", "--sandbox", "none"],
+        ["eval", "--env-options", '{"tasks": "gen:6", "sandbox": null}'],
+    ):
+        options = env_options_from_args(parse_args(argv))
+        assert (options["tasks"], options["sandbox"]) == ("gen:6", None)
+    with pytest.raises(ValueError, match="--tasks 'gen:6' and env_options tasks='gen:8' disagree"):
+        config_from_args(
+            parse_args(["train", "--tasks", "gen:6", "--env-options", '{"tasks": "gen:8"}'])
+        )
+
+
+def test_a_run_dir_without_checkpoints_is_one_line(tmp_path, capsys):
+    from mappa_train.command import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("")
+    assert main(["eval", "--system", str(run), "--sandbox", "none", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"mappa eval: {run} holds no complete checkpoint")
+    assert len(err.splitlines()) == 1

@@ -1,0 +1,109 @@
+"""Resume takes only a whole checkpoint of the run's own settings, and says why not."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from mappa_agents.tiny_models import build_tiny_model, build_tiny_tokenizer, tiny_model_dir  # noqa: E402
+from mappa_train import checkpoint as ckpt  # noqa: E402
+from mappa_train.resume import (  # noqa: E402
+    ResumeError,
+    checkpoint_damage,
+    checkpoint_to_resume,
+    resume_mismatches,
+)
+from mappa_train.trainer import Trainer  # noqa: E402
+from tests.toy_env import LetterEnv, toy_train_config  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A Letter-v0 run of two steps with a checkpoint after each (width-64 model)."""
+    base = tmp_path_factory.mktemp("resume")
+    model = tiny_model_dir(base / "model")
+    config = toy_train_config(
+        base, model, steps=2, prompts_per_step=1, samples_per_prompt=2, max_new_tokens=4,
+        train_batch_size=2, micro_batch_size=2, save_every=1, keep_checkpoints=0,
+    )  # fmt: skip
+    trainer = Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
+    trainer.train()
+    return base, model, config
+
+
+def _trainer(config):
+    return Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
+
+
+def test_a_checkpoint_of_another_model_is_refused_naming_the_fix(trained_run, tmp_path):
+    _, _, config = trained_run
+    wide = tmp_path / "wide"
+    tokenizer = build_tiny_tokenizer()
+    build_tiny_model(tokenizer, hidden_size=128).save_pretrained(wide)
+    tokenizer.save_pretrained(wide)
+    trainer = _trainer(dataclasses.replace(config, system=str(wide)))
+    with pytest.raises(ResumeError) as caught:
+        trainer.setup()
+    message = str(caught.value)
+    assert "writer was trained from" in message
+    assert "hidden_size 64 vs 128" in message
+    assert f"--system '{config.system}'" in message
+    assert "another --output-dir" in message
+
+
+def test_other_environment_agents_or_lora_are_named(trained_run):
+    base, _, config = trained_run
+    newest = ckpt.latest_checkpoint(base / "run" / "checkpoints")
+    specs = {"writer": config.system}
+    assert resume_mismatches(newest, config, specs, ["writer"]) == []
+    other_env = dataclasses.replace(config, env="MathChat-v0")
+    (problem,) = resume_mismatches(newest, other_env, specs, ["writer"])
+    assert "trained on 'Letter-v0', this run asks for 'MathChat-v0' (--env Letter-v0)" in problem
+    (problem,) = resume_mismatches(newest, config, {**specs, "reader": "m"}, ["writer", "reader"])
+    assert "this run trains ['reader', 'writer'] (--train-agents writer)" in problem
+    lora = dataclasses.replace(config, lora_rank=8)
+    assert "(--lora-rank 0)" in resume_mismatches(newest, lora, specs, ["writer"])[0]
+
+
+def test_a_damaged_newest_checkpoint_is_named_and_the_intact_one_offered(trained_run, tmp_path):
+    base, _, config = trained_run
+    run = tmp_path / "run"
+
+    shutil.copytree(base / "run", run)
+    root = run / "checkpoints"
+    older, newest = ckpt.complete_checkpoints(root)
+    weights = newest / "agents" / "writer" / "model.safetensors"
+    os.truncate(weights, weights.stat().st_size // 2)
+    assert checkpoint_damage(older) is None
+    assert checkpoint_damage(newest).startswith("agents/writer/model.safetensors: truncated")
+    config = dataclasses.replace(config, output_dir=str(run))
+    with pytest.raises(ResumeError) as caught:
+        checkpoint_to_resume(root, config, {"writer": config.system}, ["writer"])
+    message = str(caught.value)
+    assert f"{newest} is damaged (agents/writer/model.safetensors: truncated" in message
+    assert f"the newest intact one is {older}. Pass --resume-intact" in message
+    resumed = _trainer(dataclasses.replace(config, resume_intact=True))
+    resumed.setup()
+    assert resumed.step == 1
+    assert (root / "step-000002.damaged").is_dir()
+    assert ckpt.latest_checkpoint(root) == older
+
+
+def test_other_damage_is_found_too(trained_run, tmp_path):
+    base, _, _ = trained_run
+
+    checkpoint = tmp_path / "step-000001"
+    shutil.copytree(ckpt.complete_checkpoints(base / "run" / "checkpoints")[0], checkpoint)
+    optimizer = checkpoint / "agents" / "writer" / "optimizer.pt"
+    os.truncate(optimizer, optimizer.stat().st_size - 10)
+    assert checkpoint_damage(checkpoint).startswith("agents/writer/optimizer.pt: ")
+    (checkpoint / "trainer_state.json").write_text('{"step": ')
+    assert checkpoint_damage(checkpoint).startswith("trainer_state.json: JSONDecodeError")
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"step": 1}))
