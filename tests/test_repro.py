@@ -334,22 +334,24 @@ def test_end_to_end_runs_write_results_records_and_plots(tmp_path):
         "tensorboard": False,
         "device": "cpu",
         "dtype": "float32",
-        "repro": {
-            "arms": {
-                "process": {"credit_mode": "process"},
-                "outcome": {"credit_mode": "outcome"},
-                "agent_oracle": {"credit_mode": "agent_oracle"},
-            },
-            "seeds": [0],
-            "treatment": "process",
-            "compare_step": 2,
-            "main_task_set": "in_family",
-            "out_of_family_sets": ["out_of_family"],
-            "goal": {"resamples": 100},
-        },
     }
-    config = tmp_path / "recipe.yaml"
-    config.write_text(json.dumps(recipe))  # JSON is YAML
+    test = {
+        "recipe": "recipe.yaml",
+        "arms": {
+            "process": {"credit_mode": "process"},
+            "outcome": {"credit_mode": "outcome"},
+            "agent_oracle": {"credit_mode": "agent_oracle"},
+        },
+        "seeds": [0],
+        "treatment": "process",
+        "compare_step": 2,
+        "main_task_set": "in_family",
+        "out_of_family_sets": ["out_of_family"],
+        "goal": {"resamples": 100},
+    }
+    (tmp_path / "recipe.yaml").write_text(json.dumps(recipe))  # JSON is YAML
+    config = tmp_path / "test.yaml"
+    config.write_text(json.dumps(test))
     out, runs_dir = tmp_path / "results", tmp_path / "runs"
     common = ["--config", str(config), "--runs-dir", str(runs_dir), "--out", str(out)]
     extra = ["--eval-tasks", str(tmp_path / "more.json")]
