@@ -83,7 +83,7 @@ class LearnerRank:
         from torch.distributed.device_mesh import init_device_mesh
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from mappa_agents.hf import resolve_dtype
+        from mappa_agents.dtypes import resolve_dtype
         from mappa_train.config import TrainConfig
         from mappa_train.fsdp import ShardedLearner
 
