@@ -176,7 +176,9 @@ class LearnerGroup:
         return import_ray().get([handle.peak_memory.remote() for handle in self.ranks])
 
     def close(self) -> None:
-        """Leave the group and end the actors."""
+        """Leave the group and end the actors (a second call does nothing)."""
+        if not self.ranks:
+            return
         try:
             self._first([handle.close.remote() for handle in self.ranks])
         finally:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -43,7 +42,8 @@ import torch
 from mappa_agents.hf import resolve_device, resolve_dtype
 from mappa_agents.policy import SamplingParams
 from mappa_agents.report import summarize
-from mappa_agents.runner import RolloutRunner, derive_seed
+from mappa_agents.runner import RolloutRunner
+from mappa_agents.seeds import derive_seed
 from mappa_agents.system import AgentSystem, parse_system_spec
 from mappa_agents.trajectory import ActionSample, EpisodeResult, save_jsonl
 from mappa_train import checkpoint as ckpt
@@ -63,6 +63,7 @@ from mappa_train.local_learner import LocalLearner
 from mappa_train.memory import check_memory
 from mappa_train.metrics_log import MetricsLog, plain
 from mappa_train.plots import plot_history
+from mappa_train.schedule import warmup_cosine
 from mappa_train.update import PreparedRows
 
 logger = logging.getLogger(__name__)
@@ -76,23 +77,6 @@ Rollout = Callable[["Trainer", int], Sequence[EpisodeResult]]
 """Makes step ``step``'s episodes in place of :meth:`Trainer.rollout`: ``f(trainer, step)``.
 
 Its actions must carry the exact prompt and response ids of the agents' tokenizers."""
-
-
-def warmup_cosine(total_steps: int, warmup_ratio: float) -> Callable[[int], float]:
-    """Learning-rate multiplier: linear warm-up, then cosine decay to 0 over ``total_steps``.
-
-    ``f(s) = (s + 1) / w`` for ``s < w = ceil(warmup_ratio * total)``, else
-    ``0.5 * (1 + cos(pi * (s - w) / (total - w)))``.
-    """
-    warmup = max(1, math.ceil(warmup_ratio * total_steps)) if warmup_ratio > 0 else 0
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        span = max(1, total_steps - warmup)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup) / span)))
-
-    return factor
 
 
 def make_backend(config: TrainConfig) -> Backend:
