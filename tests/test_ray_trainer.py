@@ -170,12 +170,12 @@ def test_the_groups_work_at_once_only_when_told(tmp_path, monkeypatch, at_once):
                      agents_in_parallel=at_once)  # fmt: skip
     trainer = _trainer(RayTrainer, config, LetterPairEnv)
     agents = ("writer", "editor")
-    trainer.learners = {
-        a: RayLearner(
-            a, None, None, None, "", _RecordingGroup(a, events), sync=None, at_once=lambda: at_once
-        )  # fmt: skip
-        for a in agents
-    }
+
+    def learner(agent):
+        group = _RecordingGroup(agent, events)
+        return RayLearner(agent, None, None, None, "", group, sync=None, at_once=lambda: at_once)
+
+    trainer.learners = {a: learner(a) for a in agents}
     sample = TokenRow(prompt_ids=[1], response_ids=[2])  # all the groups read of an action
     trainer.score_agents({a: [sample] for a in agents})
     rows = PreparedRows([sample], torch.zeros(1), *[torch.zeros(1, 1)] * 3, 0, 0)
