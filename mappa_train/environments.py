@@ -134,13 +134,12 @@ def env_class(factory: EnvFactory) -> type | None:
     A class, a :func:`functools.partial` of one, or a partial of ``mappa_env.make`` with a
     registered id; ``None`` for anything else (a lambda, a function of the caller's).
     """
-    while isinstance(factory, functools.partial):
-        inner = factory.func
-        if getattr(inner, "__module__", "") == "mappa_env.registry" and inner.__name__ == "make":
-            from mappa_env import env_class as registered_class
+    from mappa_env import registry
 
-            return registered_class(factory.args[0]) if factory.args else None
-        factory = inner
+    while isinstance(factory, functools.partial):
+        if factory.func is registry.make:
+            return registry.env_class(factory.args[0]) if factory.args else None
+        factory = factory.func
     return factory if isinstance(factory, type) else None
 
 

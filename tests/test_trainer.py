@@ -752,3 +752,24 @@ def test_a_backend_of_ones_own_plugs_in_without_touching_the_loop(tmp_path):
     assert metrics["writer/grad_norm"] > 0
     assert calls == ["logprobs", "update", "sync", "save", "close", "backend closed"]
     assert (tmp_path / "run" / "checkpoints" / "step-000001" / "agents" / "writer").is_dir()
+
+
+def test_the_agents_are_read_from_the_environment_class():
+    # Roles are declared by the class: reading them builds no environment.
+    import functools
+
+    from mappa_train.config import TrainConfig
+    from mappa_train.environments import env_agents, make_env_factories
+    from tests.toy_env import LetterPairEnv
+
+    class Unbuildable(LetterPairEnv):
+        def __init__(self, **options):
+            raise AssertionError("built")
+
+    assert env_agents(functools.partial(Unbuildable, credit_mode="process")) == [
+        "writer",
+        "editor",
+    ]
+    factories = make_env_factories(TrainConfig(env="MathChat-v0", env_options={"tasks": "gen:4"}))
+    assert env_agents(factories.train) == ["problem_solver", "code_executor", "verifier"]
+    assert env_agents(lambda: LetterPairEnv()) is None  # a function: only building tells
