@@ -3,7 +3,7 @@
 Runs ``--steps`` MathChat-v0 steps (three agents, the rules coach, ``process`` credit;
 SmolLM2-135M unless ``--shape`` names another model) with the single-process
 :class:`~mappa_train.trainer.Trainer` (unless ``--no-single``), then once per
-``--weight-sync`` mode with :class:`~mappa_train.ray_trainer.RayTrainer` colocated on
+``--weight-sync`` mode with :func:`~mappa_train.ray_trainer.RayTrainer` colocated on
 the same device (each agent's learner a group of ``--ranks`` ranks and ``--engines``
 rollout engines, HF or vLLM, as Ray actors with fractional GPUs), one after the other
 in one process. It reports for each the setup, the first step, the steady step (median
@@ -252,24 +252,38 @@ def _weights_checked(trainer: Any, system: str) -> dict[str, Any]:
 def compare_syncs(trainer: Any, modes: Sequence[str], repeats: int) -> dict[str, list[float]]:
     """Seconds of the trainer's weight sync in each mode, on the same weights and engines.
 
-    After the run, :meth:`~mappa_train.ray_trainer.RayTrainer.after_update` is timed
+    After the run, :meth:`~mappa_train.trainer.Trainer.after_update` is timed
     ``repeats`` times per mode, the modes taking turns, with every agent's engines
     switched to that mode (each must work for them: ``object_store`` always does; the
     run's own mode was prepared at setup). The run's mode is restored after.
     """
+    from mappa_train import sync_modes
+    from mappa_train.ray_trainer import EnginePolicy
+
     learners = list(trainer.learners.values())
-    used = [learner.weight_sync for learner in learners]
+    used = [learner.sync for learner in learners]
+
+    def prepared(learner: Any, mode: str) -> Any:
+        if mode == learner.sync.name:
+            return learner.sync
+        if mode != "object_store":
+            raise ValueError(f"{learner.agent}: only its own mode and object_store are ready")
+        if isinstance(learner.policy, EnginePolicy):
+            return sync_modes.ObjectStoreSync(learner.group, learner.policy)
+        return sync_modes.DriverCopySync(learner.group, learner.model)
+
+    syncs = [{mode: prepared(learner, mode) for mode in modes} for learner in learners]
     seconds: dict[str, list[float]] = {mode: [] for mode in modes}
     try:
         for _ in range(repeats):
             for mode in modes:
-                for learner in learners:
-                    learner.weight_sync = mode
+                for learner, ready in zip(learners, syncs):
+                    learner.sync = ready[mode]
                 trainer.after_update()
                 seconds[mode].append(round(trainer.sync_seconds.pop(), 4))
     finally:
-        for learner, mode in zip(learners, used):
-            learner.weight_sync = mode
+        for learner, sync in zip(learners, used):
+            learner.sync = sync
     return seconds
 
 
@@ -436,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             try:
                 with poller:
                     run = _run(trainer, args.steps)
-                run["agents_at_once"] = trainer.agents_at_once()
+                run["agents_at_once"] = trainer.backend.agents_at_once()
                 run["mfu_update"] = update_mfu(
                     run["steady_step"], flops, gpus_used, args.peak_tflops
                 )

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mappa_agents.dtypes import resolve_dtype
 from mappa_agents.policy import (
     ChatMessages,
     Generation,
@@ -43,9 +44,6 @@ logger = logging.getLogger(__name__)
 # interleaved, so seeded results would depend on thread timing. A per-policy lock
 # cannot prevent that: the guarded resource belongs to the whole process.
 _GENERATE_LOCK = threading.Lock()
-
-DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32"}
-"""Short dtype names accepted besides torch's own names."""
 
 MIN_CACHE_LENGTH = 512
 """Smallest static KV cache (``compile_decode``); larger ones are powers of two."""
@@ -119,31 +117,6 @@ def resolve_device(device: str) -> str:
     if device != "auto":
         return device
     return "cuda" if _torch().cuda.is_available() else "cpu"
-
-
-def resolve_dtype(dtype: Any, device: str) -> Any:
-    """``"auto"`` becomes bfloat16 on CUDA and float32 elsewhere; names become dtypes.
-
-    Args:
-        dtype: ``"auto"``, a name such as ``"bfloat16"``/``"bf16"``, or a ``torch.dtype``.
-        device: The device the model runs on.
-
-    Returns:
-        A ``torch.dtype``.
-
-    Raises:
-        ValueError: For an unknown dtype name.
-    """
-    torch = _torch()
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-    name = DTYPE_ALIASES.get(dtype, dtype)
-    value = getattr(torch, str(name), None)
-    if not isinstance(value, torch.dtype):
-        raise ValueError(f"unknown dtype {dtype!r}")
-    return value
 
 
 def prepare_cuda_graph_thread() -> None:

@@ -393,7 +393,7 @@ def _drop_option(kwargs: dict[str, Any], key: str, spec: str, reason: str) -> No
 
 def _vllm_dtype(dtype: Any, spec: str) -> Any:
     """``dtype`` as ``vllm.LLM`` takes it: ``"auto"``, a torch dtype or its full name."""
-    from mappa_agents.hf import DTYPE_ALIASES
+    from mappa_agents.dtypes import DTYPE_ALIASES
 
     if not isinstance(dtype, str) or dtype not in DTYPE_ALIASES:
         return dtype

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import logging
 import math
 import time
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from mappa_agents.policy import Generation, GenerationError, Policy, SamplingParams
+from mappa_agents.seeds import derive_seed
 from mappa_agents.system import AgentSystem
 from mappa_agents.trajectory import ActionSample, EpisodeResult
 from mappa_env._async import run_sync
@@ -128,12 +128,6 @@ def _current_task_id(env: PipelineEnv) -> str:
         return str(env.task_facts()[0])
     except Exception:  # noqa: BLE001 - a report label only; the episode carries on
         return ""
-
-
-def derive_seed(*parts: object) -> int:
-    """A stable 31-bit seed from ``parts`` (independent of Python's hash randomisation)."""
-    digest = hashlib.sha256(repr(parts).encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
 class RolloutRunner:

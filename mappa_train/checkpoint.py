@@ -41,6 +41,7 @@ __all__ = [
     "checkpoint_dir",
     "complete_checkpoints",
     "latest_checkpoint",
+    "load_optimizer_state",
     "load_optimizer_states",
     "load_trainer_state",
     "named_optimizer_state",
@@ -89,7 +90,8 @@ def save_checkpoint(
     Args:
         root: The checkpoints directory.
         step: Steps completed.
-        learners: Agent -> learner with ``model``, ``tokenizer`` and ``optimizer``.
+        learners: Agent -> learner, which writes its state into ``agents/<agent>/``
+            (:meth:`mappa_train.learner.Learner.save`).
         trainer_state: JSON-serialisable trainer state.
         keep: Complete checkpoints to keep (the newest); 0 keeps all.
 
@@ -106,13 +108,8 @@ def save_checkpoint(
             shutil.rmtree(stale, ignore_errors=True)
     for agent, learner in learners.items():
         agent_dir = staging / "agents" / agent
-        if getattr(learner, "adapter", None):
-            # Only the agent's adapter: peft writes it to <agents dir>/<adapter name>/.
-            learner.model.save_pretrained(staging / "agents", selected_adapters=[learner.adapter])
-        else:
-            learner.model.save_pretrained(agent_dir, safe_serialization=True)
-        learner.tokenizer.save_pretrained(agent_dir)
-        torch.save(learner.optimizer.state_dict(), agent_dir / "optimizer.pt")
+        agent_dir.mkdir(parents=True, exist_ok=True)
+        learner.save(agent_dir)
     torch.save(rng_state(), staging / "rng.pt")
     (staging / "trainer_state.json").write_text(
         json.dumps(dict(trainer_state), indent=2, default=str) + "\n"
@@ -137,32 +134,44 @@ def load_trainer_state(path: Path) -> dict[str, Any]:
 def load_optimizer_states(path: Path, learners: Mapping[str, Any]) -> None:
     """Restore the optimizer state of every learner and the RNG from checkpoint ``path``.
 
-    A state keyed by parameter name (saved by a Ray learner group, whose weights are
-    the float32 masters) is mapped onto this process's parameters by position; under
-    mixed precision its masters are read from the checkpoint's float32 weights.
+    Each learner needs ``model`` and ``optimizer`` (see :func:`load_optimizer_state`).
     """
     for agent, learner in learners.items():
-        agent_dir = path / "agents" / agent
-        state = torch.load(agent_dir / "optimizer.pt", map_location="cpu", weights_only=False)
-        if is_named_optimizer_state(state):
-            names = [name for name, _ in learner.model.named_parameters()]
-            state = positional_optimizer_state(state, names, prefix=NAMED_PREFIX)
-            if isinstance(learner.optimizer, MasterWeightAdamW):
-                state = {"optimizer": state, "master": _float32_weights(agent_dir, names)}
-        if "master" in state and not isinstance(learner.optimizer, MasterWeightAdamW):
-            raise ValueError(
-                f"{path} holds float32 master weights (saved in bf16 with "
-                "mixed_precision=True): resume with the same dtype and mixed_precision"
-            )
-        saved_groups = (state.get("optimizer") or state)["param_groups"]
-        for saved, live in zip(saved_groups, learner.optimizer.param_groups):
-            # The kernel choice follows this run's device, not the saving run's; torch
-            # also places Adam's step counters by it while loading.
-            for key in ("fused", "foreach"):
-                if key in live:
-                    saved[key] = live[key]
-        learner.optimizer.load_state_dict(state)
+        load_optimizer_state(
+            path / "agents" / agent, getattr(learner, "model", None), learner.optimizer
+        )
     set_rng_state(torch.load(path / "rng.pt", weights_only=False))
+
+
+def load_optimizer_state(agent_dir: Path, model: Any, optimizer: Any) -> None:
+    """Restore one agent's optimizer from its checkpoint directory ``agent_dir``.
+
+    A state keyed by parameter name (saved by a Ray learner group, whose weights are
+    the float32 masters) is mapped onto ``model``'s parameters by position; under
+    mixed precision its masters are read from the checkpoint's float32 weights.
+
+    Raises:
+        ValueError: When the checkpoint holds float32 masters and ``optimizer`` keeps none.
+    """
+    state = torch.load(agent_dir / "optimizer.pt", map_location="cpu", weights_only=False)
+    if is_named_optimizer_state(state):
+        names = [name for name, _ in model.named_parameters()]
+        state = positional_optimizer_state(state, names, prefix=NAMED_PREFIX)
+        if isinstance(optimizer, MasterWeightAdamW):
+            state = {"optimizer": state, "master": _float32_weights(agent_dir, names)}
+    if "master" in state and not isinstance(optimizer, MasterWeightAdamW):
+        raise ValueError(
+            f"{agent_dir.parent.parent} holds float32 master weights (saved in bf16 with "
+            "mixed_precision=True): resume with the same dtype and mixed_precision"
+        )
+    saved_groups = (state.get("optimizer") or state)["param_groups"]
+    for saved, live in zip(saved_groups, optimizer.param_groups):
+        # The kernel choice follows this run's device, not the saving run's; torch
+        # also places Adam's step counters by it while loading.
+        for key in ("fused", "foreach"):
+            if key in live:
+                saved[key] = live[key]
+    optimizer.load_state_dict(state)
 
 
 NAMED_PREFIX = "model."

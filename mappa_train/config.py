@@ -129,8 +129,8 @@ class TrainConfig:
     advantage_estimator: str = "reinforce_pp"
     """A registered advantage estimator: ``reinforce_pp`` (batch whitening, the paper),
     ``grpo`` or ``rloo`` (group baselines, meaningful only for agents whose samples share
-    prompts), or one added with :func:`mappa_train.register_estimator` before the config
-    is built."""
+    prompts), or one added with :func:`mappa_train.register_estimator` (before the trainer
+    is built, which looks the name up)."""
 
     normalize_scope: str = "agent"
     """Whitening scope of REINFORCE++ advantages: ``agent`` (each agent's tokens, as the
@@ -356,16 +356,15 @@ class TrainConfig:
     """Seeds task sampling, rollouts and mini-batch order; a resumed run continues exactly."""
 
     def __post_init__(self) -> None:
-        from mappa_train.algorithms.registry import estimator_names
-
         self.train_agents = _agent_list(self.train_agents)
         # Every field against its own annotation (YAML's "false" is text, not False).
         check_fields(self)
-        if self.advantage_estimator not in estimator_names():
+        # Only the form of the name: the registry is asked when the trainer is built, so
+        # an estimator may be registered after its config exists.
+        if not isinstance(self.advantage_estimator, str) or not self.advantage_estimator:
             raise SettingsError(
-                f"advantage_estimator must be a registered estimator, one of "
-                f"{estimator_names()}, got {self.advantage_estimator!r}; add your own with "
-                "mappa_train.register_estimator(name, fn) before building the config"
+                "advantage_estimator must name a registered estimator (see "
+                f"mappa_train.estimator_names()), got {self.advantage_estimator!r}"
             )
         if not isinstance(self.eval_sets, dict) or not all(
             isinstance(options, dict) for options in self.eval_sets.values()

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from mappa_agents.trajectory import ActionSample
 from mappa_train.config import TrainConfig
+from mappa_train.learner import TokenRows
 from mappa_train.logprobs import PackedBatch, response_logprobs
 from mappa_train.update import PreparedRows, Shard, shard_logprobs, update_agent
 
@@ -199,7 +199,7 @@ class ShardedLearner:
         """The sharded trainable model (its parameters are this rank's shards)."""
         return self.scorer.model
 
-    def logprobs(self, samples: Sequence[ActionSample], *, reference: bool = False) -> Tensor:
+    def logprobs(self, samples: Sequence[TokenRows], *, reference: bool = False) -> Tensor:
         """``[N, T]`` log-probs of every sample's response (the whole table, CPU).
 
         Args:

@@ -97,6 +97,45 @@ def check_fits(estimate: int, available: int, *, lora: bool, master_weights: boo
     return message
 
 
+def check_memory(
+    sources: Sequence[str],
+    available: int,
+    *,
+    weight_bytes: int,
+    master_weights: bool,
+    lora: bool,
+) -> str | None:
+    """Warn when weights, optimizer states and references would fill most of memory.
+
+    Args:
+        sources: Each trained agent's model directory or id (counted without loading).
+        available: Free device memory in bytes.
+        weight_bytes: Bytes per weight of the models.
+        master_weights: The optimizers keep float32 master weights.
+        lora: Agents train LoRA adapters on one shared base.
+
+    Returns:
+        The warning of :func:`check_fits` (also logged), or ``None`` when the run looks
+        like it fits or a model cannot be sized (the load then reports the problem).
+    """
+    counts: dict[str, int] = {}
+    for source in sources:
+        if source not in counts:
+            try:
+                counts[source] = count_parameters(source)
+            except (OSError, ValueError, ImportError) as error:
+                # Only a pre-flight check: the load itself reports real problems.
+                logger.info("memory check skipped: cannot size %s (%s)", source, error)
+                return None
+    estimate = static_memory_bytes(
+        [counts[s] for s in sources],
+        weight_bytes=weight_bytes,
+        master_weights=master_weights,
+        shared_base=lora,
+    )
+    return check_fits(estimate, available, lora=lora, master_weights=master_weights)
+
+
 def activation_bytes(
     tokens: int, model_config: Any, dtype_bytes: int, checkpointing: bool = False
 ) -> int:

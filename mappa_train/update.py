@@ -30,10 +30,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mappa_agents.runner import derive_seed
-from mappa_agents.trajectory import ActionSample
+from mappa_agents.seeds import derive_seed
 from mappa_train.algorithms.reinforce_pp import clip_fraction, kl_penalty, ppo_clip_loss
 from mappa_train.config import TrainConfig
+from mappa_train.learner import TokenRows
 from mappa_train.logprobs import PackedBatch, move_to, pack
 from mappa_train.packing import token_budget_batches
 from mappa_train.precision import MasterWeightAdamW
@@ -46,7 +46,7 @@ Scorer = Callable[[PackedBatch], Tensor]
 class PreparedRows:
     """One agent's usable actions as padded tensors (CPU), ready for its update."""
 
-    samples: list[ActionSample]
+    samples: list[TokenRows]
     rewards: Tensor
     old_logprobs: Tensor
     ref_logprobs: Tensor
@@ -102,18 +102,18 @@ class LocalReducer:
         return value
 
 
-def row_length(sample: ActionSample) -> int:
+def row_length(sample: TokenRows) -> int:
     """Prompt plus response tokens of one action."""
     return len(sample.prompt_ids) + len(sample.response_ids)
 
 
-def by_length(samples: Sequence[ActionSample], indices: Sequence[int]) -> list[int]:
+def by_length(samples: Sequence[TokenRows], indices: Sequence[int]) -> list[int]:
     """``indices`` ordered by prompt + response length, so micro-batches pad little."""
     return sorted(indices, key=lambda i: (row_length(samples[i]), i))
 
 
 def micro_batches(
-    samples: Sequence[ActionSample], order: Sequence[int], config: TrainConfig
+    samples: Sequence[TokenRows], order: Sequence[int], config: TrainConfig
 ) -> list[list[int]]:
     """``order`` (sample indices sorted by length) cut into micro-batches.
 
@@ -131,7 +131,7 @@ def micro_batches(
     return [list(order[start : start + size]) for start in range(0, len(order), size)]
 
 
-def largest_micro_batch_tokens(samples: Sequence[ActionSample], config: TrainConfig) -> int:
+def largest_micro_batch_tokens(samples: Sequence[TokenRows], config: TrainConfig) -> int:
     """An upper bound on the padded tokens (rows x longest row) of any micro-batch.
 
     Micro-batches are cut within shuffled optimizer batches, so the bound is what any
@@ -158,7 +158,7 @@ def _padded(
 @torch.no_grad()
 def shard_logprobs(
     score: Scorer,
-    samples: Sequence[ActionSample],
+    samples: Sequence[TokenRows],
     config: TrainConfig,
     *,
     pad_id: int,

@@ -63,7 +63,7 @@ def test_the_update_is_the_same_whatever_the_grouping(tmp_path):
             return _original(model, batch, *args, **kwargs)
 
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr("mappa_train.trainer.response_logprobs", counting)
+            patch.setattr("mappa_train.local_learner.response_logprobs", counting)
             trainer = Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
             (metrics,) = trainer.train()
         weights = {

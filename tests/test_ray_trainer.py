@@ -98,7 +98,7 @@ def test_learn_on_fixed_episodes_and_sync_match_one_process(tmp_path, local_ray,
     single.setup()
     sharded.setup()
     try:
-        assert sharded.agents_at_once() is at_once
+        assert sharded.backend.agents_at_once() is at_once
         # A checkpoint before any step leaves the optimizers as they are (torch would
         # build their state with a zero step, which Adam would count).
         sharded.save()
@@ -135,27 +135,27 @@ class _RecordingGroup:
     def __init__(self, agent, events):
         self.agent, self.events, self.world = agent, events, 2
 
-    def start(self, method, *args):
+    def _start(self, method):
         self.events.append(("start", self.agent, method))
         return [(self.agent, method)]
 
-    def _call(self, method):
-        self.events += [("start", self.agent, method), ("wait", self.agent, method)]
-        return torch.zeros(1, 1) if method == "logprobs" else {"loss": 0.0}
+    def start_logprobs(self, rows, *, reference):
+        return self._start("logprobs")
 
     def logprobs(self, rows, *, reference):
-        return self._call("logprobs")
+        self.events += [("start", self.agent, "logprobs"), ("wait", self.agent, "logprobs")]
+        return torch.zeros(1, 1)
 
-    def update(self, prep, **options):
-        return self._call("update")
+    def start_update(self, prep, **options):
+        return self._start("update")
 
 
 @pytest.mark.parametrize("at_once", [True, False])
 def test_the_groups_work_at_once_only_when_told(tmp_path, monkeypatch, at_once):
     import types
 
-    from mappa_train import ray_trainer
-    from mappa_train.ray_trainer import TokenRow
+    from mappa_train import ray_learner
+    from mappa_train.ray_learner import RayLearner, TokenRow
     from mappa_train.update import PreparedRows
 
     events = []
@@ -165,16 +165,21 @@ def test_the_groups_work_at_once_only_when_told(tmp_path, monkeypatch, at_once):
         events.extend(("wait", agent, method) for agent, method in refs)
         return [torch.zeros(1, 1) if method == "logprobs" else {"loss": 0.0} for _, method in refs]
 
-    monkeypatch.setattr(ray_trainer, "_import_ray", lambda: types.SimpleNamespace(get=fake_get))
+    monkeypatch.setattr(ray_learner, "import_ray", lambda: types.SimpleNamespace(get=fake_get))
     config = _config(tmp_path, tiny_model_dir(tmp_path / "model"), distributed="ray",
                      agents_in_parallel=at_once)  # fmt: skip
     trainer = _trainer(RayTrainer, config, LetterPairEnv)
     agents = ("writer", "editor")
-    learners = {a: types.SimpleNamespace(group=_RecordingGroup(a, events)) for a in agents}
+
+    def learner(agent):
+        group = _RecordingGroup(agent, events)
+        return RayLearner(agent, None, None, None, "", group, sync=None, at_once=lambda: at_once)
+
+    trainer.learners = {a: learner(a) for a in agents}
     sample = TokenRow(prompt_ids=[1], response_ids=[2])  # all the groups read of an action
-    trainer.score_agents({a: (learners[a], [sample]) for a in agents})
+    trainer.score_agents({a: [sample] for a in agents})
     rows = PreparedRows([sample], torch.zeros(1), *[torch.zeros(1, 1)] * 3, 0, 0)
-    trainer.update_agents({a: (learners[a], rows) for a in agents}, lr=1e-3)
+    trainer.update_agents({a: rows for a in agents}, lr=1e-3)
     kinds = [kind for kind, _, _ in events]
     if at_once:
         # Both agents' passes start before any is waited for, then both updates.
@@ -198,13 +203,19 @@ def test_agents_at_once_decides_from_the_groups_gpus():
 
 
 def test_the_config_picks_the_trainer_and_a_mismatch_is_refused(tmp_path):
+    from mappa_train.local_backend import LocalBackend
+    from mappa_train.ray_backend import RayBackend
     from mappa_train.trainer import make_trainer
 
     model_dir = tiny_model_dir(tmp_path / "model")
     config = _config(tmp_path / "ray", model_dir, distributed="ray")
-    assert type(make_trainer(config, LetterEnv, LetterEnv)) is RayTrainer
-    with pytest.raises(ValueError, match="make_trainer"):
-        Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
+
+    # One loop: the config picks its learners' backend, whichever way it is built.
+    assert isinstance(make_trainer(config, LetterEnv, LetterEnv).backend, RayBackend)
+    assert isinstance(Trainer(config, LetterEnv, LetterEnv).backend, RayBackend)
+    assert isinstance(RayTrainer(config, LetterEnv, LetterEnv).backend, RayBackend)
+    one = _config(tmp_path / "one", model_dir)
+    assert isinstance(make_trainer(one, LetterEnv, LetterEnv).backend, LocalBackend)
     with pytest.raises(ValueError, match="make_trainer"):
         RayTrainer(_config(tmp_path / "one", model_dir), LetterEnv, LetterEnv)
 
@@ -289,7 +300,8 @@ def test_rollout_engines_as_actors_get_the_weights_and_train_alike(
     tmp_path, local_ray, sync, used, tied
 ):
     from mappa_agents.tiny_models import build_tiny_model, build_tiny_tokenizer
-    from mappa_train.ray_trainer import EnginePolicy, _acting_dtype
+    from mappa_train.rollout_engines import EnginePolicy
+    from mappa_train.sync_modes import acting_dtype
 
     model_dir = tmp_path / "model"
     tokenizer = build_tiny_tokenizer()
@@ -312,7 +324,8 @@ def test_rollout_engines_as_actors_get_the_weights_and_train_alike(
         if used == "broadcast":
             # The run's own plan again (same dtype and bucket size: ranks keep the same).
             plan = learner.group.plan_sync(
-                _acting_dtype(learner), int(config.weight_sync_bucket_mb * 2**20)
+                acting_dtype(learner.policy, learner.model),
+                int(config.weight_sync_bucket_mb * 2**20),
             )
             sent = {slot.name for bucket in plan for slot in bucket}
             assert ("lm_head.weight" in sent) is not tied

@@ -120,16 +120,17 @@ def test_gradient_checkpointing_trains(tmp_path):
 
 
 def test_auto_checkpointing_follows_the_free_memory(tmp_path, monkeypatch, caplog):
-    from mappa_train import trainer as trainer_module
+    from mappa_train import local_learner
+    from mappa_train.activations import is_checkpointing
     from mappa_train.update import largest_micro_batch_tokens
 
     model_dir = tiny_model_dir(tmp_path / "model")
     free = {"bytes": 10**15}
-    monkeypatch.setattr(trainer_module, "free_memory_bytes", lambda device: free["bytes"])
+    monkeypatch.setattr(local_learner, "free_memory_bytes", lambda device: free["bytes"])
     config = _toy_config(tmp_path, model_dir, steps=5, gradient_checkpointing="auto")
     trainer = Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
     learner_model = None
-    with caplog.at_level(logging.INFO, logger="mappa_train.trainer"):
+    with caplog.at_level(logging.INFO, logger="mappa_train.local_learner"):
         trainer.setup()
         learner = trainer.learners["writer"]
         learner_model = learner.model
@@ -141,19 +142,19 @@ def test_auto_checkpointing_follows_the_free_memory(tmp_path, monkeypatch, caplo
         assert trainer.train_step()["writer/grad_norm"] > 0
     assert learner.checkpointing is True
     assert "writer: activation checkpointing on" in caplog.text
-    assert trainer_module._is_checkpointing(learner_model)
+    assert is_checkpointing(learner_model)
     free["bytes"] = 10**15  # room again: back off
     trainer.train_step()
     assert learner.checkpointing is False
-    assert not trainer_module._is_checkpointing(learner_model)
+    assert not is_checkpointing(learner_model)
     # With compiled decoding a switch recompiles the decode graphs: once on, it stays on.
-    monkeypatch.setattr(Trainer, "compiles_decoding", property(lambda self: True))
+    learner.compiles_decoding = True  # as the learner of a run on CUDA is told
     free["bytes"] = 1
     trainer.train_step()
     free["bytes"] = 10**15
     trainer.train_step()
     assert learner.checkpointing is True
-    assert trainer_module._is_checkpointing(learner_model)
+    assert is_checkpointing(learner_model)
     trainer.close()
     samples = [SimpleNamespace(prompt_ids=[1] * 5, response_ids=[2] * 3) for _ in range(6)]
     rows = _toy_config(tmp_path, model_dir, micro_batch_size=4, micro_batch_tokens=0)
@@ -658,3 +659,130 @@ def test_further_eval_sets_are_evaluated_and_saved_apart(tmp_path):
         TrainConfig(eval_sets={"a/b": {}})
     with pytest.raises(ValueError, match="eval_sets"):
         Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
+
+
+def test_a_rollout_function_replaces_the_trainers_own_runner(tmp_path):
+    # The seam without subclassing: a function makes each step's episodes (here on a
+    # copy of the models, as an outside engine would) and syncs after the learners'.
+    import copy
+
+    from mappa_agents.hf import HFPolicy
+    from mappa_agents.policy import SamplingParams
+    from mappa_agents.runner import RolloutRunner
+    from mappa_agents.system import AgentSystem
+
+    engines: dict = {}
+    steps = []
+
+    def rollout(trainer, step):
+        if not engines:
+            engines.update({a: copy.deepcopy(x.model) for a, x in trainer.learners.items()})
+            system = AgentSystem(
+                {a: HFPolicy(m, trainer.learners[a].tokenizer) for a, m in engines.items()}
+            )
+            engines["runner"] = RolloutRunner(LetterEnv, system, concurrency=16, progress=False)
+        else:  # the copies act with the weights of the last update
+            for agent, learner in trainer.learners.items():
+                engines[agent].load_state_dict(learner.model.state_dict())
+        steps.append(step)
+        options = [{"task_id": t} for t in trainer.sample_task_ids(step) for _ in range(4)]
+        engines["runner"].sampling = SamplingParams(max_new_tokens=12, temperature=1.0)
+        return engines["runner"].run(len(options), options, seed=step)
+
+    model_dir = tiny_model_dir(tmp_path / "model")
+    trainer = Trainer(
+        _toy_config(tmp_path, model_dir, steps=2),
+        env_factory=LetterEnv,
+        eval_env_factory=LetterEnv,
+        rollout=rollout,
+    )
+    history = trainer.train()
+    assert steps == [0, 1]
+    assert all(m["writer/actions"] == 16 for m in history)
+    assert "train" not in trainer._runners  # the trainer's own runner never ran
+    engines["runner"].close()
+
+
+def test_a_backend_of_ones_own_plugs_in_without_touching_the_loop(tmp_path):
+    # A backend is a class with start / open_engines / close; its learners answer the
+    # Learner protocol. This one wraps the in-process learners and records the calls.
+    from mappa_train.learner import Started
+    from mappa_train.local_backend import LocalBackend
+
+    calls = []
+
+    class Recording:
+        def __init__(self, inner):
+            self.inner, self.agent, self.tokenizer = inner, inner.agent, inner.tokenizer
+
+        @property
+        def rollout_policy(self):
+            return self.inner.rollout_policy
+
+        def start_logprobs(self, rows):
+            calls.append("logprobs")
+            return self.inner.start_logprobs(rows)
+
+        def start_update(self, prep, **options):
+            calls.append("update")
+            return self.inner.start_update(prep, **options)
+
+        def start_sync(self):
+            calls.append("sync")
+            return self.inner.start_sync()
+
+        def save(self, directory):
+            calls.append("save")
+            self.inner.save(directory)
+
+        def close(self):
+            calls.append("close")
+            self.inner.close()
+
+    class RecordingBackend:
+        def __init__(self):
+            self.local = LocalBackend()
+
+        def start(self, run):
+            started = self.local.start(run)
+            learners = {a: Recording(x) for a, x in started.learners.items()}
+            return Started(learners, started.frozen)
+
+        def open_engines(self):
+            self.local.open_engines()
+
+        def close(self):
+            calls.append("backend closed")
+
+    model_dir = tiny_model_dir(tmp_path / "model")
+    trainer = Trainer(
+        _toy_config(tmp_path, model_dir, steps=1, save_every=1),
+        env_factory=LetterEnv,
+        eval_env_factory=LetterEnv,
+        backend=RecordingBackend(),
+    )
+    (metrics,) = trainer.train()
+    assert metrics["writer/grad_norm"] > 0
+    assert calls == ["logprobs", "update", "sync", "save", "close", "backend closed"]
+    assert (tmp_path / "run" / "checkpoints" / "step-000001" / "agents" / "writer").is_dir()
+
+
+def test_the_agents_are_read_from_the_environment_class():
+    # Roles are declared by the class: reading them builds no environment.
+    import functools
+
+    from mappa_train.config import TrainConfig
+    from mappa_train.environments import env_agents, make_env_factories
+    from tests.toy_env import LetterPairEnv
+
+    class Unbuildable(LetterPairEnv):
+        def __init__(self, **options):
+            raise AssertionError("built")
+
+    assert env_agents(functools.partial(Unbuildable, credit_mode="process")) == [
+        "writer",
+        "editor",
+    ]
+    factories = make_env_factories(TrainConfig(env="MathChat-v0", env_options={"tasks": "gen:4"}))
+    assert env_agents(factories.train) == ["problem_solver", "code_executor", "verifier"]
+    assert env_agents(lambda: LetterPairEnv()) is None  # a function: only building tells

@@ -1,0 +1,124 @@
+"""The training package's imports: no circles, no private names, light learner ranks.
+
+A learner rank (a Ray actor) imports what it trains with and the rows it reads, not the
+environments: a rank's process then starts without PettingZoo, Gymnasium, sandboxes or
+coaches.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "mappa_train"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement that runs (at import time or in a function), not type-only."""
+    found: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def _edges(name: str) -> set[str]:
+    """The ``mappa_train`` modules ``name`` imports (``from pkg import sub`` counts ``sub``)."""
+    targets: set[str] = set()
+    for node in _imports(ast.parse(MODULES[name].read_text())):
+        if isinstance(node, ast.Import):
+            targets |= {a.name for a in node.names if a.name in MODULES}
+        elif node.module and node.level == 0 and node.module in MODULES:
+            subs = {f"{node.module}.{a.name}" for a in node.names}
+            targets |= (subs & MODULES.keys()) or {node.module}
+    return targets - {name}
+
+
+def test_no_import_circles_inside_mappa_train():
+    graph = {name: _edges(name) for name in MODULES}
+    circles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(name: str) -> None:
+        state[name] = 1
+        path.append(name)
+        for target in sorted(graph[name]):
+            if state.get(target) == 1:
+                circles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+    assert circles == []
+
+
+def test_no_module_imports_another_modules_private_name():
+    private = []
+    for name, path in MODULES.items():
+        for node in _imports(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                private += [
+                    f"{name}: {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and a.name != "__version__"
+                ]
+    assert private == []
+
+
+def test_the_learner_rank_modules_import_no_environment_code():
+    # What a rank's process imports: its actor class, the rows it unpickles, and what
+    # its setup imports (the config, the sharded learner, dtypes).
+    code = (
+        "import json, sys\n"
+        "import mappa_train.learner_rank, mappa_train.fsdp, mappa_train.update\n"
+        "import mappa_train.config, mappa_agents.dtypes\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+    )
+    loaded = set(json.loads(result.stdout.strip().splitlines()[-1]))
+    assert "mappa_train.learner_rank" in loaded
+    heavy = {"pettingzoo", "gymnasium", "mappa_agents.runner", "mappa_agents.hf"}
+    assert loaded.isdisjoint(heavy), sorted(loaded & heavy)
+    # Of the environment package only the names of the credit modes (the config checks
+    # its credit_mode against them); no environment, sandbox, coach or registry.
+    assert {m for m in loaded if m.split(".")[0] == "mappa_env"} <= {
+        "mappa_env",
+        "mappa_env.credit",
+    }
