@@ -117,8 +117,11 @@ def test_the_learner_rank_modules_import_no_environment_code():
     heavy = {"pettingzoo", "gymnasium", "mappa_agents.runner", "mappa_agents.hf"}
     assert loaded.isdisjoint(heavy), sorted(loaded & heavy)
     # Of the environment package only the names of the credit modes (the config checks
-    # its credit_mode against them); no environment, sandbox, coach or registry.
+    # its credit_mode against them) and the standard-library checker of field types with
+    # its error class; no environment, sandbox, coach or registry.
     assert {m for m in loaded if m.split(".")[0] == "mappa_env"} <= {
         "mappa_env",
         "mappa_env.credit",
+        "mappa_env.errors",
+        "mappa_env.typecheck",
     }
