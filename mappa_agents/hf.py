@@ -23,6 +23,7 @@ from mappa_agents.policy import (
     ChatMessages,
     Generation,
     SamplingParams,
+    batch_prompt_ids,
     chat_prompt_ids,
     find_stop,
     generate_in_thread,
@@ -419,7 +420,7 @@ class HFPolicy:
         return RuntimeError(f"policy {self.name!r} is closed")
 
     def _generate(self, batch: Sequence[ChatMessages], params: SamplingParams) -> list[Generation]:
-        prompts = [self.prompt_ids(messages) for messages in normalize_batch(batch)]
+        prompts = batch_prompt_ids(self.prompt_ids, normalize_batch(batch))
         if not prompts:
             return []
         # Group prompts of similar length to waste less compute on padding; the order

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -285,6 +285,35 @@ def chat_prompt_ids(
         **dict(chat_template_kwargs or {}),
     )
     return list(encoded["input_ids"])
+
+
+def batch_prompt_ids(
+    prompt_ids: Callable[[list[dict[str, str]]], list[int]],
+    prompts: Sequence[list[dict[str, str]]],
+) -> list[list[int]]:
+    """The ids of every prompt of a batch, each distinct prompt rendered and tokenised once.
+
+    A rollout step sends each prompt several times (the samples of a group): the chat
+    template and the tokenizer give the same ids every time, so they run once per
+    distinct prompt. Every prompt still gets its own list.
+
+    Args:
+        prompt_ids: Renders and tokenises one prompt (a policy's ``prompt_ids``).
+        prompts: Prompts as :func:`normalize_batch` returns them (plain role and
+            content dicts, so two prompts with the same messages are the same prompt).
+
+    Returns:
+        One list of ids per prompt, in order.
+    """
+    known: dict[tuple[tuple[str, str], ...], list[int]] = {}
+    out = []
+    for messages in prompts:
+        key = tuple((m["role"], m["content"]) for m in messages)
+        ids = known.get(key)
+        if ids is None:
+            ids = known[key] = prompt_ids(messages)
+        out.append(list(ids))
+    return out
 
 
 def normalize_batch(batch: Sequence[ChatMessages]) -> list[list[dict[str, str]]]:

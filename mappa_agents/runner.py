@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import math
 import time
@@ -128,6 +129,12 @@ def _current_task_id(env: PipelineEnv) -> str:
         return str(env.task_facts()[0])
     except Exception:  # noqa: BLE001 - a report label only; the episode carries on
         return ""
+
+
+@functools.lru_cache(maxsize=64)
+def _sampling_record(params: SamplingParams) -> dict[str, Any]:
+    """``params`` as the dict each action records (made once per settings, then copied)."""
+    return dataclasses.asdict(params)
 
 
 class RolloutRunner:
@@ -519,7 +526,7 @@ class RolloutRunner:
             tool=None if record.tool.result is None else record.tool.result.to_dict(),
             code=record.tool.code,
             action_truncated=record.action_truncated,
-            sampling=dataclasses.asdict(self.sampling_for(request.agent)),
+            sampling=dict(_sampling_record(self.sampling_for(request.agent))),
             credit=info.get("credit"),
         )
         episode.samples.append(sample)

@@ -20,11 +20,15 @@ import logging
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+
+#: The per-token fields of :class:`ActionSample` (lists of ints and floats).
+_TOKEN_FIELDS = ("prompt_ids", "response_ids", "logprobs")
 
 
 @dataclass
@@ -114,7 +118,17 @@ class ActionSample:
 
     def to_row(self) -> dict[str, Any]:
         """The JSONL row: every field, plus ``completion`` (= ``text``); NaN reward -> None."""
-        data = asdict(self)
+        # ``asdict`` deep-copies value by value: for the token lists (hundreds of ints and
+        # floats a row) that is most of the cost of writing a step's rollouts. Their
+        # values are immutable, so a list copy is the same deep copy.
+        token_lists = {
+            name: values
+            for name in _TOKEN_FIELDS
+            if isinstance(values := getattr(self, name), list)
+        }
+        data = asdict(replace(self, **{name: [] for name in token_lists}))
+        for name, values in token_lists.items():
+            data[name] = list(values)
         if isinstance(data["reward"], float) and math.isnan(data["reward"]):
             data["reward"] = None
         data["completion"] = self.text

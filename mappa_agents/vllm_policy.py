@@ -3,9 +3,9 @@
 Prompts are rendered with the model's chat template and tokenised here, then handed to
 ``vllm.LLM.generate`` as token ids, so the prompt ids of every generation are exactly
 what the engine ran. Response ids and the logprob of each sampled id come from vLLM's
-``RequestOutput`` (``logprobs=1`` makes vLLM report the sampled token's logprob; vLLM's
-default ``logprobs_mode="raw_logprobs"`` is the raw model distribution, as documented on
-:class:`~mappa_agents.policy.Generation`).
+``RequestOutput`` (``logprobs=0`` makes vLLM report the sampled token's logprob and no
+other; vLLM's default ``logprobs_mode="raw_logprobs"`` is the raw model distribution, as
+documented on :class:`~mappa_agents.policy.Generation`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from mappa_agents.policy import (
     ChatMessages,
     Generation,
     SamplingParams,
+    batch_prompt_ids,
     chat_prompt_ids,
     generate_in_thread,
     normalize_batch,
@@ -56,7 +57,9 @@ def sampling_kwargs(params: SamplingParams, index: int = 0) -> dict[str, Any]:
         "max_tokens": params.max_new_tokens,
         "temperature": params.temperature,
         "top_p": params.top_p,
-        "logprobs": 1,
+        # 0: the sampled token's logprob only. 1 would also have the engine find, detokenise
+        # and return the most likely token at every position, which nothing here reads.
+        "logprobs": 0,
         "skip_special_tokens": True,
         "include_stop_str_in_output": False,
     }
@@ -109,16 +112,27 @@ class VLLMPolicy:
             One generation per prompt, in order.
         """
         self._engine()  # a closed policy says so before any work
-        prompts = [self.prompt_ids(m) for m in normalize_batch(batch)]
+        prompts = batch_prompt_ids(self.prompt_ids, normalize_batch(batch))
         if not prompts:
             return []
         requests = [{"prompt_token_ids": ids} for ids in prompts]
-        sampling = [
-            self._vllm.SamplingParams(**sampling_kwargs(params, i)) for i in range(len(prompts))
-        ]
+        sampling = self._sampling(params, len(prompts))
         with self._lock:
             outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         return [self._to_generation(output) for output in outputs]
+
+    def _sampling(self, params: SamplingParams, count: int) -> Any:
+        """The sampling settings the engine gets for a batch of ``count`` prompts.
+
+        Unseeded, one ``vllm.SamplingParams`` serves the whole batch; seeded, prompt ``i``
+        needs its own for the seed ``seed + i`` (see :func:`sampling_kwargs`).
+        """
+        if params.seed is None:
+            return self._vllm.SamplingParams(**sampling_kwargs(params))
+        shared = sampling_kwargs(params)
+        return [
+            self._vllm.SamplingParams(**{**shared, "seed": params.seed + i}) for i in range(count)
+        ]
 
     async def agenerate(
         self, batch: Sequence[ChatMessages], params: SamplingParams
@@ -174,10 +188,11 @@ class VLLMPolicy:
 
     def _to_generation(self, output: Any) -> Generation:
         completion = output.outputs[0]
-        response_ids = [int(t) for t in completion.token_ids]
-        logprobs = []
-        for position, token in zip(completion.logprobs or [], response_ids):
-            logprobs.append(float(position[token].logprob))
+        response_ids = list(map(int, completion.token_ids))
+        logprobs = [
+            float(position[token].logprob)
+            for position, token in zip(completion.logprobs or [], response_ids)
+        ]
         text, reasoning = split_reasoning(completion.text)
         return Generation(
             text=text,

@@ -314,6 +314,56 @@ def test_engines_of_one_process_never_step_at_once(fake_vllm, monkeypatch):
     assert most[0] == 1
 
 
+def test_vllm_generate_renders_each_distinct_prompt_once_and_seeds_each_request(
+    fake_vllm, monkeypatch
+):
+    # A group's samples share one prompt: it is tokenised once, yet every request has
+    # its own ids and (seeded) its own seed, so the samples still differ.
+    rendered: list[str] = []
+    sent: list[Any] = []
+
+    class Engine(_FakeLLM):
+        def generate(self, requests, sampling, use_tqdm=False):
+            sent.append((requests, sampling))
+            outputs = []
+            for r in requests:
+                completion = types.SimpleNamespace(
+                    token_ids=[7, 8], text="xy", finish_reason="length", stop_reason=None,
+                    logprobs=[{7: types.SimpleNamespace(logprob=-0.5)},
+                              {8: types.SimpleNamespace(logprob=-1.5)}],
+                )  # fmt: skip
+                outputs.append(
+                    types.SimpleNamespace(
+                        outputs=[completion], prompt_token_ids=r["prompt_token_ids"]
+                    )
+                )
+            return outputs
+
+    def prompt_ids(self, messages):
+        rendered.append(messages[0]["content"])
+        return [len(messages[0]["content"]), 2]
+
+    fake_vllm.LLM = Engine
+    fake_vllm.SamplingParams = lambda **kwargs: kwargs
+    monkeypatch.setattr("mappa_agents.vllm_policy.VLLMPolicy.prompt_ids", prompt_ids)
+    policy = load_policy("vllm:some/model")
+    batch = [[{"role": "user", "content": c}] for c in ("hi", "hi", "hello", "hi")]
+    generations = policy.generate(batch, SamplingParams(max_new_tokens=2, seed=10))
+    assert rendered == ["hi", "hello"]
+    requests, sampling = sent[-1]
+    assert [r["prompt_token_ids"] for r in requests] == [[2, 2], [2, 2], [5, 2], [2, 2]]
+    assert requests[0]["prompt_token_ids"] is not requests[1]["prompt_token_ids"]
+    assert [s["seed"] for s in sampling] == [10, 11, 12, 13]
+    assert sampling[1] == sampling_kwargs(SamplingParams(max_new_tokens=2, seed=10), 1)
+    assert [g.prompt_ids for g in generations] == [[2, 2], [2, 2], [5, 2], [2, 2]]
+    assert generations[0].response_ids == [7, 8]
+    assert generations[0].logprobs == [-0.5, -1.5]
+    assert generations[0].finish_reason == "length"
+    # Unseeded, one set of settings serves the whole batch.
+    policy.generate(batch, SamplingParams(max_new_tokens=2))
+    assert sent[-1][1] == sampling_kwargs(SamplingParams(max_new_tokens=2))
+
+
 def test_load_policy_local_directory(tmp_path):
     pytest.importorskip("torch")
     from mappa_agents.hf import HFPolicy
@@ -371,7 +421,7 @@ def test_vllm_sampling_kwargs():
     assert kwargs["top_p"] == 0.95
     assert kwargs["stop"] == ["\n"]
     assert kwargs["seed"] == 7
-    assert kwargs["logprobs"] == 1
+    assert kwargs["logprobs"] == 0  # the sampled token's logprob only
     assert "top_k" not in kwargs
     assert sampling_kwargs(SamplingParams(top_k=5))["top_k"] == 5
     assert "seed" not in sampling_kwargs(SamplingParams())

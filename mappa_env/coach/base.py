@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 #: Highest coach score. Scores live on [0, SCORE_MAX]; rewards are score / SCORE_MAX.
@@ -206,7 +206,9 @@ class CoachVerdict:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form for ``infos`` (adds ``reward``)."""
-        data = asdict(self)
+        # Every field is a number, a string, a bool or None: a shallow copy is a deep one,
+        # without ``asdict``'s deep copy of each value (two verdict dicts per action).
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["reward"] = self.reward
         return data
 

@@ -603,7 +603,10 @@ class PipelineEnv(AECEnv):
             for i, agent in enumerate(self.possible_agents):
                 self.action_spaces[agent].seed(seed + i)
         await self.on_episode_end()
-        await asyncio.to_thread(self._remove_workdir)
+        if self._workdir is not None or self._workspace_lease is not None:
+            # Removing a tree can take a while: off the loop. Most episodes of an
+            # environment without code made none, and the thread hop is all they'd pay.
+            await asyncio.to_thread(self._remove_workdir)
         self.select_task(options)
         self.episode_index += 1
         self.agents = list(self.possible_agents)
