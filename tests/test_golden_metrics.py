@@ -20,11 +20,20 @@ from tests import golden_runs
 RECORDED = json.loads(golden_runs.GOLDEN_FILE.read_text())
 
 
-@pytest.mark.parametrize("backend", ["one_process", "ray"])
-def test_every_configuration_trains_exactly_as_recorded(backend):
-    if backend == "ray":
+def _halves(backend: str) -> list[list[str]]:
+    names = sorted(name for name in golden_runs.RUNS if name.startswith(f"{backend}/"))
+    return [names[: len(names) // 2], names[len(names) // 2 :]]
+
+
+# Each backend's configurations in two halves, so parallel test workers share them.
+@pytest.mark.parametrize(
+    "names",
+    [*_halves("one_process"), *_halves("ray")],
+    ids=lambda names: "+".join(names),
+)
+def test_every_configuration_trains_exactly_as_recorded(names):
+    if names[0].startswith("ray/"):
         pytest.importorskip("ray")
-    names = [name for name in golden_runs.RUNS if name.startswith(f"{backend}/")]
     got = golden_runs.run(names)
     assert golden_runs.differences(got, {n: RECORDED[n] for n in names}) == []
 

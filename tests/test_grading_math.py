@@ -146,7 +146,9 @@ def test_many_boxes_are_read_fast():
     start = time.perf_counter()
     assert extract_boxed(different) is None
     assert extract_boxed(same) == "6534"
-    assert time.perf_counter() - start < 2.0
+    # About 0.6 s on a busy 2-core machine, 2.2 s with the test suite beside it; reading
+    # the boxes pairwise would take minutes, which the bound still catches.
+    assert time.perf_counter() - start < 10.0
 
 
 def test_extract_boxed_fallbacks_can_be_disabled():
