@@ -146,8 +146,8 @@ def test_many_boxes_are_read_fast():
     start = time.perf_counter()
     assert extract_boxed(different) is None
     assert extract_boxed(same) == "6534"
-    # About 0.6 s on a busy 2-core machine, 2.2 s with the test suite beside it; reading
-    # the boxes pairwise would take minutes, which the bound still catches.
+    # 0.6 s on a busy 2-core machine, 2.2 s with the whole suite beside it: the bound is
+    # for a reader whose time grows with the square of the boxes, not for a slow machine.
     assert time.perf_counter() - start < 10.0
 
 
