@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mappa_env.errors import SettingsError
 from mappa_train.config import TrainConfig
 
 __all__ = [
@@ -82,7 +83,7 @@ def make_env_factories(
     for options in (config.env_options, config.eval_env_options or {}):
         given = options.get("isolation", config.isolation)
         if isolation and given != config.isolation:
-            raise ValueError(
+            raise SettingsError(
                 f"isolation={config.isolation!r} and env options with isolation="
                 f"{given!r} disagree: set one of them"
             )
@@ -96,7 +97,7 @@ def make_env_factories(
     for options in given_options:
         clash = {k: v for k, v in options.items() if k in credit and v != credit[k]}
         if clash:
-            raise ValueError(
+            raise SettingsError(
                 f"env options {clash} disagree with the config's "
                 f"{ {k: credit[k] for k in clash} }: set credit in the config's "
                 "credit_mode / outcome_weight / backprop_decay only"
@@ -108,7 +109,7 @@ def make_env_factories(
         **(config.env_options if config.eval_env_options is None else config.eval_env_options),
     }
     if config.eval_sets and eval_env_factory is not None:
-        raise ValueError(
+        raise SettingsError(
             "eval_sets are made from the config's environment and options; with an "
             "eval_env_factory of your own, evaluate further sets yourself (or drop "
             "eval_env_factory and give their options in eval_sets)"
@@ -225,7 +226,7 @@ def check_credit(episodes: Sequence[Any], config: TrainConfig) -> None:
             if credit is None:
                 if config.credit_mode == "process":
                     continue  # rows from before credit was recorded held process rewards
-                raise ValueError(
+                raise SettingsError(
                     f"an action of episode {episode.episode_id} does not say under which "
                     f"credit its reward was paid, and credit_mode={config.credit_mode!r} "
                     "cannot be taken on trust: roll it out again with this version"
@@ -233,7 +234,7 @@ def check_credit(episodes: Sequence[Any], config: TrainConfig) -> None:
             keys = ("mode", *used.get(config.credit_mode, ()))
             differ = {k: credit.get(k) for k in keys if credit.get(k) != wanted[k]}
             if differ:
-                raise ValueError(
+                raise SettingsError(
                     f"episode {episode.episode_id} was paid under credit {differ}, but the "
                     f"config asks for { ({k: wanted[k] for k in differ}) }: the environment "
                     "owns the reward, so make the env_factory's environments with "

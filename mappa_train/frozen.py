@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from mappa_env.errors import SettingsError
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["frozen_policies", "is_remote_spec", "load_causal_lm", "select_trained_agents"]
@@ -47,7 +49,7 @@ def select_trained_agents(
     else:
         unknown = [a for a in wanted if a not in agents]
         if unknown:
-            raise ValueError(
+            raise SettingsError(
                 f"train_agents names {unknown}, which environment {env!r} "
                 f"does not have; its agents: {list(agents)}"
             )
@@ -55,7 +57,7 @@ def select_trained_agents(
     remote = {a: specs[a] for a in trained if is_remote_spec(specs[a])}
     if remote:
         frozen_hint = [a for a in trained if a not in remote]
-        raise ValueError(
+        raise SettingsError(
             f"cannot train {remote}: a model behind an API or a vLLM server has no "
             "local weights to update. Give these agents a local model (an HF id or "
             "path) in `system`, or train only the others "

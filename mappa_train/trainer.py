@@ -46,6 +46,7 @@ from mappa_agents.runner import RolloutRunner
 from mappa_agents.seeds import derive_seed
 from mappa_agents.system import AgentSystem, parse_system_spec
 from mappa_agents.trajectory import ActionSample, EpisodeResult, save_jsonl
+from mappa_env.errors import SettingsError
 from mappa_train import checkpoint as ckpt
 from mappa_train.advantages import fill_advantages, prepared_rows, usable_actions
 from mappa_train.algorithms.registry import get_estimator
@@ -142,7 +143,7 @@ class Trainer:
         self.agents: list[str] = facts.agents
         self.task_ids: list[str] = facts.task_ids
         if not self.task_ids:
-            raise ValueError("the training environment exposes no tasks to sample from")
+            raise SettingsError("the training environment exposes no tasks to sample from")
         self.isolation: dict[str, Any] = facts.isolation
         """What agents' code runs under (``config.json``, metrics, the summary)."""
         self.eval_task_ids: list[str] = read_env(self.eval_env_factory).task_ids
@@ -157,7 +158,7 @@ class Trainer:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         if self.dtype == torch.float16:
-            raise ValueError(
+            raise SettingsError(
                 "dtype float16 needs loss scaling, which this trainer does not do: "
                 "use bfloat16 (or float32)"
             )

@@ -65,3 +65,20 @@ def test_a_run_dir_without_checkpoints_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"mappa eval: {run} holds no complete checkpoint")
     assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("flags", "start"),
+    [
+        (["--train-agents", "nobody"], "train_agents names ['nobody']"),
+        (["--advantage-estimator", "nope"], "unknown advantage estimator 'nope'"),
+    ],
+)
+def test_a_setting_the_trainer_refuses_is_one_line(tmp_path, capsys, flags, start):
+    from mappa_train.command import main
+
+    argv = ["train", "--output-dir", str(tmp_path / "run"), "--sandbox", "none", *flags]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"mappa train: {start}")
+    assert len(err.splitlines()) == 1

@@ -22,6 +22,8 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, overload
 
+from mappa_env.errors import SettingsError
+
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -228,7 +230,7 @@ def get_estimator(name: str) -> AdvantageEstimator:
     """
     entry = _ESTIMATORS.get(name)
     if entry is None:
-        raise ValueError(
+        raise SettingsError(
             f"unknown advantage estimator {name!r}; registered: {list(estimator_names())}. "
             "Register your own with mappa_train.register_estimator(name, fn) (or the "
             "@register_estimator(name) decorator) before building the TrainConfig."
