@@ -47,10 +47,11 @@ Where they differ, and why:
   group-normalised rewards: mappa ``(r - mean_g) / (std_g + 1e-6)`` with the population
   std, TRL ``/ (std_g + 1e-4)`` with the sample std. mappa groups rows by their prompt
   ids, TRL by position; every prompt of a step is distinct, so the groups are the same.
-- Old log-probs. mappa always runs a no-grad pass for the old log-probs (and one for
-  the reference). TRL, with one optimizer step per generation batch and without its
-  vLLM importance-sampling correction, uses the detached log-probs of the loss pass and
-  skips that pass: its fastest valid setting, and the same loss at ratio 1. With
+- Old log-probs. mappa, with ``advantage_estimator: grpo`` and one optimizer step,
+  skips the no-grad pass for the old log-probs (``old_logprob_pass: auto``) and uses the
+  loss pass's detached log-probs; it still runs the reference pass. TRL, with one
+  optimizer step per generation batch and without its vLLM importance-sampling
+  correction, does the same: its fastest valid setting, and the same loss at ratio 1. With
   ``--trl-importance-sampling`` it runs the pass and reweights by vLLM's log-probs
   (TRL's default with vLLM; mappa has no such correction).
 - TRL's loss pass also computes every token's entropy (for its logs); mappa's does not.
@@ -803,8 +804,9 @@ DIFFERENCES = [
     "advantages: both group-normalised (mappa advantage_estimator=grpo, population std + "
     "1e-6; TRL scale_rewards=group, sample std + 1e-4); REINFORCE++'s batch whitening has "
     "no TRL counterpart",
-    "old log-probs: mappa always runs a no-grad pass for them; TRL (one optimizer step per "
-    "generation, no vLLM importance sampling) reuses its loss pass's detached log-probs",
+    "old log-probs: both reuse the loss pass's detached log-probs (mappa old_logprob_pass="
+    "auto with grpo in one optimizer step; TRL one optimizer step per generation, no vLLM "
+    "importance sampling)",
     "TRL's loss pass also computes per-token entropies for its logs",
     "precision on CUDA: mappa bf16 weights + float32 master weights in the optimizer; TRL "
     "its default float32 weights under bf16 autocast (or --trl-dtype); float32 on CPU",

@@ -46,19 +46,23 @@ def usable_actions(samples: Sequence[Any], agent: str, mask_truncated: bool) -> 
     return kept, cut, invalid
 
 
-def prepared_rows(usable: Usable, scored: tuple[torch.Tensor, torch.Tensor] | None) -> PreparedRows:
+def prepared_rows(
+    usable: Usable, scored: tuple[torch.Tensor | None, torch.Tensor] | None
+) -> PreparedRows:
     """One agent's rows: rewards, old and reference log-probs ``[N, T]``, response mask.
 
     Args:
         usable: From :func:`usable_actions`.
-        scored: Old and reference log-probs of the kept actions (``None`` when none).
+        scored: Old and reference log-probs of the kept actions (``None`` when none; old
+            ``None`` when its pass was skipped, see
+            :func:`~mappa_train.update.needs_old_logprobs`).
     """
     kept, cut, invalid = usable
     if not kept or scored is None:
         empty = torch.zeros((0, 1))
         return PreparedRows([], torch.zeros(0), empty, empty, empty, cut, invalid)
     old, ref = scored
-    mask = torch.zeros_like(old)
+    mask = torch.zeros_like(ref)
     for i, sample in enumerate(kept):
         mask[i, : len(sample.response_ids)] = 1.0
     values = torch.tensor([s.trainable_reward for s in kept])
@@ -71,20 +75,32 @@ def fill_advantages(
     """Fill ``advantages`` (and the ``kl`` statistic) of every agent with actions.
 
     ``kl`` is the mask-weighted mean of :func:`~mappa_train.algorithms.reinforce_pp.kl_penalty`
-    of old against reference log-probs: ``sum(kl * mask) / sum(mask)``.
+    of old against reference log-probs: ``sum(kl * mask) / sum(mask)``. An agent whose
+    old-log-prob pass was skipped gets the same statistic from its update's loss pass
+    (:func:`~mappa_train.update.update_agent`), under the same name.
+
+    The estimator gets ``old_logprobs=None`` when it declared ``uses_old_logprobs=False``,
+    whether or not the pass ran.
 
     Raises:
-        ValueError: When the estimator leaves an agent out or answers in a wrong shape.
+        ValueError: When the estimator leaves an agent out or answers in a wrong shape,
+            or reads old log-probs that were not computed.
     """
     batches: dict[str, AgentBatch] = {}
     for agent, prep in prepared.items():
         if not prep.samples:
             continue
-        kl = kl_penalty(prep.old_logprobs, prep.ref_logprobs, config.kl_estimator)
-        prep.stats["kl"] = float((kl * prep.mask).sum() / prep.mask.sum())
+        if prep.old_logprobs is not None:
+            kl = kl_penalty(prep.old_logprobs, prep.ref_logprobs, config.kl_estimator)
+            prep.stats["kl"] = float((kl * prep.mask).sum() / prep.mask.sum())
+        elif estimator.uses_old_logprobs:
+            raise ValueError(
+                f"advantage estimator {config.advantage_estimator!r} reads old log-probs, "
+                f"but agent {agent!r}'s were not computed"
+            )
         batches[agent] = AgentBatch(
             rewards=prep.rewards,
-            old_logprobs=prep.old_logprobs,
+            old_logprobs=prep.old_logprobs if estimator.uses_old_logprobs else None,
             ref_logprobs=prep.ref_logprobs,
             mask=prep.mask,
             group_keys=[tuple(s.prompt_ids) for s in prep.samples],

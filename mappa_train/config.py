@@ -186,6 +186,15 @@ class TrainConfig:
     train_batch_size: int = 16
     """Actions per optimizer step (per agent); a step's rollouts are used once (one epoch)."""
 
+    old_logprob_pass: str = "auto"
+    """Whether the update's no-grad pass for the old log-probs runs: ``auto`` skips it
+    for an agent whose usable actions fit in one optimizer step (at most
+    ``train_batch_size``) when the advantage estimator does not read old log-probs
+    (``grpo``, ``rloo``; not ``reinforce_pp``, whose KL is in the rewards). The loss
+    pass's own detached log-probs are then the ratio's denominator (ratio 1, the plain
+    policy gradient, as TRL's GRPOTrainer does). ``always`` runs it every step, to
+    compare."""
+
     micro_batch_size: int = 4
     """Actions per forward/backward pass (gradient accumulation up to ``train_batch_size``).
     Actions of a mini-batch are grouped by length into micro-batches, so little of a
@@ -388,6 +397,7 @@ class TrainConfig:
             "rollout_engine": ("hf", "vllm"),
             "distributed": ("none", "ray"),
             "weight_sync": WEIGHT_SYNC_MODES,
+            "old_logprob_pass": ("auto", "always"),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

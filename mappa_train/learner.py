@@ -89,12 +89,15 @@ class Learner(Protocol):
         ...
 
     def start_logprobs(
-        self, rows: Sequence[TokenRows]
-    ) -> Pending[tuple[torch.Tensor, torch.Tensor]]:
+        self, rows: Sequence[TokenRows], *, old: bool = True
+    ) -> Pending[tuple[torch.Tensor | None, torch.Tensor]]:
         """Start scoring ``rows``: log-probs ``[N, T]`` (CPU) under the policy and the reference.
 
         Args:
             rows: The agent's usable actions of the step.
+            old: Score under the policy too; ``False`` skips that pass and answers
+                ``None`` in its place (the trainer decides, with
+                :func:`~mappa_train.update.needs_old_logprobs`).
         """
         ...
 
@@ -106,7 +109,9 @@ class Learner(Protocol):
         See :func:`mappa_train.update.update_agent` for the pass and the statistics.
 
         Args:
-            prep: The agent's rows with old and reference log-probs and advantages.
+            prep: The agent's rows with old (or ``None``: see
+                :func:`~mappa_train.update.update_agent`) and reference log-probs and
+                advantages.
             step: The step being trained (seeds the mini-batch shuffle).
             lr: The step's learning rate.
             kl_in_loss: Add the KL penalty to the loss (estimators that keep it out of

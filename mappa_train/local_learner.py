@@ -84,20 +84,25 @@ class LocalLearner:
             score, rows, config, pad_id=self.policy.pad_token_id, device=self.device
         )
 
-    def logprobs(self, rows: Sequence[TokenRows]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Old and reference log-probs ``[N, T]`` (CPU) of the agent's usable actions."""
+    def logprobs(
+        self, rows: Sequence[TokenRows], *, old: bool = True
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Old (``None`` without ``old``) and reference log-probs ``[N, T]`` (CPU)."""
         self.model.eval()
         if self.adapter is None:
-            return self._logprobs(self.model, rows), self._logprobs(self.ref_model, rows)
+            policy = self._logprobs(self.model, rows) if old else None
+            return policy, self._logprobs(self.ref_model, rows)
         self.model.set_adapter(self.adapter)
-        old = self._logprobs(self.model, rows)
+        policy = self._logprobs(self.model, rows) if old else None
         with self.model.disable_adapter():
             ref = self._logprobs(self.model, rows)
-        return old, ref
+        return policy, ref
 
-    def start_logprobs(self, rows: Sequence[TokenRows]) -> Done[tuple[torch.Tensor, torch.Tensor]]:
+    def start_logprobs(
+        self, rows: Sequence[TokenRows], *, old: bool = True
+    ) -> Done[tuple[torch.Tensor | None, torch.Tensor]]:
         """:meth:`logprobs`, finished before it returns."""
-        return Done(self.logprobs(rows))
+        return Done(self.logprobs(rows, old=old))
 
     def update(
         self, prep: PreparedRows, *, step: int, lr: float, kl_in_loss: bool

@@ -242,16 +242,20 @@ class RayLearner:
         """``pending``, or its result already when the groups work one after another."""
         return pending if self.at_once() else Done(pending.result())
 
-    def start_logprobs(self, rows: Sequence[TokenRows]) -> Any:
-        """Start the group's old and reference log-prob passes (one after the other)."""
+    def start_logprobs(self, rows: Sequence[TokenRows], *, old: bool = True) -> Any:
+        """Start the group's old (unless ``old`` is false) and reference log-prob passes."""
         light = token_rows(rows)
-        old = RayPending(self.group.start_logprobs(light, reference=False))
+        if not old:
+            ref = RayPending(self.group.start_logprobs(light, reference=True))
+            return self._started(RayPending(ref.refs, lambda values: (None, values[0])))
+        policy = RayPending(self.group.start_logprobs(light, reference=False))
         if not self.at_once():
-            old_value = old.result()
-            ref = self.group.logprobs(light, reference=True)
-            return Done((old_value, ref))
+            policy_value = policy.result()
+            ref_value = self.group.logprobs(light, reference=True)
+            return Done((policy_value, ref_value))
         ref = RayPending(self.group.start_logprobs(light, reference=True))
-        return RayPending(old.refs + ref.refs, lambda values: (values[0], values[len(old.refs)]))
+        count = len(policy.refs)
+        return RayPending(policy.refs + ref.refs, lambda values: (values[0], values[count]))
 
     def start_update(self, prep: PreparedRows, *, step: int, lr: float, kl_in_loss: bool) -> Any:
         """Start the group's PPO-clipped pass (rows travel as token ids only)."""

@@ -67,7 +67,7 @@ from mappa_train.plots import plot_history
 from mappa_train.resume import checkpoint_to_resume
 from mappa_train.schedule import warmup_cosine
 from mappa_train.stop_rules import UnscoredStopRule
-from mappa_train.update import PreparedRows
+from mappa_train.update import PreparedRows, needs_old_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -545,13 +545,21 @@ class Trainer:
 
     def score_agents(
         self, rows: dict[str, list[ActionSample]]
-    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    ) -> dict[str, tuple[torch.Tensor | None, torch.Tensor]]:
         """Old and reference log-probs of each agent's usable actions, from its learner.
 
-        Every agent's scoring starts before any is waited for (learners in other
-        processes then work at once).
+        Old log-probs are ``None`` where their pass is not needed
+        (:func:`~mappa_train.update.needs_old_logprobs`: an estimator that does not read
+        them, one optimizer step, ``old_logprob_pass="auto"``). Every agent's scoring
+        starts before any is waited for (learners in other processes then work at once).
         """
-        pending = {agent: self.learners[agent].start_logprobs(r) for agent, r in rows.items()}
+        uses_old = self.estimator.uses_old_logprobs
+        pending = {
+            agent: self.learners[agent].start_logprobs(
+                r, old=needs_old_logprobs(uses_old, len(r), self.config)
+            )
+            for agent, r in rows.items()
+        }
         return {agent: work.result() for agent, work in pending.items()}
 
     def _update(self, prepared: dict[str, PreparedRows], lr: float) -> dict[str, dict[str, float]]:

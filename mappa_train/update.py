@@ -44,11 +44,16 @@ Scorer = Callable[[PackedBatch], Tensor]
 
 @dataclass
 class PreparedRows:
-    """One agent's usable actions as padded tensors (CPU), ready for its update."""
+    """One agent's usable actions as padded tensors (CPU), ready for its update.
+
+    ``old_logprobs`` is ``None`` when the old-log-prob pass was skipped
+    (:func:`needs_old_logprobs`): :func:`update_agent` then takes the loss pass's own
+    detached log-probs as the ratio's denominator.
+    """
 
     samples: list[TokenRows]
     rewards: Tensor
-    old_logprobs: Tensor
+    old_logprobs: Tensor | None
     ref_logprobs: Tensor
     mask: Tensor
     masked_length: int = 0
@@ -100,6 +105,33 @@ class LocalReducer:
     def max(self, value: int) -> int:
         """``value`` itself."""
         return value
+
+
+def optimizer_steps(rows: int, config: TrainConfig) -> int:
+    """How many optimizer steps :func:`update_agent` takes on ``rows`` actions.
+
+    One epoch, cut into optimizer batches of ``train_batch_size``: ``ceil(rows / size)``.
+    """
+    return -(-rows // config.train_batch_size)
+
+
+def needs_old_logprobs(uses_old_logprobs: bool, rows: int, config: TrainConfig) -> bool:
+    """Whether an agent's update needs the no-grad pass for its old log-probs.
+
+    The pass can be skipped only when nothing reads its result before the update (the
+    estimator declared ``uses_old_logprobs=False``) and the update is one optimizer
+    step (``rows <= train_batch_size``): every loss pass then runs on the weights that
+    the old pass would have scored, so its detached log-probs are the old log-probs.
+    ``config.old_logprob_pass == "always"`` keeps it.
+
+    Args:
+        uses_old_logprobs: The advantage estimator's declaration.
+        rows: The agent's usable actions this step.
+        config: The run's settings.
+    """
+    if config.old_logprob_pass == "always" or uses_old_logprobs:
+        return True
+    return optimizer_steps(rows, config) > 1
 
 
 def row_length(sample: TokenRows) -> int:
@@ -208,6 +240,15 @@ def update_agent(
         L = ppo_clip_loss(logp, old, A, mask) [+ kl_coef * mean_t kl(logp, ref)]
         (L * n_micro / n_batch).backward()
 
+    Without old log-probs (``prep.old_logprobs is None``, the pass skipped by
+    :func:`needs_old_logprobs`; one optimizer step only) ``old = stop_grad(logp)``, the
+    loss pass's own log-probs: ``ratio = exp(logp - stop_grad(logp)) = 1``, so the clip
+    never binds and ``grad L = -mean_t A_t grad logp_t``, the plain policy gradient, which
+    is also what the clipped loss's gradient is at the first step with the pass (its old
+    log-probs equal ``logp`` up to float rounding). The ``kl`` statistic, which the
+    trainer otherwise takes from the old pass, is then this pass's token mean of
+    ``kl(logp, ref)``: the same weights, so the same quantity.
+
     Args:
         score: Log-probs of a packed batch under the model being trained (with grad).
         optimizer: The agent's optimizer (``param_groups`` hold what it trains).
@@ -225,16 +266,28 @@ def update_agent(
     Returns:
         ``loss`` (mean over optimizer steps), token-weighted ``clip_fraction``, mean
         ``grad_norm``, ``optimizer_steps``, ``tokens`` and ``response_tokens`` (over
-        the whole group).
+        the whole group); ``kl`` too when ``prep.old_logprobs`` is ``None``.
+
+    Raises:
+        ValueError: When ``prep.old_logprobs`` is ``None`` but the rows make more than
+            one optimizer step (later steps need the weights before the first).
     """
     reducer = reducer or LocalReducer()
+    reuse = prep.old_logprobs is None
+    if reuse and optimizer_steps(len(prep.samples), config) > 1:
+        raise ValueError(
+            f"agent {agent!r}: {len(prep.samples)} rows make "
+            f"{optimizer_steps(len(prep.samples), config)} optimizer steps of "
+            f"{config.train_batch_size}; only one can do without old log-probs"
+        )
     order = np.random.default_rng(derive_seed(config.seed, "minibatch", step, agent)).permutation(
         len(prep.samples)
     )
     assert prep.advantages is not None, "advantages are filled in before the update"
-    # Summed over the pass, reduced once at the end: loss, clipped and valid tokens (on
-    # the device), tokens and response tokens (on the host).
-    totals = torch.zeros(3, dtype=torch.float64, device=device)
+    # Summed over the pass, reduced once at the end: loss, clipped and valid tokens, the
+    # KL to the reference (without old log-probs) (on the device), tokens and response
+    # tokens (on the host).
+    totals = torch.zeros(4, dtype=torch.float64, device=device)
     tokens = response_tokens = 0
     norms: list[Tensor] = []
     for start in range(0, len(order), config.train_batch_size):
@@ -252,18 +305,17 @@ def update_agent(
             # a blocking host-to-device copy in between would wait for the GPU queue.
             batch = pack([s.prompt_ids for s in rows], [s.response_ids for s in rows], pad_id)
             batch = batch.to(device)
-            old, adv, mask = (
-                move_to(t, device)
-                for t in (
-                    prep.old_logprobs[micro, :width],
-                    prep.advantages[micro, :width],
-                    cpu_mask,
-                )
-            )
-            logp = score(batch)
-            loss = ppo_clip_loss(logp, old, adv, mask, config.clip_eps, config.clip_eps_high)
-            if kl_in_loss and config.kl_coef:
+            adv, mask = (move_to(t, device) for t in (prep.advantages[micro, :width], cpu_mask))
+            if prep.old_logprobs is not None:
+                old = move_to(prep.old_logprobs[micro, :width], device)
+            if reuse or (kl_in_loss and config.kl_coef):
                 ref = move_to(prep.ref_logprobs[micro, :width], device)
+            logp = score(batch)
+            if reuse:
+                old = logp.detach()  # ratio exp(logp - stop_grad(logp)) = 1
+            loss = ppo_clip_loss(logp, old, adv, mask, config.clip_eps, config.clip_eps_high)
+            kl = None
+            if kl_in_loss and config.kl_coef:
                 kl = kl_penalty(logp, ref, config.kl_estimator)
                 loss = loss + config.kl_coef * (kl * mask).sum() / mask.sum().clamp(min=1)
             weight = float(cpu_mask.sum()) / max(total, 1.0)
@@ -276,8 +328,18 @@ def update_agent(
                 # micro-batch would stall the GPU queue every time.
                 valid = mask.sum()
                 clipped = clip_fraction(logp, old, mask, config.clip_eps, config.clip_eps_high)
+                kl_sum = torch.zeros((), device=valid.device)
+                if reuse:
+                    if kl is None:
+                        kl = kl_penalty(logp.detach(), ref, config.kl_estimator)
+                    kl_sum = (kl.detach() * mask).sum()
                 totals += torch.stack(
-                    [loss.detach().double() * weight, (clipped * valid).double(), valid.double()]
+                    [
+                        loss.detach().double() * weight,
+                        (clipped * valid).double(),
+                        valid.double(),
+                        kl_sum.double(),
+                    ]
                 )
                 tokens += sum(row_length(s) for s in rows)
                 response_tokens += sum(len(s.response_ids) for s in rows)
@@ -290,10 +352,10 @@ def update_agent(
     # agents' updates and the rollouts (4 bytes per weight in float32).
     optimizer.zero_grad(set_to_none=True)
     counts = torch.tensor([float(tokens), float(response_tokens)], dtype=torch.float64)
-    loss_sum, clipped, valid, all_tokens, all_response = reducer.sum(
+    loss_sum, clipped, valid, kl_sum, all_tokens, all_response = reducer.sum(
         torch.cat([totals.cpu(), counts])
     ).tolist()
-    return {
+    stats = {
         "loss": loss_sum / max(1, len(norms)),
         "clip_fraction": clipped / max(valid, 1.0),
         "grad_norm": float(torch.stack(norms).float().mean()),
@@ -301,3 +363,6 @@ def update_agent(
         "tokens": all_tokens,
         "response_tokens": all_response,
     }
+    if reuse:
+        stats["kl"] = kl_sum / max(valid, 1.0)
+    return stats

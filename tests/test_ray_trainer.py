@@ -189,6 +189,47 @@ def test_the_groups_work_at_once_only_when_told(tmp_path, monkeypatch, at_once):
     assert {agent for _, agent, _ in events} == set(agents)
 
 
+@pytest.mark.parametrize("at_once", [True, False])
+def test_a_group_skips_the_old_pass_where_the_trainer_needs_none(tmp_path, monkeypatch, at_once):
+    # GRPO (no old log-probs read) with one optimizer step: only the reference pass runs
+    # on the ranks, decided by the loop exactly as for in-process learners.
+    import types
+
+    from mappa_train import ray_learner
+    from mappa_train.ray_learner import RayLearner, TokenRow
+
+    passes = []
+
+    class Group(_RecordingGroup):
+        def start_logprobs(self, rows, *, reference):
+            passes.append((self.agent, reference))
+            return super().start_logprobs(rows, reference=reference)
+
+        def logprobs(self, rows, *, reference):
+            passes.append((self.agent, reference))
+            return super().logprobs(rows, reference=reference)
+
+    def fake_get(refs):
+        return [torch.zeros(1, 1) for _ in (refs if isinstance(refs, list) else [refs])]
+
+    monkeypatch.setattr(ray_learner, "import_ray", lambda: types.SimpleNamespace(get=fake_get))
+    config = _config(tmp_path, tiny_model_dir(tmp_path / "model"), distributed="ray",
+                     advantage_estimator="grpo", agents_in_parallel=at_once)  # fmt: skip
+    trainer = _trainer(RayTrainer, config, LetterPairEnv)
+    agents = ("writer", "editor")
+    trainer.learners = {
+        a: RayLearner(a, None, None, None, "", Group(a, []), sync=None, at_once=lambda: at_once)
+        for a in agents
+    }
+    sample = TokenRow(prompt_ids=[1], response_ids=[2])
+    scored = trainer.score_agents({a: [sample] for a in agents})
+    assert sorted(passes) == [("editor", True), ("writer", True)]
+    assert all(old is None and ref.shape == (1, 1) for old, ref in scored.values())
+    passes.clear()
+    scored = trainer.score_agents({a: [sample] * 5 for a in agents})  # two optimizer steps
+    assert sorted(passes) == sorted((a, ref) for a in agents for ref in (False, True))
+
+
 def test_agents_at_once_decides_from_the_groups_gpus():
     from mappa_train.ray_trainer import agents_at_once
 

@@ -719,9 +719,9 @@ def test_a_backend_of_ones_own_plugs_in_without_touching_the_loop(tmp_path):
         def rollout_policy(self):
             return self.inner.rollout_policy
 
-        def start_logprobs(self, rows):
+        def start_logprobs(self, rows, **options):
             calls.append("logprobs")
-            return self.inner.start_logprobs(rows)
+            return self.inner.start_logprobs(rows, **options)
 
         def start_update(self, prep, **options):
             calls.append("update")

@@ -44,8 +44,8 @@ def group_estimate(group_advantages: GroupAdvantagesFn) -> EstimateFn:
     Each agent's action advantages come from ``group_advantages(rewards, group_keys)``
     and every valid token of an action gets its action's advantage; the number of
     actions alone in their group is reported as the ``group_singletons`` stat. The KL
-    penalty is left to the trainer's loss (the estimator is registered with
-    ``kl_in_reward=False``).
+    penalty is left to the trainer's loss, and the old log-probs are never read (the
+    estimator is registered with ``kl_in_reward=False`` and ``uses_old_logprobs=False``).
 
     Args:
         group_advantages: e.g. :func:`~mappa_train.algorithms.grpo.grpo_advantages`.

@@ -38,5 +38,9 @@ def grpo_advantages(
     return advantages, singletons
 
 
-GRPO = AdvantageEstimator(group_estimate(grpo_advantages), kl_in_reward=False, name="grpo")
-"""GRPO per agent; the trainer adds ``kl_coef * KL`` to the loss."""
+GRPO = AdvantageEstimator(
+    group_estimate(grpo_advantages), kl_in_reward=False, name="grpo", uses_old_logprobs=False
+)
+"""GRPO per agent; the trainer adds ``kl_coef * KL`` to the loss. It reads rewards and
+group keys only (no old log-probs), so with one optimizer step the old-log-prob pass is
+skipped."""

@@ -17,6 +17,7 @@ This module imports nothing heavy: ``Tensor`` appears in annotations only.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +41,10 @@ class AgentBatch:
     Attributes:
         rewards: ``[N]`` scalar reward of each action (after credit assignment).
         old_logprobs: ``[N, T]`` log-probs of the sampled tokens under the policy that
-            sampled them (at the rollout temperature).
+            sampled them (at the rollout temperature); ``None`` for an estimator
+            registered with ``uses_old_logprobs=False``, whatever
+            ``TrainConfig.old_logprob_pass`` says (the trainer may then skip the pass
+            that computes them, and never fills them with anything else).
         ref_logprobs: ``[N, T]`` the same under the frozen reference model.
         mask: ``[N, T]`` 1.0 on valid response tokens, 0.0 on padding.
         group_keys: ``N`` hashable keys, equal for actions of the same prompt (the
@@ -48,7 +52,7 @@ class AgentBatch:
     """
 
     rewards: Tensor
-    old_logprobs: Tensor
+    old_logprobs: Tensor | None
     ref_logprobs: Tensor
     mask: Tensor
     group_keys: Sequence[Hashable]
@@ -74,7 +78,7 @@ EstimateFn = Callable[[Mapping[str, AgentBatch], "TrainConfig"], Mapping[str, Ag
 
 @dataclass(frozen=True)
 class AdvantageEstimator:
-    """An advantage estimator: the function and where it wants the KL penalty.
+    """An advantage estimator: the function, where it wants the KL penalty, what it reads.
 
     Attributes:
         estimate: ``(batches, config) -> {agent: AgentAdvantages}``. ``batches`` holds
@@ -86,11 +90,18 @@ class AdvantageEstimator:
             into the advantages itself (REINFORCE++'s token rewards); ``False`` makes
             the trainer add ``kl_coef * KL`` to the loss instead (GRPO, RLOO).
         name: The name it was registered under (set by :func:`register_estimator`).
+        uses_old_logprobs: Whether ``estimate`` reads :attr:`AgentBatch.old_logprobs`
+            (``True``, the safe default: REINFORCE++ folds ``KL(old, ref)`` into its
+            token rewards). ``False`` promises it does not (GRPO and RLOO read rewards,
+            mask and group keys only): it then gets ``old_logprobs=None``, and when an
+            agent's batch is one optimizer step the trainer skips the no-grad pass that
+            computes them (see ``TrainConfig.old_logprob_pass``).
     """
 
     estimate: EstimateFn
     kl_in_reward: bool = False
     name: str = ""
+    uses_old_logprobs: bool = True
 
     def __call__(
         self, batches: Mapping[str, AgentBatch], config: TrainConfig
@@ -116,6 +127,7 @@ def register_estimator(
     estimator: None = None,
     *,
     kl_in_reward: bool | None = None,
+    uses_old_logprobs: bool | None = None,
     replace: bool = False,
 ) -> Callable[[EstimateFn], AdvantageEstimator]: ...
 
@@ -126,6 +138,7 @@ def register_estimator(
     estimator: AdvantageEstimator | EstimateFn | str,
     *,
     kl_in_reward: bool | None = None,
+    uses_old_logprobs: bool | None = None,
     replace: bool = False,
 ) -> AdvantageEstimator | str: ...
 
@@ -135,6 +148,7 @@ def register_estimator(
     estimator: AdvantageEstimator | EstimateFn | str | None = None,
     *,
     kl_in_reward: bool | None = None,
+    uses_old_logprobs: bool | None = None,
     replace: bool = False,
 ) -> AdvantageEstimator | str | Callable[[EstimateFn], AdvantageEstimator]:
     """Register an advantage estimator under ``name``; also usable as a decorator.
@@ -156,6 +170,10 @@ def register_estimator(
             advantages (default ``False``: the trainer adds ``kl_coef * KL`` to the
             loss). Not allowed with an :class:`AdvantageEstimator` or a path, which
             carry their own.
+        uses_old_logprobs: For a function: whether it reads ``batch.old_logprobs``
+            (default ``True``; ``False`` lets the trainer skip the old-log-prob pass,
+            see :attr:`AdvantageEstimator.uses_old_logprobs`). Not allowed with an
+            :class:`AdvantageEstimator` or a path either.
         replace: Allow replacing an estimator already registered under ``name``.
 
     Returns:
@@ -164,7 +182,8 @@ def register_estimator(
 
     Raises:
         ValueError: When ``name`` is taken (and ``replace`` is false), empty, or a path
-            is malformed, or ``kl_in_reward`` is given with an :class:`AdvantageEstimator`.
+            is malformed, or ``kl_in_reward`` or ``uses_old_logprobs`` is given with an
+            :class:`AdvantageEstimator` or a path.
         TypeError: When ``estimator`` is none of the accepted kinds.
     """
     if not isinstance(name, str) or not name.strip():
@@ -178,24 +197,41 @@ def register_estimator(
 
         def decorator(function: EstimateFn) -> AdvantageEstimator:
             return register_estimator(  # type: ignore[return-value]
-                name, function, kl_in_reward=kl_in_reward, replace=replace
+                name,
+                function,
+                kl_in_reward=kl_in_reward,
+                uses_old_logprobs=uses_old_logprobs,
+                replace=replace,
             )
 
         return decorator
     entry: _Entry
+    given = [
+        option
+        for option, value in (
+            ("kl_in_reward", kl_in_reward),
+            ("uses_old_logprobs", uses_old_logprobs),
+        )
+        if value is not None
+    ]
     if isinstance(estimator, AdvantageEstimator):
-        if kl_in_reward is not None:
+        if given:
             raise ValueError(
-                "kl_in_reward is set on the AdvantageEstimator itself; do not pass it again"
+                f"{given[0]} is set on the AdvantageEstimator itself; do not pass it again"
             )
-        entry = AdvantageEstimator(estimator.estimate, estimator.kl_in_reward, name)
+        entry = dataclasses.replace(estimator, name=name)
     elif isinstance(estimator, str):
-        if kl_in_reward is not None:
-            raise ValueError("kl_in_reward is set on the AdvantageEstimator the path names")
+        if given:
+            raise ValueError(f"{given[0]} is set on the AdvantageEstimator the path names")
         _split_path(estimator)
         entry = estimator
     elif callable(estimator):
-        entry = AdvantageEstimator(estimator, bool(kl_in_reward), name)
+        entry = AdvantageEstimator(
+            estimator,
+            bool(kl_in_reward),
+            name,
+            uses_old_logprobs=True if uses_old_logprobs is None else uses_old_logprobs,
+        )
     else:
         raise TypeError(
             "an estimator is an AdvantageEstimator, a function (batches, config) -> "
@@ -241,7 +277,7 @@ def get_estimator(name: str) -> AdvantageEstimator:
     loaded = getattr(importlib.import_module(module_name), attribute)
     if not isinstance(loaded, AdvantageEstimator):
         raise TypeError(f"{entry!r} (estimator {name!r}) is not an AdvantageEstimator")
-    estimator = AdvantageEstimator(loaded.estimate, loaded.kl_in_reward, name)
+    estimator = dataclasses.replace(loaded, name=name)
     _ESTIMATORS[name] = estimator
     return estimator
 

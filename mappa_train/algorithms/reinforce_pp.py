@@ -244,6 +244,9 @@ def reinforce_pp_estimate(
     Returns:
         Agent -> advantages.
     """
+    for agent, batch in batches.items():
+        if batch.old_logprobs is None:
+            raise ValueError(f"reinforce_pp needs old log-probs; agent {agent!r} has none")
     returns = {
         agent: reinforce_pp_returns(
             batch.rewards,
@@ -267,7 +270,9 @@ def reinforce_pp_estimate(
     return {agent: AgentAdvantages(values) for agent, values in zip(returns, whitened)}
 
 
-REINFORCE_PP = AdvantageEstimator(reinforce_pp_estimate, kl_in_reward=True, name="reinforce_pp")
+REINFORCE_PP = AdvantageEstimator(
+    reinforce_pp_estimate, kl_in_reward=True, name="reinforce_pp", uses_old_logprobs=True
+)
 """REINFORCE++ (the paper's algorithm): KL folded into the token rewards, batch whitening."""
 
 

@@ -36,5 +36,9 @@ def rloo_advantages(rewards: Tensor, group_ids: Sequence[Hashable]) -> tuple[Ten
     return advantages, singletons
 
 
-RLOO = AdvantageEstimator(group_estimate(rloo_advantages), kl_in_reward=False, name="rloo")
-"""RLOO per agent; the trainer adds ``kl_coef * KL`` to the loss."""
+RLOO = AdvantageEstimator(
+    group_estimate(rloo_advantages), kl_in_reward=False, name="rloo", uses_old_logprobs=False
+)
+"""RLOO per agent; the trainer adds ``kl_coef * KL`` to the loss. It reads rewards and
+group keys only (no old log-probs), so with one optimizer step the old-log-prob pass is
+skipped."""
