@@ -32,7 +32,7 @@ def _config(**overrides) -> TrainConfig:
         "output_dir": "unused",
         "seed": 3,
     }
-    settings.update(overrides)
+    settings.update({k: v for k, v in overrides.items() if k != "skip_old"})
     return TrainConfig(**settings)
 
 
@@ -47,14 +47,16 @@ def _rows(count: int, vocab: int) -> list[SimpleNamespace]:
     return rows
 
 
-def _prep(rows, old: torch.Tensor, ref: torch.Tensor) -> PreparedRows:
+def _prep(rows, old: torch.Tensor, ref: torch.Tensor, skip_old: bool = False) -> PreparedRows:
+    """The rows' prepared update; without old log-probs (the pass skipped) if ``skip_old``."""
     mask = torch.zeros_like(old)
     for i, row in enumerate(rows):
         mask[i, : len(row.response_ids)] = 1.0
     generator = torch.Generator().manual_seed(5)
     advantages = torch.randn(old.shape, generator=generator) * mask
     rewards = torch.zeros(len(rows))
-    return PreparedRows(list(rows), rewards, old, ref, mask, advantages=advantages)
+    kept = None if skip_old else old
+    return PreparedRows(list(rows), rewards, kept, ref, mask, advantages=advantages)
 
 
 def _load(model_dir: Path):
@@ -64,7 +66,7 @@ def _load(model_dir: Path):
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
 
 
-def _single_process(model_dir: Path, count: int, config: TrainConfig):
+def _single_process(model_dir: Path, count: int, config: TrainConfig, skip_old: bool = False):
     from mappa_train.logprobs import response_logprobs
 
     model, ref = _load(model_dir), _load(model_dir)
@@ -75,7 +77,7 @@ def _single_process(model_dir: Path, count: int, config: TrainConfig):
 
     old = shard_logprobs(score, rows, config, pad_id=0, device="cpu")
     ref_lp = shard_logprobs(lambda b: score(b, ref), rows, config, pad_id=0, device="cpu")
-    prep = _prep(rows, old, ref_lp)
+    prep = _prep(rows, old, ref_lp, skip_old)
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=config.lr,
@@ -123,7 +125,7 @@ def _rank_main(rank: int, port: int, model_dir: str, count: int, out: str, overr
         learner = ShardedLearner("solver", model, ref, config, mesh=mesh, pad_id=0)
         old = learner.logprobs(rows)
         ref_lp = learner.logprobs(rows, reference=True)
-        prep = _prep(rows, old, ref_lp)
+        prep = _prep(rows, old, ref_lp, overrides.get("skip_old", False))
         stats = [
             learner.update(prep, step=step, lr=config.lr, kl_in_loss=True) for step in range(STEPS)
         ]
@@ -170,20 +172,28 @@ def _run_group(model_dir: Path, count: int, out: Path, overrides: dict) -> dict:
         # and 0 micro-batches, so rank 1 has no rows and makes one filler pass.
         (5, {}),
         (6, {"micro_batch_tokens": 24, "train_batch_size": 6}),  # token-budget batches
+        # One optimizer step without old log-probs (the pass skipped): the loss pass's
+        # own, and the KL statistic from it, reduced over the ranks.
+        (5, {"train_batch_size": 5, "skip_old": True}),
     ],
 )
 def test_two_ranks_train_as_one_process(tmp_path, count, overrides):
     model_dir = tiny_model_dir(tmp_path / "model")
     config = _config(**overrides)
-    old, ref, stats, weights = _single_process(model_dir, count, config)
+    old, ref, stats, weights = _single_process(
+        model_dir, count, config, overrides.get("skip_old", False)
+    )
     group = _run_group(model_dir, count, tmp_path / "rank0.pt", overrides)
 
     # Old and reference log-probs, from which the driver computes KL and advantages.
     torch.testing.assert_close(group["old"], old, rtol=0, atol=1e-5)
     torch.testing.assert_close(group["ref"], ref, rtol=0, atol=1e-5)
     for single, sharded in zip(stats, group["stats"]):
-        for key in ("loss", "clip_fraction", "grad_norm", "optimizer_steps", "tokens"):
-            assert sharded[key] == pytest.approx(single[key], rel=1e-5, abs=1e-5), key
+        assert sharded.keys() == single.keys()
+        assert ("kl" in single) == overrides.get("skip_old", False)
+        for key in ("loss", "clip_fraction", "grad_norm", "optimizer_steps", "tokens", "kl"):
+            if key in single:
+                assert sharded[key] == pytest.approx(single[key], rel=1e-5, abs=1e-5), key
     start = _load(model_dir).state_dict()
     moved = max(float((weights[k] - start[k]).abs().max()) for k in weights)
     assert moved > 1e-3  # the comparison below is of weights that trained
