@@ -65,7 +65,7 @@ def test_an_estimator_that_does_not_read_old_logprobs_gets_none():
 
 
 def _train(tmp_path, model_dir, name, **changes):
-    """One step on Letter-v0: its metrics, the writer's weights and its scoring passes."""
+    """Train on Letter-v0: the last step's metrics, the writer's weights, its scoring passes."""
     from mappa_train import logprobs
     from mappa_train.trainer import Trainer
 
@@ -87,7 +87,7 @@ def _train(tmp_path, model_dir, name, **changes):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("mappa_train.local_learner.response_logprobs", counting)
-        (metrics,) = trainer.train()
+        metrics = trainer.train()[-1]
     weights = {
         k: v.detach().clone() for k, v in trainer.learners["writer"].model.state_dict().items()
     }
@@ -113,15 +113,18 @@ def test_the_pass_is_skipped_for_grpo_in_one_step_and_kept_otherwise(tmp_path, m
 
 
 def test_skipping_the_pass_changes_no_weight(tmp_path, model_dir):
+    # Two steps: the second starts away from the reference, so its KL is not 0.
     auto, auto_weights, auto_passes = _train(
-        tmp_path, model_dir, "auto", advantage_estimator="grpo"
+        tmp_path, model_dir, "auto", advantage_estimator="grpo", steps=2
     )
     always, always_weights, always_passes = _train(
-        tmp_path, model_dir, "always", advantage_estimator="grpo", old_logprob_pass="always"
-    )
-    assert (auto_passes, always_passes) == (["ref"], ["old", "ref"])
+        tmp_path, model_dir, "always", advantage_estimator="grpo", old_logprob_pass="always",
+        steps=2,
+    )  # fmt: skip
+    assert (auto_passes, always_passes) == (["ref"] * 2, ["old", "ref"] * 2)
     assert auto["writer/clip_fraction"] == 0.0  # ratio exactly 1
     # The KL statistic comes from the loss pass instead, the same weights.
+    assert always["writer/kl"] > 0
     assert auto["writer/kl"] == pytest.approx(always["writer/kl"], rel=1e-5, abs=1e-7)
     assert auto["writer/loss"] == pytest.approx(always["writer/loss"], rel=1e-5, abs=1e-7)
     assert auto["writer/grad_norm"] > 0
