@@ -5,12 +5,43 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_sizes(parser: Any, text: str, flag: str = "--samples") -> list[int]:
+    """Comma-separated positive integers (an argparse error naming ``flag`` otherwise)."""
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        parser.error(f"{flag} takes comma-separated positive integers, got {text!r}")
+    return sizes
+
+
+def git_commit() -> str | None:
+    """The checkout's commit, with ``+dirty`` for uncommitted changes to tracked files."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit + ("+dirty" if dirty.strip() else "")
 
 
 def parse_variants(parser: Any, text: str, known: Sequence[str]) -> list[str]:

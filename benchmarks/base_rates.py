@@ -38,14 +38,13 @@ import argparse
 import json
 import math
 import re
-import subprocess
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import RESULTS_DIR, machine_info, parse_variants, print_table
+from benchmarks._common import RESULTS_DIR, git_commit, machine_info, parse_variants, print_table
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_NAME = "base_rates"
@@ -119,24 +118,6 @@ def rate_row(successes: int, n: int) -> dict[str, Any]:
         "rate": successes / n if n else None,
         "ci95": [low, high],
     }
-
-
-def git_commit() -> str | None:
-    """The commit measured (with ``+dirty`` for uncommitted changes to tracked files)."""
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return commit + ("+dirty" if dirty.strip() else "")
 
 
 def _mentions(text: str, answer: str) -> bool:

@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import RESULTS_DIR, print_table, write_results
+from benchmarks._common import RESULTS_DIR, parse_sizes, print_table, write_results
 
 #: Engine name -> (``vllm.LLM`` arguments over mappa's, environment variables, calls).
 ENGINES: dict[str, tuple[dict[str, Any], dict[str, str], tuple[str, ...]]] = {
@@ -206,17 +206,6 @@ def table_rows(
                     }
                 )
     return rows
-
-
-def parse_sizes(parser: argparse.ArgumentParser, text: str) -> list[int]:
-    """``--samples`` as positive integers."""
-    try:
-        sizes = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        parser.error(f"--samples takes positive integers, got {text!r}")
-    return sizes
 
 
 def make_parser() -> argparse.ArgumentParser:

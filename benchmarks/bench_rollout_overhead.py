@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import mappa_env
-from benchmarks._common import RESULTS_DIR, print_table, write_results
+from benchmarks._common import RESULTS_DIR, parse_sizes, print_table, write_results
 from benchmarks.bench_train_gpu import VOCAB, word_level_tokenizer
 from benchmarks.bench_vs_trl import ENV_ENTRY
 from mappa_agents.policy import SamplingParams
@@ -319,17 +319,6 @@ def print_profile(
 
 
 # ------------------------------------------------------------------ the command
-
-
-def parse_sizes(parser: argparse.ArgumentParser, text: str) -> list[int]:
-    """Comma-separated positive sizes (argparse error otherwise)."""
-    try:
-        sizes = [int(part) for part in text.split(",") if part]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        parser.error(f"--samples takes positive integers, got {text!r}")
-    return sizes
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -105,7 +105,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from benchmarks._common import print_table, write_results
+from benchmarks._common import parse_sizes, print_table, write_results
 from mappa_env.coach.base import SCORE_MAX, CoachRequest
 from mappa_env.envs.pipeline import AgentSpec, PipelineEnv, ToolOutcome
 
@@ -870,17 +870,6 @@ def model_label(model: str) -> str:
     """The model's name in file names: ``smollm2`` for SmolLM2-135M, else its last part."""
     name = Path(model).name
     return "smollm2" if name.lower().startswith("smollm2") else name
-
-
-def parse_sizes(parser: argparse.ArgumentParser, text: str) -> list[int]:
-    """``--samples``: comma-separated positive integers."""
-    try:
-        sizes = [int(part) for part in text.split(",") if part]
-    except ValueError:
-        parser.error(f"--samples takes comma-separated integers, got {text!r}")
-    if not sizes or min(sizes) < 1:
-        parser.error(f"--samples takes positive integers, got {text!r}")
-    return sizes
 
 
 def make_parser() -> argparse.ArgumentParser:

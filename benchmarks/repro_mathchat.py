@@ -34,7 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import repro_report
-from benchmarks._common import RESULTS_DIR, machine_info, print_table, write_results
+from benchmarks._common import (
+    RESULTS_DIR,
+    git_commit,
+    machine_info,
+    print_table,
+    write_results,
+)
 from benchmarks.repro_collect import (
     PAUSES_FILE,
     PROVENANCE_FILE,
@@ -382,24 +388,6 @@ def gpu_names() -> list[str]:
     except (OSError, subprocess.SubprocessError):
         return []
     return [line.strip() for line in listed.splitlines() if line.strip()]
-
-
-def git_commit() -> str | None:
-    """The commit the runs were made with (with ``+dirty`` for uncommitted changes)."""
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return commit + ("+dirty" if dirty.strip() else "")
 
 
 def rubric_versions(recipe: Mapping[str, Any]) -> dict[str, Any]:
