@@ -82,3 +82,15 @@ def test_a_setting_the_trainer_refuses_is_one_line(tmp_path, capsys, flags, star
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"mappa train: {start}")
     assert len(err.splitlines()) == 1
+
+
+def test_an_audit_of_problems_it_cannot_solve_honestly_is_one_line(tmp_path, capsys):
+    from mappa_train.command import main
+
+    options = '{"tasks": {"n": 2, "seed": 1, "kinds": ["word_one_step"]}}'
+    argv = ["coach", "audit", "--env", "MathChat-v0", "--coach", "rules"]
+    argv += ["--out", str(tmp_path / "audit"), "--sandbox", "none", "--env-options", options]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "a MathChat audit needs problems of the form 'Compute <expression>.'" in err
+    assert len(err.splitlines()) == 1

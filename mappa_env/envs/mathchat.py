@@ -53,6 +53,7 @@ from mappa_env.envs.pipeline import (
     PipelineEnv,
     ToolOutcome,
 )
+from mappa_env.errors import SettingsError
 from mappa_env.grading.answers import code_executor_answer, stated_answer
 from mappa_env.grading.math import answers_match_any, extract_boxed
 from mappa_env.options import integer_option
@@ -532,11 +533,11 @@ class MathChatEnv(PipelineEnv):
         copies the code executor's final message (a right boxed answer) does its job.
 
         Raises:
-            ValueError: For a task whose problem is not "Compute <expression>.".
+            SettingsError: For a task whose problem is not "Compute <expression>.".
         """
         match = _COMPUTE.fullmatch(self.task.prompt)
         if match is None:
-            raise ValueError(
+            raise SettingsError(
                 f"a MathChat audit needs problems of the form 'Compute <expression>.' "
                 f"(generated 'expression' tasks, audit_env_options()); task {self.task.id!r} "
                 "is not one: pass such tasks, or none"
