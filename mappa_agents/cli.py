@@ -33,8 +33,10 @@ def env_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {
         "sandbox": None if args.sandbox == "none" else args.sandbox,
         "isolation": args.isolation,
-        "credit_mode": args.credit_mode,
     }
+    # A command that scores under one fixed credit (a coach audit) has no --credit-mode.
+    if getattr(args, "credit_mode", None) is not None:
+        options["credit_mode"] = args.credit_mode
     # The token budget the prompts state comes from the sampling flags, which commands
     # that generate nothing (a coach audit) do not take.
     if getattr(args, "max_new_tokens", None) is not None:
@@ -90,8 +92,14 @@ def _parse_env_options(pairs: Sequence[str]) -> dict[str, Any]:
     return options
 
 
-def add_env_arguments(parser: argparse.ArgumentParser) -> None:
-    """The environment's arguments (eval and serve): its id, tasks, coach, sandbox, credit."""
+def add_env_arguments(parser: argparse.ArgumentParser, *, credit: bool = True) -> None:
+    """The environment's arguments (eval and serve): its id, tasks, coach, sandbox, credit.
+
+    Args:
+        parser: The sub-command's parser.
+        credit: Whether the command takes ``--credit-mode``; a coach audit scores every
+            action under process credit, so a flag it would ignore is not offered.
+    """
     parser.add_argument(
         "--env",
         default="MathChat-v0",
@@ -152,6 +160,8 @@ def add_env_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "namespaces", "none"],
         help="confine agents' code in Linux namespaces (bubblewrap): auto = where it works",
     )
+    if not credit:
+        return
     parser.add_argument(
         "--credit-mode",
         "--reward-mode",  # its former name
@@ -551,7 +561,7 @@ def add_coach_parser(commands: Any) -> argparse.ArgumentParser:
         "placeholders, several answers) through the same path training uses, and report per "
         "family and agent how far the scores moved: audit.json, audit.md, audit.png.",
     )
-    add_env_arguments(parser)
+    add_env_arguments(parser, credit=False)
     parser.add_argument("--out", default="runs/coach-audit", help="output directory")
     parser.add_argument(
         "--contexts",
@@ -618,8 +628,6 @@ def run_coach_audit(args: argparse.Namespace) -> int:
         moved_points=args.moved_points,
     )
     env_options = env_options_from_args(args)
-    # The audit scores under process credit; its env options must not name one.
-    env_options.pop("credit_mode", None)
     done = {"shown": 0}
 
     def progress(finished: int, total: int) -> None:

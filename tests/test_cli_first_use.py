@@ -94,3 +94,19 @@ def test_an_audit_of_problems_it_cannot_solve_honestly_is_one_line(tmp_path, cap
     err = capsys.readouterr().err.strip()
     assert "a MathChat audit needs problems of the form 'Compute <expression>.'" in err
     assert len(err.splitlines()) == 1
+
+
+def test_an_audit_takes_no_credit_mode_and_refuses_one_given_as_an_option(tmp_path, capsys):
+    """The audit scores under process credit: a credit mode it would drop is refused."""
+    from mappa_train.command import main
+
+    argv = ["coach", "audit", "--env", "MathChat-v0", "--coach", "rules", "--sandbox", "none"]
+    argv += ["--out", str(tmp_path / "audit")]
+    with pytest.raises(SystemExit) as flag:
+        main([*argv, "--credit-mode", "outcome"])
+    assert flag.value.code == 2
+    assert "unrecognized arguments: --credit-mode" in capsys.readouterr().err
+    assert main([*argv, "--env-option", "credit_mode=outcome"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "['credit_mode'] are the audit's" in err
+    assert len(err.splitlines()) == 1

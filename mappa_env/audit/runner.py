@@ -33,6 +33,7 @@ from mappa_env.audit.battery import FAMILIES, PAYLOADS, AttackCase, build_batter
 from mappa_env.audit.report import AuditReport, CaseResult, family_stats
 from mappa_env.coach import Coach, CoachRequest, CoachVerdict, RulesCoach, cap_verdict, make_coach
 from mappa_env.coach.templates import unfenced
+from mappa_env.errors import SettingsError
 from mappa_env.tempdirs import make_temp_dir
 
 logger = logging.getLogger(__name__)
@@ -183,7 +184,7 @@ async def _audit(
     cls = env_class(env) if isinstance(env, str) else env
     reserved = sorted({"coach", "reveal", "credit_mode"} & set(env_options))
     if reserved:
-        raise ValueError(
+        raise SettingsError(
             f"env_options {reserved} are the audit's: pass the coach to audit_coach, "
             "the reveal policy in AuditConfig; it scores under process credit"
         )
