@@ -426,6 +426,24 @@ def test_mock_response_valid_verdict_with_cost():
     assert coach.ledger.summary()["cost_usd"] == verdict.cost_usd
 
 
+def test_every_llm_verdict_names_the_rubric_that_judged_it():
+    """Valid and invalid verdicts alike; the version follows the rubric's text."""
+    coach = new_coach("openai/x", mock_response="Fine.\nPROCESS_SCORE: 7")
+    verifier = coach.score(math_request(agent="verifier"))
+    solver = coach.score(math_request(agent="problem_solver"))
+    assert verifier.rubric_version.startswith(f"{TEMPLATE_VERSION}/verifier-")
+    assert solver.rubric_version.startswith(f"{TEMPLATE_VERSION}/problem_solver-")
+    again = coach.score(math_request(agent="verifier", task_id="another"))
+    assert again.rubric_version == verifier.rubric_version
+    reworded = coach.score(math_request(agent="verifier", rubric="Only the box matters."))
+    assert reworded.rubric_version != verifier.rubric_version
+    broken = new_coach("openai/x", mock_response="no score here", format_retries=0)
+    failed = broken.score(math_request(agent="verifier"))
+    assert not failed.valid
+    assert failed.rubric_version == verifier.rubric_version
+    assert failed.to_dict()["rubric_version"] == verifier.rubric_version
+
+
 def test_mock_rate_limit_exhausts_retries_into_invalid_verdict():
     coach = new_coach(
         "gemini/gemini-2.5-flash", max_retries=2, mock_response="litellm.RateLimitError", **FAST

@@ -158,9 +158,11 @@ class CoachVerdict:
         attempts: Calls made (retries and format corrections included).
         cached: True when the verdict came from a cache.
         error: What went wrong when invalid.
-        rubric_version: The version of the score table that judged the action (a
-            :class:`VersionedRubric` of the rules coach); ``None`` when the judge
-            names none (a plain rubric function, an LLM coach).
+        rubric_version: The version of what judged the action: a
+            :class:`VersionedRubric` of the rules coach, or an LLM coach's template
+            version with a digest of its rubric for the agent
+            (:meth:`~mappa_env.coach.templates.CoachTemplates.rubric_version`); ``None``
+            when the judge names none (a plain rubric function).
         capped_from: The coach's own score when the environment lowered it to the
             action's cap (:func:`cap_verdict`); ``None`` when no cap applied.
         failure: Why an invalid verdict has no score, by cause: ``"timeout"``,

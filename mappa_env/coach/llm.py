@@ -570,6 +570,7 @@ class LLMCoach:
         messages = self.templates.render(request, structured=structured)
         params = self.request_params()
         key = cache_key(self.model, messages, params, self.templates.version)
+        version = self.templates.rubric_version(request)
 
         if self.cache is not None:
             hit = await asyncio.to_thread(self.cache.get, key)
@@ -582,6 +583,7 @@ class LLMCoach:
                     latency_s=time.perf_counter() - started,
                     attempts=0,
                     cached=True,
+                    rubric_version=version,
                 )
                 self._record(request, verdict, None)
                 return verdict
@@ -606,6 +608,7 @@ class LLMCoach:
                 completion_tokens=bill.completion_tokens,
                 attempts=bill.attempts,
                 failure=failure.cause,
+                rubric_version=version,
             )
             logger.warning(
                 "coach %s: invalid verdict for %s/%s (%s after %d calls): %s",
@@ -629,6 +632,7 @@ class LLMCoach:
             prompt_tokens=bill.prompt_tokens,
             completion_tokens=bill.completion_tokens,
             attempts=bill.attempts,
+            rubric_version=version,
         )
         if self.cache is not None:
             entry = CachedVerdict(

@@ -211,6 +211,25 @@ class CoachTemplates:
                 return roles[agent]
         return env_rubric if env_rubric is not None else self.general_rubric
 
+    def rubric_version(self, request: CoachRequest) -> str:
+        """The version of what judges ``request``: this set's and its rubric's digest.
+
+        A template version alone does not say which rubric judged: an environment's own
+        rubric text (``request.rubric``) can change while the templates stay. The digest
+        covers the system prompt and the rubric text the prompt carries for this agent,
+        so two verdicts with the same version were asked for under the same criteria.
+
+        Args:
+            request: The action to judge.
+
+        Returns:
+            ``"<version>/<agent>-<digest>"``, e.g. ``"mappa-coach-v3/verifier-1a2b3c4d5e"``.
+        """
+        rubric = self.rubric_for(request.env_id, request.agent, request.rubric)
+        text = json.dumps([self.system_prompt, rubric])
+        digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+        return f"{self.version}/{request.agent}-{digest}"
+
     def reply_format(self, *, structured: bool) -> str:
         """The reply instructions for text or structured (JSON) output."""
         return self.json_reply_format if structured else self.text_reply_format
