@@ -8,6 +8,7 @@ runs it too.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -84,6 +85,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The run stopped itself (e.g. nothing could be scored): the cause and the fix.
         print(f"mappa {args.command}: stopped: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:
+        if exc.errno not in FULL_DISK_ERRNOS:
+            raise
+        # Wherever the write was (a checkpoint, a plot, a report), the fix is the same.
+        print(f"mappa {args.command}: {full_disk_hint(args.command, exc)}", file=sys.stderr)
+        return 1
+
+
+# No space left on the device, or the user's disk quota spent.
+FULL_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def full_disk_hint(command: str, exc: OSError) -> str:
+    """One line for a write that found the disk full: what was written, and what to do.
+
+    Args:
+        command: The sub-command that was writing (``train`` resumes, others rerun).
+        exc: The error, with the file name where the operating system gave one.
+
+    Returns:
+        The cause and the fix, without a traceback.
+    """
+    where = f" writing {exc.filename}" if exc.filename else ""
+    cause = f"the disk is full{where} ({exc.strerror or exc})"
+    if command == "train":
+        return (
+            f"{cause}. Free space and run the same command again: it resumes from the "
+            "newest checkpoint (--resume-intact skips one the full disk cut short)"
+        )
+    return f"{cause}. Free space and run the command again, or pass another --out"
 
 
 def isolation_hint(exc: Exception) -> str:

@@ -450,6 +450,54 @@ def test_a_lora_checkpoint_loads_each_agents_adapter(tmp_path):
         policy.close()
 
 
+def test_a_full_disk_while_plotting_is_one_line_and_keeps_the_report(tmp_path, monkeypatch, capsys):
+    from mappa_agents import report as report_module
+    from mappa_agents.tiny_models import tiny_model_dir
+
+    model = tiny_model_dir(tmp_path / "model")
+    out = tmp_path / "out"
+
+    def full(episodes, directory):
+        raise OSError(28, "No space left on device", str(directory / "rewards.png"))
+
+    monkeypatch.setattr(report_module, "plot_report", full)
+    code = _eval("--system", str(model), "--episodes", "2", "--out", str(out))
+    assert code == 1
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err  # transformers' loading bars come before it
+    assert err.splitlines()[-1].startswith("mappa eval: the disk is full")
+    assert f"the disk is full writing {out / 'rewards.png'}" in err
+    assert "Free space and run the command again" in err
+    assert json.loads((out / "report.json").read_text())["episodes"] == 2
+
+
+def test_a_full_disk_in_training_says_how_to_resume(monkeypatch, capsys):
+    import mappa_train.cli
+    from mappa_train.command import main
+
+    def full(args):
+        raise OSError(122, "Disk quota exceeded", "runs/train/checkpoints/step-3/model.pt")
+
+    monkeypatch.setattr(mappa_train.cli, "run_train", full)
+    assert main(["train", "--steps", "1"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "the disk is full writing runs/train/checkpoints/step-3/model.pt" in err
+    assert "it resumes from the newest checkpoint (--resume-intact" in err
+    assert len(err.splitlines()) == 1
+
+
+def test_other_os_errors_are_not_called_a_full_disk(monkeypatch):
+    import mappa_train.cli
+    from mappa_train.command import main
+
+    def denied(args):
+        raise PermissionError(13, "Permission denied", "/root/x")
+
+    monkeypatch.setattr(mappa_train.cli, "run_train", denied)
+    with pytest.raises(PermissionError):
+        main(["train", "--steps", "1"])
+
+
 def test_eval_streams_transcripts_and_keeps_them_when_the_disk_fills(tmp_path, monkeypatch):
     from mappa_agents import trajectory
     from mappa_agents.tiny_models import tiny_model_dir
