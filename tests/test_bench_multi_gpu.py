@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -174,11 +175,40 @@ def test_both_parts_run_and_write_the_results_and_the_plot(tmp_path):
     assert (out / "multi_tiny.png").stat().st_size > 0
 
 
+def _finished_run(name: str) -> dict:
+    """What a finished bench_distributed_gpu child writes, as far as scale_run reads it."""
+    run = {
+        "setup_s": 1.0, "first_step_s": 2.0, "steady_step": {"step_s": 1.5, "update_s": 0.5},
+        "mfu_update": None, "sync_s": [0.1], "sync_s_median": 0.1,
+        "gpu_peak_used_gib": {}, "memory": {"actors_sum_gib_by_gpu": {}},
+        "agents_at_once": True,
+    }  # fmt: skip
+    checked = {"problem_solver": {"weight_sync": "object_store", "equal": True}}
+    return {"ray": {name: run}, "weights_checked": {name: checked}}
+
+
 def test_resume_reuses_finished_runs_of_the_same_settings_only(tmp_path, monkeypatch):
+    """The run itself is a stand-in here: the test above runs a real one."""
     import benchmarks.bench_multi_gpu as bench
 
     model = tiny_model_dir(tmp_path / "model")
     out = tmp_path / "out"
+    started = []
+
+    real_run = subprocess.run
+
+    def child(command, **kwargs):
+        if "benchmarks.bench_distributed_gpu" not in command:
+            return real_run(command, **kwargs)  # e.g. platform's own `uname -p`
+        # Writes its results where --out and --name say, as the real child does.
+        started.append(command)
+        name, runs = command[command.index("--name") + 1], command[command.index("--out") + 1]
+        if "--max-new-tokens" in command and command[command.index("--max-new-tokens") + 1] == "9":
+            return subprocess.CompletedProcess(command, 1)
+        (Path(runs) / f"{name}.json").write_text(json.dumps(_finished_run(name)))
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(bench.subprocess, "run", child)
 
     def call(*extra):
         return main(
@@ -192,19 +222,12 @@ def test_resume_reuses_finished_runs_of_the_same_settings_only(tmp_path, monkeyp
         )  # fmt: skip
 
     (first,) = call()["scale"]["runs"]
-    assert first["steady_step"]["step_s"] > 0
-
-    started = []
-
-    def no_run(command, **kwargs):
-        started.append(command)
-        return subprocess.CompletedProcess(command, 1)
-
-    monkeypatch.setattr(bench.subprocess, "run", no_run)
+    assert len(started) == 1
+    assert first["steady_step"]["step_s"] == 1.5
     (again,) = call()["scale"]["runs"]
-    assert started == []  # nothing ran: the finished run was read back
+    assert len(started) == 1  # nothing ran: the finished run was read back
     assert again == json.loads(json.dumps(first))
     (changed,) = call("--max-new-tokens", "9")["scale"]["runs"]
-    assert len(started) == 1  # other settings: run again (here it fails at once)
+    assert len(started) == 2  # other settings: run again (here it fails at once)
     assert changed["failed"] == "exit code 1"
     assert not (out / "resumed-runs" / "colocated_1gpu.json").exists()  # not the old one
