@@ -314,6 +314,21 @@ def _memory(trainer: Any) -> dict[str, Any]:
     return memory
 
 
+def ray_variants(modes: Sequence[str], parallel: Sequence[str]) -> list[tuple[str, str, str]]:
+    """One Ray run per (weight sync mode, agents_in_parallel value), with its name.
+
+    A run is named by its sync mode alone when ``parallel`` has one value, else by both.
+
+    Returns:
+        ``[(mode, agents_in_parallel value, name), ...]``.
+    """
+    return [
+        (mode, value, mode if len(parallel) == 1 else f"{mode},agents_in_parallel={value}")
+        for mode in modes
+        for value in parallel
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="smollm2-135m", help="a model spec or directory")
@@ -379,13 +394,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parallel = [v.strip() for v in args.agents_in_parallel.split(",") if v.strip()]
     if not parallel or any(v not in SWITCHES for v in parallel):
         parser.error(f"--agents-in-parallel takes {sorted(SWITCHES)}, got {parallel}")
-    # One Ray run per (sync mode, agents_in_parallel); named by the mode alone when the
-    # latter has one value.
-    variants = [
-        (mode, value, mode if len(parallel) == 1 else f"{mode},agents_in_parallel={value}")
-        for mode in modes
-        for value in parallel
-    ]
+    variants = ray_variants(modes, parallel)
 
     import ray
     import torch

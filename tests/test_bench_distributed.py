@@ -36,22 +36,35 @@ def test_the_checkpointing_flag_reaches_the_trainers(tmp_path, flag, value):
     assert _config(settings, "unused", tmp_path).gradient_checkpointing == value
 
 
+def test_ray_runs_are_named_by_sync_mode_and_by_the_switch_only_when_it_varies():
+    from benchmarks.bench_distributed_gpu import ray_variants
+
+    assert ray_variants(["broadcast", "object_store"], ["true"]) == [
+        ("broadcast", "true", "broadcast"), ("object_store", "true", "object_store"),
+    ]  # fmt: skip
+    assert ray_variants(["broadcast"], ["true", "false"]) == [
+        ("broadcast", "true", "broadcast,agents_in_parallel=true"),
+        ("broadcast", "false", "broadcast,agents_in_parallel=false"),
+    ]
+
+
 def test_bench_distributed_runs_both_trainers_and_checks_the_engines(tmp_path):
+    # One Ray run (the switch's two values are named above and scheduled in
+    # test_ray_trainer): each run starts a cluster, three groups and three engines.
     model = tiny_model_dir(tmp_path / "model")
     out = tmp_path / "out"
     summary = main(
         [
             "--shape", str(model), "--steps", "2", "--prompts", "2", "--samples", "2",
             "--max-new-tokens", "8", "--sandbox", "none", "--engines", "1",
-            "--weight-sync", "broadcast", "--agents-in-parallel", "true,false",
+            "--weight-sync", "broadcast", "--agents-in-parallel", "false",
             "--out", str(out), "--name", "dist_tiny",
             "--compare-syncs", "broadcast,object_store", "--sync-repeats", "2",
         ]
     )  # fmt: skip
     written = json.loads((out / "dist_tiny.json").read_text())
     assert written["weights_checked"] == summary["weights_checked"]
-    keys = {"broadcast,agents_in_parallel=true", "broadcast,agents_in_parallel=false"}
-    assert set(summary["ray"]) == set(summary["weights_checked"]) == keys
+    assert set(summary["ray"]) == set(summary["weights_checked"]) == {"broadcast"}
     for by_agent in summary["weights_checked"].values():
         assert set(by_agent) == {"problem_solver", "code_executor", "verifier"}
         assert all(check["weight_sync"] == "broadcast" for check in by_agent.values())
@@ -62,7 +75,7 @@ def test_bench_distributed_runs_both_trainers_and_checks_the_engines(tmp_path):
         assert run["mfu_update"] is None  # no GPU: no MFU
     assert summary["flops_per_trained_token"] > 0
     for key, run in summary["ray"].items():
-        assert run["agents_at_once"] is key.endswith("=true")
+        assert run["agents_at_once"] is False
         assert len(run["sync_s"]) == 2
         assert run["sync_s_median"] is not None
         assert summary["ray_vs_single_step"][key] > 0
