@@ -23,7 +23,9 @@ RAY_MODULES = {"test_ray_trainer", "test_ray_placement", "test_bench_distributed
 
 
 def pytest_collection_modifyitems(config, items):
-    """Put every test that starts Ray in the ``ray`` xdist group."""
+    """Put every test that starts Ray in the ``ray`` xdist group (where xdist is installed)."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return  # one process: the tests run one after another anyway
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
         if module in RAY_MODULES or "[ray/" in item.nodeid:
