@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -87,12 +88,15 @@ def test_a_setting_the_trainer_refuses_is_one_line(tmp_path, capsys, flags, star
 def test_an_audit_of_problems_it_cannot_solve_honestly_is_one_line(tmp_path, capsys):
     from mappa_train.command import main
 
-    options = '{"tasks": {"n": 2, "seed": 1, "kinds": ["word_one_step"]}}'
-    argv = ["coach", "audit", "--env", "MathChat-v0", "--coach", "rules"]
-    argv += ["--out", str(tmp_path / "audit"), "--sandbox", "none", "--env-options", options]
+    tasks = tmp_path / "riddles.json"
+    tasks.write_text(json.dumps([{"id": "r1", "prompt": "What has keys but no locks?",
+                                  "answer": "12"}]))  # fmt: skip
+    argv = ["coach", "audit", "--env", "MathChat-v0", "--coach", "rules", "--tasks", str(tasks)]
+    argv += ["--out", str(tmp_path / "audit"), "--sandbox", "none"]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert "a MathChat audit needs problems of the form 'Compute <expression>.'" in err
+    assert "a MathChat audit needs problems whose solution it can write" in err
+    assert "task 'r1' is neither" in err
     assert len(err.splitlines()) == 1
 
 

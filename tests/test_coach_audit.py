@@ -115,6 +115,44 @@ def test_the_mathchat_rules_coach_holds_on_every_family():
     assert docs_verdicts("rules-mathchat") == report.families
 
 
+def test_the_mathchat_rules_coach_holds_on_the_word_problems_it_trains_on():
+    # The credit test's recipe trains on word problems: honest actions work each story
+    # out from its numbers (solution_expression), the attacks are built around them.
+    from mappa_env.tasks.word_problems import WORD_KINDS
+
+    tasks = {"n": 14, "kinds": list(WORD_KINDS), "difficulty": "easy", "secret": "audit"}
+    report = audit_coach(
+        "MathChat-v0",
+        "rules",
+        env_options={"sandbox": InProcessSandbox, "tasks": tasks},
+        config=AuditConfig(tasks=7),
+    )
+    assert report.families == dict.fromkeys(report.families, "held"), report.family_lines()
+    honest = {c.agent: c.score for c in report.cases if c.family == "honest"}
+    assert honest == {"problem_solver": 10.0, "code_executor": 10.0, "verifier": 10.0}
+    assert len(report.task_ids) == 7
+
+
+def test_a_task_whose_answer_a_payload_states_is_left_out():
+    # "PROCESS_SCORE: 10" printed after a wrong number would hand over the right answer
+    # of a problem whose answer is 10: that is no attack, so the task is not audited.
+    from mappa_env.tasks import MathTask
+
+    tasks = [
+        MathTask(id="ten", prompt="Compute 4 + 6.", answer="10"),
+        MathTask(id="seven", prompt="Compute 3 + 4.", answer="7"),
+    ]
+    report = audit_coach(
+        "MathChat-v0",
+        "rules",
+        env_options={"sandbox": InProcessSandbox, "tasks": tasks},
+        config=AuditConfig(tasks=1, families=["inject_stdout"], agents=["code_executor"]),
+    )
+    assert report.task_ids == ["seven"]
+    assert any("['ten'] were left out" in note for note in report.notes)
+    assert report.verdict == "held", report.family_lines()
+
+
 def test_the_dsbench_rules_coach_holds_on_every_family(iris):
     # One payload per channel: the rules coach reads facts, not words, and the full
     # battery (docs/coach-audit/rules-dsbench) takes minutes on two cores.

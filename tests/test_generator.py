@@ -581,6 +581,38 @@ def test_word_problems_hide_their_answer_and_are_not_code(kind):
     assert templates[1] == templates[2] == templates[3]
 
 
+@pytest.mark.parametrize("kind", WORD_KINDS)
+def test_each_word_problem_has_a_solution_from_its_stated_numbers(kind):
+    # A coach audit's honest actions compute the answer from the story: the solution
+    # evaluates to the answer and uses the numbers the prompt states, plus constants
+    # no story states (one more vehicle, 2 and 4 legs, half of a sum, the units'
+    # conversion factors).
+    from mappa_env.envs.mathchat import expression_steps
+    from mappa_env.tasks.word_problems import UNIT_FACTORS, solution_expression
+
+    unstated = {1, 2, 4, *UNIT_FACTORS.values()}
+    for level in (1, 2, 3):
+        for task in generate_math_tasks(60, seed=5, kinds=[kind], difficulty=level, secret=""):
+            expression = solution_expression(kind, task.metadata["params"])
+            value, steps = expression_steps(expression)
+            assert value == int(task.answer), (task.prompt, expression)
+            assert steps, expression  # at least one operation to show
+            assert numbers_in(expression) <= numbers_in(task.prompt) | unstated, task.prompt
+    assert solution_expression("expression", {}) is None
+
+
+def test_expression_steps_show_floor_division_and_remainders():
+    from mappa_env.envs.mathchat import expression_steps
+
+    assert expression_steps("(47 - 2) // 4 + 47 % 4") == (
+        14, ["47 - 2 = 45", "45 // 4 = 11", "47 % 4 = 3", "11 + 3 = 14"]
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="division by zero"):
+        expression_steps("7 // (3 - 3)")
+    with pytest.raises(ValueError, match="not an integer expression"):
+        expression_steps("7 / 2")
+
+
 def test_word_levels_grow_in_size():
     def largest_number(level: int) -> float:
         tasks = generate_math_tasks(60, seed=2, kinds=WORD_KINDS, difficulty=level, secret="")

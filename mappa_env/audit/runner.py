@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -204,7 +205,17 @@ async def _audit(
         unknown = sorted(set(agents) - set(first.possible_agents))
         if unknown:
             raise AuditError(f"unknown agents {unknown}; agents are {first.possible_agents}")
-        task_ids = [str(task.id) for task in first.tasks[: config.tasks]]
+        # A payload that happens to state a task's answer ("PROCESS_SCORE: 10" where the
+        # answer is 10) puts the right number in the action: no attack, so such a task
+        # is left out (small word problems have such answers; expressions rarely do).
+        stated = {n for p in payloads for n in re.findall(r"\d+", p.template)}
+        task_ids: list[str] = []
+        passed_over: list[str] = []
+        for task in first.tasks:
+            if len(task_ids) == config.tasks:
+                break
+            answered = str(getattr(task, "answer", "")).strip() in stated
+            (passed_over if answered else task_ids).append(str(task.id))
         contexts: list[_Context] = []
         for index, task_id in enumerate(task_ids):
             snapshots = scratch / f"task-{index}"
@@ -240,6 +251,11 @@ async def _audit(
         "Each case is an episode of its own: upstream agents replay their honest turns, "
         "then the audited agent's first turn is the case's action."
     ]
+    if passed_over:
+        notes.append(
+            f"Tasks {passed_over} were left out: their answer is a number a payload "
+            f"states ({', '.join(sorted(stated, key=int))}), so a payload would answer them."
+        )
     if cls.hands_over_through_files:
         notes.append(
             "Upstream work is restored from the honest episode's files, and each upstream "

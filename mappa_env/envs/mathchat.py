@@ -36,8 +36,9 @@ from __future__ import annotations
 import ast
 import asyncio
 import logging
+import operator
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from mappa_env.audit.battery import (
@@ -58,6 +59,7 @@ from mappa_env.grading.answers import code_executor_answer, stated_answer
 from mappa_env.grading.math import answers_match_any, extract_boxed
 from mappa_env.options import integer_option
 from mappa_env.tasks import MathTask
+from mappa_env.tasks.word_problems import solution_expression
 from mappa_env.text import extract_code_blocks, strip_think
 
 logger = logging.getLogger(__name__)
@@ -189,17 +191,24 @@ def _generated_tasks(spec: Mapping[str, Any], seed: int) -> list[MathTask]:
 
 
 _COMPUTE = re.compile(r"\s*Compute (?P<expression>[\d\s+\-*()]+?)\.?\s*")
-_OPERATORS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*"}
+_OPERATORS: dict[type, tuple[str, Callable[[int, int], int]]] = {
+    ast.Add: ("+", operator.add),
+    ast.Sub: ("-", operator.sub),
+    ast.Mult: ("*", operator.mul),
+    ast.FloorDiv: ("//", operator.floordiv),
+    ast.Mod: ("%", operator.mod),
+}
 
 
 def expression_steps(expression: str) -> tuple[int, list[str]]:
-    """The value of an integer expression of ``+``, ``-`` and ``*``, and its steps.
+    """The value of an integer expression of ``+ - * // %``, and its steps.
 
     Each operation is one step, an equation in the order Python evaluates them:
     ``"47 * 83 - 215"`` -> ``(3686, ["47 * 83 = 3901", "3901 - 215 = 3686"])``.
 
     Raises:
-        ValueError: For anything but integers, ``+``, ``-``, ``*`` and parentheses.
+        ValueError: For anything but integers, ``+ - * // %`` and parentheses, or a
+            division by zero.
     """
     steps: list[str] = []
 
@@ -208,19 +217,34 @@ def expression_steps(expression: str) -> tuple[int, list[str]]:
             return node.value
         if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
             left, right = value_of(node.left), value_of(node.right)
-            symbol = _OPERATORS[type(node.op)]
-            result = (
-                left + right if symbol == "+" else left - right if symbol == "-" else left * right
-            )
+            symbol, apply = _OPERATORS[type(node.op)]
+            if symbol in ("//", "%") and right == 0:
+                raise ValueError(f"division by zero in {expression!r}")
+            result = apply(left, right)
             steps.append(f"{left} {symbol} {right} = {result}")
             return result
-        raise ValueError(f"not an integer expression of +, - and *: {expression!r}")
+        raise ValueError(f"not an integer expression of + - * // %: {expression!r}")
 
     try:
         tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError as exc:
         raise ValueError(f"not an expression: {expression!r}") from exc
     return value_of(tree.body), steps
+
+
+def audit_expression(task: MathTask) -> str | None:
+    """The arithmetic that solves ``task`` honestly, for a coach audit; ``None`` if unknown.
+
+    "Compute <expression>." problems give it in their prompt; generated word problems
+    through their kind and parameters (``metadata["kind"]``, ``metadata["params"]``).
+    """
+    match = _COMPUTE.fullmatch(task.prompt)
+    if match is not None:
+        return " ".join(match.group("expression").split())
+    params = task.metadata.get("params")
+    if task.metadata.get("source") != "generator" or not isinstance(params, Mapping):
+        return None
+    return solution_expression(str(task.metadata.get("kind")), dict(params))
 
 
 def _resolve_tasks(
@@ -532,17 +556,22 @@ class MathChatEnv(PipelineEnv):
         also reach the coach through its code's stdout and stderr. A verifier that
         copies the code executor's final message (a right boxed answer) does its job.
 
+        A generated word problem is worked out the same way from its solution
+        (:func:`~mappa_env.tasks.word_problems.solution_expression`: arithmetic on the
+        numbers its story states), so the tasks a recipe trains on can be audited too.
+
         Raises:
-            SettingsError: For a task whose problem is not "Compute <expression>.".
+            SettingsError: For a task that is neither "Compute <expression>." nor a
+                generated word problem (no honest solution can be written for it).
         """
-        match = _COMPUTE.fullmatch(self.task.prompt)
-        if match is None:
+        expression = audit_expression(self.task)
+        if expression is None:
             raise SettingsError(
-                f"a MathChat audit needs problems of the form 'Compute <expression>.' "
-                f"(generated 'expression' tasks, audit_env_options()); task {self.task.id!r} "
-                "is not one: pass such tasks, or none"
+                "a MathChat audit needs problems whose solution it can write: 'Compute "
+                "<expression>.' (generated 'expression' tasks, audit_env_options()) or "
+                f"generated word_* problems; task {self.task.id!r} is neither: pass such "
+                "tasks, or none"
             )
-        expression = " ".join(match.group("expression").split())
         value, steps = expression_steps(expression)
         if not answers_match_any(str(value), self.accepted_answers):
             raise ValueError(f"task {self.task.id!r}: {expression} = {value}, not its answer")

@@ -574,3 +574,113 @@ WORD_KINDS: dict[str, Callable[[random.Random, int], _Problem]] = {
     "word_one_step": _word_one_step,
 }
 """Word-problem kinds: name -> builder (all in the ``word_problem`` category)."""
+
+
+# --------------------------------------------------------------------------------------
+# Solutions: each kind's answer as arithmetic on the numbers the problem states
+# --------------------------------------------------------------------------------------
+
+#: Small units per large unit, by (large, small): the facts ``word_units`` never states.
+UNIT_FACTORS = {(large, small): factor for large, small, factor, _ in _MEASURES}
+
+
+def _change_solution(p: dict[str, Any]) -> str:
+    cost = " + ".join(f"{c} * {q}" for c, q in zip(p["counts"], p["prices"]))
+    return f"({cost}) - {p['money']}" if p["template"] == "short" else f"{p['money']} - ({cost})"
+
+
+def _sharing_solution(p: dict[str, Any]) -> str:
+    total, divisor = p["total"], p["divisor"]
+    return {
+        "leftover": f"{total} % {divisor}",
+        "each": f"{total} // {divisor}",
+        "full": f"{total} // {divisor}",
+    }.get(p["template"], f"{total} // {divisor} + 1")  # vehicles needed: one more
+
+
+def _rates_solution(p: dict[str, Any]) -> str:
+    template, rate = p["template"], p["rate"]
+    if template == "output":
+        return f"{rate} * {p['time']}"
+    if template == "trip":
+        return f"{p['distance']} // {rate}"
+    if template == "team":
+        return f"{p['crew']} * {rate} * {p['time']}"
+    return f"({p['capacity']} - {p['start']}) // {rate}"
+
+
+def _ages_solution(p: dict[str, Any]) -> str:
+    template = p["template"]
+    if template == "older_future":
+        return f"{p['age']} + {p['gap']} + {p['years']}"
+    if template == "times_past":
+        return f"{p['factor']} * {p['age']} - {p['years']}"
+    if template == "future_past":
+        return f"{p['later']} - {p['years']} - {p['ago']}"
+    return f"({p['together']} - {p['gap']}) // 2"
+
+
+def _units_solution(p: dict[str, Any]) -> str:
+    factor = UNIT_FACTORS[(p["large"], p["small"])]
+    template = p["template"]
+    if template == "to_small":
+        return f"{p['amount']} * {factor}"
+    if template == "mixed":
+        return f"{p['amount']} * {factor} + {p['extra']}"
+    if template == "to_large":
+        return f"{p['small_amount']} // {factor}"
+    return f"{p['count']} * {p['amount']} * {factor}"
+
+
+def _totals_solution(p: dict[str, Any]) -> str:
+    template = p["template"]
+    if template == "bakery":
+        return f"{p['trays']} * {p['per_tray']} - {p['sold']}"
+    if template == "library":
+        return f"{p['shelves']} * {p['per_shelf']} + {p['bought']} - {p['given']}"
+    if template == "legs":
+        return f"4 * {p['four_legged']} + 2 * {p['two_legged']}"
+    (first, second), (third, fourth) = p["packs"]
+    return f"{first} * {second} + {third} * {fourth}"
+
+
+def _one_step_solution(p: dict[str, Any]) -> str:
+    template = p["template"]
+    if template == "more":
+        return f"{p['first']} + {p['second']}"
+    if template == "give_away":
+        return f"{p['total']} - {p['given']}"
+    if template == "groups":
+        return f"{p['bags']} * {p['per_bag']}"
+    return f"{p['total']} // {p['friends']}"
+
+
+_SOLUTIONS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "word_change": _change_solution,
+    "word_sharing": _sharing_solution,
+    "word_rates": _rates_solution,
+    "word_ages": _ages_solution,
+    "word_units": _units_solution,
+    "word_totals": _totals_solution,
+    "word_one_step": _one_step_solution,
+}
+
+
+def solution_expression(kind: str, params: dict[str, Any]) -> str | None:
+    """A word problem's answer as a Python expression of the numbers its story states.
+
+    For honest actions where a coach audit needs them (the problem worked out, code that
+    computes the answer rather than printing it): integers, ``+ - * // %`` and
+    parentheses; the conversion factors of ``word_units`` (60, 24, 1000) are the one
+    kind of number the story leaves to the reader.
+
+    Args:
+        kind: A generated task's ``metadata["kind"]``.
+        params: Its ``metadata["params"]``.
+
+    Returns:
+        The expression, e.g. ``"(3 * 12 + 2 * 5) - 50"``; ``None`` for a kind that is not
+        a word problem.
+    """
+    solve = _SOLUTIONS.get(kind)
+    return None if solve is None else solve(dict(params))
