@@ -13,6 +13,13 @@ os.environ["MAPPA_TASK_SECRET"] = "mappa-test-suite"
 # No test reaches the Hugging Face Hub: a benchmark name that no local folder holds fails
 # at once instead of downloading its public dataset (tests use local stand-ins).
 os.environ["HF_HUB_OFFLINE"] = "1"
+# xdist workers share the machine's cores: each worker (and the Ray actors, kernels and
+# trainers it starts) gets its share of OpenMP threads, so torch's thread pools in two
+# workers do not fight over two cores (trainer tests ran a fifth faster that way here).
+# Set before torch is imported; an OMP_NUM_THREADS of the caller's is kept.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if _workers > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _workers)))
 
 
 # Tests that start a Ray cluster (its daemons and one actor process per learner rank and
