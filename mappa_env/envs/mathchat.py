@@ -244,7 +244,7 @@ def audit_expression(task: MathTask) -> str | None:
     params = task.metadata.get("params")
     if task.metadata.get("source") != "generator" or not isinstance(params, Mapping):
         return None
-    return solution_expression(str(task.metadata.get("kind")), dict(params))
+    return solution_expression(str(task.metadata.get("kind")), params)
 
 
 def _resolve_tasks(

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from mappa_env.tasks._problem import _Problem
@@ -584,95 +584,74 @@ WORD_KINDS: dict[str, Callable[[random.Random, int], _Problem]] = {
 UNIT_FACTORS = {(large, small): factor for large, small, factor, _ in _MEASURES}
 
 
-def _change_solution(p: dict[str, Any]) -> str:
-    cost = " + ".join(f"{c} * {q}" for c, q in zip(p["counts"], p["prices"]))
-    return f"({cost}) - {p['money']}" if p["template"] == "short" else f"{p['money']} - ({cost})"
+def _cost(p: Mapping[str, Any]) -> str:
+    """``word_change``: what the purchase costs, as a sum of count * price."""
+    return " + ".join(f"{c} * {q}" for c, q in zip(p["counts"], p["prices"]))
 
 
-def _sharing_solution(p: dict[str, Any]) -> str:
-    total, divisor = p["total"], p["divisor"]
-    return {
-        "leftover": f"{total} % {divisor}",
-        "each": f"{total} // {divisor}",
-        "full": f"{total} // {divisor}",
-    }.get(p["template"], f"{total} // {divisor} + 1")  # vehicles needed: one more
+def _factor(p: Mapping[str, Any]) -> int:
+    """``word_units``: small units per large unit."""
+    return UNIT_FACTORS[(p["large"], p["small"])]
 
 
-def _rates_solution(p: dict[str, Any]) -> str:
-    template, rate = p["template"], p["rate"]
-    if template == "output":
-        return f"{rate} * {p['time']}"
-    if template == "trip":
-        return f"{p['distance']} // {rate}"
-    if template == "team":
-        return f"{p['crew']} * {rate} * {p['time']}"
-    return f"({p['capacity']} - {p['start']}) // {rate}"
+_Solution = Callable[[Mapping[str, Any]], str]
 
-
-def _ages_solution(p: dict[str, Any]) -> str:
-    template = p["template"]
-    if template == "older_future":
-        return f"{p['age']} + {p['gap']} + {p['years']}"
-    if template == "times_past":
-        return f"{p['factor']} * {p['age']} - {p['years']}"
-    if template == "future_past":
-        return f"{p['later']} - {p['years']} - {p['ago']}"
-    return f"({p['together']} - {p['gap']}) // 2"
-
-
-def _units_solution(p: dict[str, Any]) -> str:
-    factor = UNIT_FACTORS[(p["large"], p["small"])]
-    template = p["template"]
-    if template == "to_small":
-        return f"{p['amount']} * {factor}"
-    if template == "mixed":
-        return f"{p['amount']} * {factor} + {p['extra']}"
-    if template == "to_large":
-        return f"{p['small_amount']} // {factor}"
-    return f"{p['count']} * {p['amount']} * {factor}"
-
-
-def _totals_solution(p: dict[str, Any]) -> str:
-    template = p["template"]
-    if template == "bakery":
-        return f"{p['trays']} * {p['per_tray']} - {p['sold']}"
-    if template == "library":
-        return f"{p['shelves']} * {p['per_shelf']} + {p['bought']} - {p['given']}"
-    if template == "legs":
-        return f"4 * {p['four_legged']} + 2 * {p['two_legged']}"
-    (first, second), (third, fourth) = p["packs"]
-    return f"{first} * {second} + {third} * {fourth}"
-
-
-def _one_step_solution(p: dict[str, Any]) -> str:
-    template = p["template"]
-    if template == "more":
-        return f"{p['first']} + {p['second']}"
-    if template == "give_away":
-        return f"{p['total']} - {p['given']}"
-    if template == "groups":
-        return f"{p['bags']} * {p['per_bag']}"
-    return f"{p['total']} // {p['friends']}"
-
-
-_SOLUTIONS: dict[str, Callable[[dict[str, Any]], str]] = {
-    "word_change": _change_solution,
-    "word_sharing": _sharing_solution,
-    "word_rates": _rates_solution,
-    "word_ages": _ages_solution,
-    "word_units": _units_solution,
-    "word_totals": _totals_solution,
-    "word_one_step": _one_step_solution,
+#: Kind -> template -> the answer as arithmetic on the problem's parameters.
+_SOLUTIONS: dict[str, dict[str, _Solution]] = {
+    "word_change": {
+        "change": lambda p: f"{p['money']} - ({_cost(p)})",
+        "left": lambda p: f"{p['money']} - ({_cost(p)})",
+        "budget": lambda p: f"{p['money']} - ({_cost(p)})",
+        "short": lambda p: f"({_cost(p)}) - {p['money']}",
+    },
+    "word_sharing": {
+        "leftover": lambda p: f"{p['total']} % {p['divisor']}",
+        "each": lambda p: f"{p['total']} // {p['divisor']}",
+        "full": lambda p: f"{p['total']} // {p['divisor']}",
+        # Never an exact division: the last vehicle carries the remainder.
+        "needed": lambda p: f"{p['total']} // {p['divisor']} + 1",
+    },
+    "word_rates": {
+        "output": lambda p: f"{p['rate']} * {p['time']}",
+        "trip": lambda p: f"{p['distance']} // {p['rate']}",
+        "team": lambda p: f"{p['crew']} * {p['rate']} * {p['time']}",
+        "fill": lambda p: f"({p['capacity']} - {p['start']}) // {p['rate']}",
+    },
+    "word_ages": {
+        "older_future": lambda p: f"{p['age']} + {p['gap']} + {p['years']}",
+        "times_past": lambda p: f"{p['factor']} * {p['age']} - {p['years']}",
+        "future_past": lambda p: f"{p['later']} - {p['years']} - {p['ago']}",
+        "sum_difference": lambda p: f"({p['together']} - {p['gap']}) // 2",
+    },
+    "word_units": {
+        "to_small": lambda p: f"{p['amount']} * {_factor(p)}",
+        "mixed": lambda p: f"{p['amount']} * {_factor(p)} + {p['extra']}",
+        "to_large": lambda p: f"{p['small_amount']} // {_factor(p)}",
+        "several": lambda p: f"{p['count']} * {p['amount']} * {_factor(p)}",
+    },
+    "word_totals": {
+        "bakery": lambda p: f"{p['trays']} * {p['per_tray']} - {p['sold']}",
+        "library": lambda p: f"{p['shelves']} * {p['per_shelf']} + {p['bought']} - {p['given']}",
+        "legs": lambda p: f"4 * {p['four_legged']} + 2 * {p['two_legged']}",
+        "packs": lambda p: " + ".join(f"{a} * {b}" for a, b in p["packs"]),
+    },
+    "word_one_step": {
+        "more": lambda p: f"{p['first']} + {p['second']}",
+        "give_away": lambda p: f"{p['total']} - {p['given']}",
+        "groups": lambda p: f"{p['bags']} * {p['per_bag']}",
+        "share": lambda p: f"{p['total']} // {p['friends']}",
+    },
 }
 
 
-def solution_expression(kind: str, params: dict[str, Any]) -> str | None:
+def solution_expression(kind: str, params: Mapping[str, Any]) -> str | None:
     """A word problem's answer as a Python expression of the numbers its story states.
 
     For honest actions where a coach audit needs them (the problem worked out, code that
     computes the answer rather than printing it): integers, ``+ - * // %`` and
-    parentheses; the conversion factors of ``word_units`` (60, 24, 1000) are the one
-    kind of number the story leaves to the reader.
+    parentheses. Besides the story's numbers it writes only what a reader supplies: the
+    conversion factors of ``word_units`` (60, 24, 1000, ...) and the constants of a
+    story's logic (one more vehicle, two and four legs, half of a sum).
 
     Args:
         kind: A generated task's ``metadata["kind"]``.
@@ -682,5 +661,8 @@ def solution_expression(kind: str, params: dict[str, Any]) -> str | None:
         The expression, e.g. ``"(3 * 12 + 2 * 5) - 50"``; ``None`` for a kind that is not
         a word problem.
     """
-    solve = _SOLUTIONS.get(kind)
-    return None if solve is None else solve(dict(params))
+    by_template = _SOLUTIONS.get(kind)
+    if by_template is None:
+        return None
+    # An unknown template is a new phrasing without its arithmetic: KeyError, not a guess.
+    return by_template[params["template"]](params)
