@@ -41,8 +41,13 @@ from tests.fakes import FixedCoach, InProcessSandbox
 TASK = MathTask(id="t-add", prompt="What is 2 + 3?", answer="5")
 #: The cap on an action's length (``max_action_chars``'s default).
 ACTION_CHARS = 32_768
-#: The most any agent text may add to a step.
-STEP_BUDGET_S = 0.1
+#: A reader of agent text must be linear: at 8x the text, a step may take at most this many
+#: times as long (a linear reader measured 2-6x here, the quadratic readers this module
+#: once caught 40-70x, the cubic one far more). A ratio, not seconds, so a slow or busy
+#: machine slows both sides alike; each side is the fastest of three tries.
+GROWTH_BOUND = 24
+#: Below this a step is too quick to time: a ratio of two such steps is noise.
+TIMING_FLOOR_S = 0.002
 
 
 class EchoSandbox:
@@ -78,12 +83,46 @@ HOSTILE_PIECES = [
 ]  # fmt: skip
 
 
-def hostile(piece: str, wrap: bool = False) -> str:
-    """An action of ``piece`` repeated to the length cap (inside a code fence if ``wrap``)."""
+def hostile(piece: str, wrap: bool = False, chars: int = ACTION_CHARS) -> str:
+    """An action of ``piece`` repeated to ``chars`` (inside a code fence if ``wrap``)."""
     if wrap:
-        body = hostile(piece)[: ACTION_CHARS - 20]
+        body = hostile(piece, chars=chars)[: chars - 20]
         return f"```python\n{body}\n```"
-    return (piece * (ACTION_CHARS // len(piece) + 1))[:ACTION_CHARS]
+    return (piece * (chars // len(piece) + 1))[:chars]
+
+
+def grows_linearly(seconds_at) -> tuple[bool, float, float]:
+    """Whether ``seconds_at(chars)`` at the length cap stays within ``GROWTH_BOUND`` times
+    its value at an eighth of it; up to three tries (another process may stall one).
+
+    Returns:
+        The verdict and the last tries' seconds at an eighth and at the cap.
+    """
+    small = big = 0.0
+    for _ in range(3):
+        small = min(seconds_at(ACTION_CHARS // 8) for _ in range(3))
+        big = min(seconds_at(ACTION_CHARS) for _ in range(3))
+        if big <= GROWTH_BOUND * max(small, TIMING_FLOOR_S):
+            return True, small, big
+    return False, small, big
+
+
+def test_the_growth_bound_catches_a_quadratic_reader():
+    def quadratic(chars: int) -> float:
+        start = time.perf_counter()
+        text = hostile("\n", chars=chars)
+        for _ in range(chars // 4):  # a reader that rescans the text per line it finds
+            text.count("\n")
+        return time.perf_counter() - start
+
+    def linear(chars: int) -> float:
+        start = time.perf_counter()
+        for _ in range(16):
+            hostile("\n", chars=chars).count("\n")
+        return time.perf_counter() - start
+
+    assert not grows_linearly(quadratic)[0]
+    assert grows_linearly(linear)[0]
 
 
 def timed_episode(env, actions: dict[str, str]) -> dict[str, float]:
@@ -101,9 +140,9 @@ def timed_episode(env, actions: dict[str, str]) -> dict[str, float]:
     return took
 
 
-def test_no_hostile_action_slows_a_mathchat_step_past_the_budget():
+def test_no_hostile_action_makes_a_mathchat_step_grow_faster_than_its_text():
     # The rules coach, the verifier's fallbacks and code output echoing the action: every
-    # reader of agent text runs. Baseline: the same episode with plain actions.
+    # reader of agent text runs.
     env = mappa_env.make(
         "MathChat-v0",
         tasks=[TASK],
@@ -112,21 +151,16 @@ def test_no_hostile_action_slows_a_mathchat_step_past_the_budget():
         strict_boxed=False,
         turns={"code_executor": 1},
     )
-    plain = {"problem_solver": "2 + 3 = 5", "code_executor": "```python\nprint(5)\n```"}
-    plain["verifier"] = "\\boxed{5}"
     try:
-        baseline = max(min(timed_episode(env, plain).values()) for _ in range(3))
         for piece in HOSTILE_PIECES:
             for wrap in (False, True):
-                actions = dict.fromkeys(plain, hostile(piece, wrap))
-                # Up to three tries: other work on a busy machine slows one episode, a
-                # reader that is not linear slows every one.
-                for _ in range(3):
-                    took = timed_episode(env, actions)
-                    slowest = max(took, key=took.__getitem__)
-                    if took[slowest] - baseline < STEP_BUDGET_S:
-                        break
-                assert took[slowest] - baseline < STEP_BUDGET_S, (piece, wrap, slowest, took)
+
+                def slowest_step(chars: int, piece=piece, wrap=wrap) -> float:
+                    actions = dict.fromkeys(env.possible_agents, hostile(piece, wrap, chars))
+                    return max(timed_episode(env, actions).values())
+
+                linear, small, big = grows_linearly(slowest_step)
+                assert linear, (piece, wrap, small, big)
     finally:
         env.close()
 
@@ -139,11 +173,21 @@ def test_the_llm_coachs_prompt_of_a_hostile_action_renders_quickly():
     templates = CoachTemplates()
     try:
         for piece in HOSTILE_PIECES:
-            timed_episode(env, dict.fromkeys(env.possible_agents, hostile(piece, wrap=True)))
-        for request in coach.requests:
-            start = time.perf_counter()
-            templates.render(request)
-            assert time.perf_counter() - start < STEP_BUDGET_S, request.action[:20]
+            requests = {}
+            for chars in (ACTION_CHARS // 8, ACTION_CHARS):
+                coach.requests.clear()
+                actions = dict.fromkeys(env.possible_agents, hostile(piece, True, chars))
+                timed_episode(env, actions)
+                requests[chars] = list(coach.requests)
+
+            def render_all(chars: int, requests=requests) -> float:
+                start = time.perf_counter()
+                for request in requests[chars]:
+                    templates.render(request)
+                return time.perf_counter() - start
+
+            linear, small, big = grows_linearly(render_all)
+            assert linear, (piece, small, big)
     finally:
         env.close()
 
