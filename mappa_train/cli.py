@@ -201,12 +201,15 @@ def check_config_env_options(config: TrainConfig) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     """Run ``mappa train`` and print where the results are."""
+    from mappa_agents.progress import library_progress_bars
     from mappa_agents.report import describe_isolation
     from mappa_train.trainer import make_trainer
 
     config = config_from_args(args)
-    trainer = make_trainer(config)
-    history = trainer.train()
+    # --no-progress hides the model libraries' bars too (loading, saving checkpoints).
+    with library_progress_bars(config.progress):
+        trainer = make_trainer(config)
+        history = trainer.train()
     last = history[-1] if history else {}
     print(
         f"trained {trainer.step} steps; metrics: {trainer.metrics_path}; "
