@@ -24,6 +24,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("mappa_env", "mappa_agents", "mappa_train")
+# Repository folders the wheel carries inside a package (pyproject's package-dir):
+# the training recipes and the examples, for users who have only the wheel.
+BUNDLED = {"configs": "mappa_train/recipes", "examples": "mappa_train/examples"}
 # The README's first loop: the first python block after this heading.
 FIRST_LOOP = re.compile(r"^## A first loop\n.*?^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
@@ -43,18 +46,41 @@ def source_files() -> set[str]:
     return {name for name in listed if not name.endswith("/")}
 
 
+def bundled_files() -> dict[str, str]:
+    """Tracked recipe and example files -> where the wheel holds them."""
+    listed = run(["git", "ls-files", *BUNDLED], cwd=ROOT).stdout.split()
+    placed = {}
+    for name in listed:
+        folder, rest = name.split("/", 1)
+        if "/" not in rest and rest.endswith((".py", ".yaml")):
+            placed[name] = f"{BUNDLED[folder]}/{rest}"
+    if not any(name.startswith("configs/") for name in placed):
+        raise SystemExit("wheel check: git lists no recipe under configs/")
+    return placed
+
+
 def check_archives(dist: Path) -> Path:
-    """The wheel holds every tracked package file; the sdist holds them and the README."""
+    """The wheel holds the package files, recipes, examples and LICENSE; the sdist too.
+
+    The sdist holds the README as well, and the repository folders the recipes and
+    examples come from.
+    """
     (wheel,) = dist.glob("*.whl")
     (sdist,) = dist.glob("*.tar.gz")
     wanted = source_files()
+    bundled = bundled_files()
     in_wheel = set(zipfile.ZipFile(wheel).namelist())
-    missing = sorted(wanted - in_wheel)
+    licenses = {name for name in in_wheel if ".dist-info/licenses/" in name}
+    if not any(name.endswith("/licenses/LICENSE") for name in licenses):
+        raise SystemExit(f"wheel check: {wheel.name} carries no LICENSE (has {sorted(licenses)})")
+    missing = sorted((wanted | set(bundled.values())) - in_wheel)
     if missing:
         raise SystemExit(f"wheel check: {wheel.name} lacks {missing[:10]}")
     with tarfile.open(sdist) as archive:
         in_sdist = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
-    missing = sorted((wanted | {"README.md", "pyproject.toml"}) - in_sdist)
+    missing = sorted(
+        (wanted | set(bundled) | {"README.md", "pyproject.toml", "LICENSE"}) - in_sdist
+    )
     if missing:
         raise SystemExit(f"wheel check: {sdist.name} lacks {missing[:10]}")
     return wheel
@@ -105,11 +131,15 @@ def main() -> int:
         usage = run([str(env_dir / "bin" / "mappa"), "--help"], cwd=workdir, env=env)
         if "usage: mappa" not in usage.stdout:
             raise SystemExit(f"wheel check: `mappa --help` printed:\n{usage.stdout}")
+        # The installed package finds its own recipes (what `mappa train --config NAME` reads).
+        where = run([str(python), "-m", "mappa_train.bundled"], cwd=workdir, env=env).stdout
+        if "site-packages" not in where or "mathchat-smollm2" not in where:
+            raise SystemExit(f"wheel check: the installed recipes were not found:\n{where}")
     done = time.perf_counter()
     print(
         f"wheel check passed in {done - started:.1f} s: built {wheel.name} and its sdist "
         f"({built - started:.1f} s), installed it into a fresh venv ({installed - built:.1f} s), "
-        f"ran the README's first loop and `mappa --help` outside the checkout "
+        f"ran the README's first loop, `mappa --help` and found the recipes outside the checkout "
         f"({done - installed:.1f} s)"
     )
     return 0

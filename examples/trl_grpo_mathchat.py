@@ -16,6 +16,12 @@ Run (``pip install "mappa-rl[trl]"``; a server is started in this process unless
 The problems are "What is A times B?", which the rule-based code executor computes, so
 a verifier that copies the code's boxed output into its own ``\\boxed{}`` earns the
 coach's full score.
+
+The last line printed says whether the run learned anything. GRPO learns only from a
+group of completions of one prompt whose rewards differ: when all of them earn the same
+reward, every advantage (a reward minus its group's mean) is 0, and so are the loss and
+the gradient. A random model boxes no answer, so ``--tiny`` first teaches it the reply's
+form on its one task (a few supervised steps), and its completions then differ.
 """
 
 from __future__ import annotations
@@ -61,6 +67,39 @@ def serve_config(tasks: Sequence[MathTask]) -> ServeConfig:
             "code_executor": ScriptedPolicy(code_executor, name="script:code_executor"),
         },
     )
+
+
+def teach_the_reply(
+    model: Any, tokenizer: Any, config: ServeConfig, task: MathTask, steps: int = 8
+) -> None:
+    """A few supervised steps toward the verifier's right reply to ``task``.
+
+    A random model boxes no answer, so every rollout would earn the same reward and
+    GRPO's advantages would all be zero; after these steps its sampled replies differ.
+    """
+    import torch
+
+    from mappa_agents.openenv_server import MappaOpenEnv
+
+    probe = MappaOpenEnv(config)
+    try:
+        messages = probe.reset(task_id=task.id).messages  # the verifier's chat
+    finally:
+        probe.close()
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+    reply = f"Final answer: \\boxed{{{task.answer}}}"
+    answer = tokenizer(reply, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    ids = torch.tensor([prompt + answer])
+    labels = ids.clone()
+    labels[0, : len(prompt)] = -100  # learn the reply, not the prompt
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    torch.manual_seed(0)
+    for _ in range(steps):
+        model(input_ids=ids, labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
 
 
 def make_rollout_func(base_url: str, tokenizer: Any, log: list[dict[str, Any]]) -> Any:
@@ -163,7 +202,40 @@ def train(
         rollout_func=make_rollout_func(base_url, tokenizer, log),
     )
     trainer.train()
-    return {"trainer": trainer, "rollouts": log}
+    return {"trainer": trainer, "rollouts": log, "generations": generations}
+
+
+def summary(result: dict[str, Any]) -> str:
+    """One line: did the run learn anything, and if not, why not.
+
+    Args:
+        result: What :func:`train` returns.
+    """
+    rollouts, size = result["rollouts"], result["generations"]
+    groups = [rollouts[i : i + size] for i in range(0, len(rollouts), size)]
+    spread = [
+        max(rewards) - min(rewards) if rewards else 0.0
+        for rewards in ([r["reward"] for r in g if r["reward"] is not None] for g in groups)
+    ]
+    logged = [e for e in result["trainer"].state.log_history if "reward" in e]
+    loss = max((abs(e.get("loss", 0.0)) for e in logged), default=0.0)
+    grad = max((e.get("grad_norm", 0.0) for e in logged), default=0.0)
+    rewards = [r["reward"] for r in rollouts if r["reward"] is not None]
+    mean = sum(rewards) / len(rewards) if rewards else float("nan")
+    head = (
+        f"{len(logged)} GRPO steps, {len(rollouts)} rollouts, mean reward {mean:.3f}; "
+        f"{sum(s > 0 for s in spread)} of {len(groups)} groups of {size} had different "
+        f"rewards (largest spread {max(spread, default=0.0):.3f}); "
+        f"loss {loss:.4f}, grad norm {grad:.4f}"
+    )
+    if grad > 0:
+        return f"learned: {head}: the groups with different rewards updated the model"
+    return (
+        f"learned nothing: {head}: every completion of a prompt earned the same reward, so "
+        "GRPO's advantages (a reward minus its group's mean) were all 0, and so were the "
+        "loss and the gradient; give it completions that differ (more --generations or "
+        "--steps, a model that sometimes boxes the right answer)"
+    )
 
 
 def _cuda() -> bool:
@@ -180,16 +252,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=20, help="GRPO steps")
     parser.add_argument("--generations", type=int, default=4, help="rollouts per task")
     parser.add_argument("--max-completion-length", type=int, default=32)
-    parser.add_argument("--num-tasks", type=int, default=16)
+    parser.add_argument(
+        "--num-tasks", type=int, default=None, help="problems (default 16; 1 with --tiny)"
+    )
     parser.add_argument("--url", default=None, help="a running mappa serve (default: start one)")
     parser.add_argument("--output-dir", default="runs/trl-grpo-mathchat")
     args = parser.parse_args(argv)
 
+    num_tasks = args.num_tasks or (1 if args.tiny else 16)
+    tasks = product_tasks(num_tasks)
+    config = serve_config(tasks)
     if args.tiny:
         from mappa_agents.tiny_models import tiny_model_and_tokenizer
 
         model, tokenizer = tiny_model_and_tokenizer()
-        model.train()
+        teach_the_reply(model, tokenizer, config, tasks[0])
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -198,7 +275,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         path = resolve_model(args.model)
         model = AutoModelForCausalLM.from_pretrained(path)
         tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
-    tasks = product_tasks(args.num_tasks)
     options = {
         "steps": args.steps,
         "output_dir": args.output_dir,
@@ -209,12 +285,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.url:
         result = train(model, tokenizer, args.url, task_ids, **options)
     else:
-        with running_server(serve_config(tasks)) as url:
+        with running_server(config) as url:
             result = train(model, tokenizer, url, task_ids, **options)
     for entry in result["trainer"].state.log_history:
         if "reward" in entry:
             step, reward, loss = entry.get("step"), entry["reward"], entry["loss"]
             print(f"step {step}: mean reward {reward:.3f}, loss {loss:.4f}")
+    print(summary(result))
     return result
 
 

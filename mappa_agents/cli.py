@@ -238,7 +238,11 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         "continuous (each policy serves requests as they arrive: faster when steps take "
         "uneven time, not reproducible)",
     )
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="hide the progress bar, and the model libraries' bars (loading weights)",
+    )
 
 
 DEFAULT_EPISODES = 8
@@ -439,7 +443,11 @@ def add_eval_parser(commands: Any) -> argparse.ArgumentParser:
 
 
 def _eval_handler(args: argparse.Namespace) -> int:
-    run_eval(args)
+    from mappa_agents.progress import library_progress_bars
+
+    # --no-progress hides the model libraries' bars (loading weights) as well.
+    with library_progress_bars(not args.no_progress):
+        run_eval(args)
     return 0
 
 

@@ -100,21 +100,26 @@ def verdict_failure(coach: Mapping[str, Any] | None) -> str | None:
 
 
 def progress_postfix(
-    results: Mapping[int, EpisodeResult], verdicts: Mapping[str, int]
+    results: Mapping[int, EpisodeResult],
+    verdicts: Mapping[str, int],
+    episodes: int | None = None,
 ) -> dict[str, str]:
-    """The progress line's fields: successes, and the coach's timeouts and invalid verdicts.
+    """The progress line's fields: episodes done, successes, the coach's failures.
 
     Args:
         results: Finished episodes so far.
         verdicts: Counts by :func:`classify_verdict` of every action's verdict so far.
+        episodes: The run's episodes; given, the line starts with ``episodes: done/all``.
 
     Returns:
-        ``{"success": "3/5", "coach_timeouts": "1", "coach_invalid": "2/40"}``;
-        the coach fields only once the coach has judged an action. ``coach_invalid``
-        counts every invalid verdict (timeouts included) over all verdicts.
+        ``{"episodes": "5/8", "success": "3/5", "coach_timeouts": "1",
+        "coach_invalid": "2/40"}``; the coach fields only once the coach has judged an
+        action. ``coach_invalid`` counts every invalid verdict (timeouts included) over
+        all verdicts.
     """
     wins = sum(r.succeeded for r in results.values())
-    postfix = {"success": f"{wins}/{len(results)}"}
+    postfix = {} if episodes is None else {"episodes": f"{len(results)}/{episodes}"}
+    postfix["success"] = f"{wins}/{len(results)}"
     judged = sum(verdicts.values())
     if judged:
         invalid = verdicts.get("invalid", 0) + verdicts.get("timeout", 0)
@@ -129,6 +134,57 @@ def _current_task_id(env: PipelineEnv) -> str:
         return str(env.task_facts()[0])
     except Exception:  # noqa: BLE001 - a report label only; the episode carries on
         return ""
+
+
+def most_actions(env: PipelineEnv) -> int:
+    """The most actions an episode of ``env`` takes: its ``max_cycles``, else the turn limits.
+
+    The sum of the agents' turn limits bounds a chain (the default
+    :meth:`~mappa_env.envs.pipeline.PipelineEnv.next_agent`); an environment that loops
+    back bounds its episodes with ``max_cycles``, or runs past this estimate.
+    """
+    if env.max_cycles is not None:
+        return int(env.max_cycles)
+    return sum(spec.max_turns for spec in env.agent_specs())
+
+
+class _ActionProgress:
+    """The progress line: a bar over actions, with the episodes done in its fields.
+
+    A bar over episodes stands still while every episode is in flight (eight episodes
+    eight at a time showed 0/8 for as long as the slowest took); one over actions moves
+    with every action. Its total starts at each episode's most actions
+    (:func:`most_actions`) times the episodes and drops by what each episode leaves
+    unused when it ends, so it is the true count once the last one has ended.
+    """
+
+    def __init__(self, bar: Any, episodes: int, per_episode: int) -> None:
+        self.bar = bar
+        self.episodes = episodes
+        self.per_episode = max(1, per_episode)
+        bar.total = episodes * self.per_episode
+        bar.refresh()
+
+    def action(self) -> None:
+        """One action taken."""
+        if self.bar.n + 1 > self.bar.total:  # an episode past the estimate
+            self.bar.total = self.bar.n + 1
+        self.bar.update(1)
+
+    def episode(
+        self, actions: int, results: Mapping[int, EpisodeResult], verdicts: Mapping[str, int]
+    ) -> None:
+        """An episode that took ``actions`` actions ended (or could not start)."""
+        self.bar.total = max(self.bar.n, self.bar.total - max(0, self.per_episode - actions))
+        self.refresh(results, verdicts)
+
+    def refresh(self, results: Mapping[int, EpisodeResult], verdicts: Mapping[str, int]) -> None:
+        """Redraw the fields: episodes done, successes, the coach's counts."""
+        self.bar.set_postfix(progress_postfix(results, verdicts, self.episodes))
+
+    def close(self) -> None:
+        """End the line."""
+        self.bar.close()
 
 
 @functools.lru_cache(maxsize=64)
@@ -148,7 +204,8 @@ class RolloutRunner:
         concurrency: Most episodes in flight at once.
         seed: Run seed: episode ``i`` resets its environment with ``seed + i`` and
             generation seeds derive from it. ``None`` leaves sampling unseeded.
-        progress: Show a progress bar (tqdm) over episodes.
+        progress: Show a progress bar (tqdm) over the run's actions, which moves with
+            every action; its fields count the episodes done.
         keep_envs: Keep the environments between :meth:`run` calls (a trainer running
             many steps); then call :meth:`close` when done. By default each run closes
             the environments it made.
@@ -195,12 +252,15 @@ class RolloutRunner:
         self._policy_index = {id(p): i for i, p in enumerate(system.unique_policies())}
         self._envs: list[PipelineEnv] = []
         self._verdicts: Counter[str] = Counter()
+        self._bar: _ActionProgress | None = None
 
     def _finish(
         self, results: dict[int, EpisodeResult], index: int, episode: EpisodeResult
     ) -> None:
         """Record a finished episode and hand it to :attr:`on_episode`."""
         results[index] = episode
+        if self._bar is not None:
+            self._bar.episode(len(episode.actions), results, self._verdicts)
         if self.on_episode is not None:
             self.on_episode(episode)
 
@@ -293,9 +353,9 @@ class RolloutRunner:
         planned: dict[int, str] = {}
         next_index = 0
         self._verdicts = Counter()
-        bar = self._progress_bar(num_episodes)
         try:
             envs = await self._ensure_envs(n_slots)
+            self._bar = self._progress_bar(num_episodes, envs[0])
             default_tasks = [t.id for t in getattr(envs[0], "tasks", [])]
             live: list[_Live] = []
 
@@ -337,12 +397,11 @@ class RolloutRunner:
                                 index, env, f"reset failed: {exc!r}", planned.get(index, "")
                             ),
                         )
-                        self._update_bar(bar, results)
 
             started = await asyncio.gather(*(refill(env) for env in envs))
             live = [episode for episode in started if episode is not None]
             if self.schedule == "continuous":
-                await self._run_continuous(live, refill, results, bar, run_seed)
+                await self._run_continuous(live, refill, results, run_seed)
                 live = []
             tick = 0
             while live:
@@ -371,7 +430,6 @@ class RolloutRunner:
                             error = f"environment step failed: {raised!r}"
                     if error is not None or self._finished(episode.env):
                         self._finish(results, episode.index, await self._collect(episode, error))
-                        self._update_bar(bar, results)
                         replacement = await refill(episode.env)
                         if replacement is not None:
                             still_live.append(replacement)
@@ -379,8 +437,10 @@ class RolloutRunner:
                         still_live.append(episode)
                 live = still_live
                 tick += 1
-                self._refresh_bar(bar, results)
+                if self._bar is not None:
+                    self._bar.refresh(results, self._verdicts)
         finally:
+            bar, self._bar = self._bar, None
             if bar is not None:
                 bar.close()
             if not self.keep_envs:
@@ -452,7 +512,6 @@ class RolloutRunner:
         live: list[_Live],
         refill: Callable[[PipelineEnv], Any],
         results: dict[int, EpisodeResult],
-        bar: Any,
         run_seed: int | None,
     ) -> None:
         """Drive every slot on its own; each policy batches what is pending when free."""
@@ -482,8 +541,6 @@ class RolloutRunner:
                         logger.exception("episode %d failed", episode.index)
                         error = f"environment step failed: {exc!r}"
                 self._finish(results, episode.index, await self._collect(episode, error))
-                self._update_bar(bar, results)
-                self._refresh_bar(bar, results)
                 episode = await refill(episode.env)
 
         drivers = [asyncio.ensure_future(drive(episode)) for episode in live]
@@ -533,6 +590,8 @@ class RolloutRunner:
         kind = classify_verdict(sample.coach)
         if kind is not None:
             self._verdicts[kind] += 1
+        if self._bar is not None:
+            self._bar.action()
         # Terminated agents take PettingZoo's dead step here, so the next tick only sees
         # agents that must act.
         while env.agents and (
@@ -584,7 +643,7 @@ class RolloutRunner:
             outcome=outcome,
         )
 
-    def _progress_bar(self, total: int) -> Any:
+    def _progress_bar(self, episodes: int, env: PipelineEnv) -> _ActionProgress | None:
         if not self.progress:
             return None
         try:
@@ -592,19 +651,8 @@ class RolloutRunner:
         except ImportError:
             logger.info("tqdm is not installed: no progress bar")
             return None
-        return tqdm(total=total, desc="episodes", unit="ep", dynamic_ncols=True)
-
-    def _update_bar(self, bar: Any, results: Mapping[int, EpisodeResult]) -> None:
-        if bar is None:
-            return
-        bar.set_postfix(progress_postfix(results, self._verdicts), refresh=False)
-        bar.update(1)
-
-    def _refresh_bar(self, bar: Any, results: Mapping[int, EpisodeResult]) -> None:
-        """Show the coach counts after each tick, between finished episodes."""
-        if bar is None:
-            return
-        bar.set_postfix(progress_postfix(results, self._verdicts))
+        bar = tqdm(total=None, desc="actions", unit="action", dynamic_ncols=True)
+        return _ActionProgress(bar, episodes, most_actions(env))
 
 
 class _Batcher:

@@ -89,7 +89,12 @@ def add_train_parser(commands: Any) -> argparse.ArgumentParser:
         epilog="Each flag shows the first sentence of its field's description; "
         "docs/training.md and help(mappa_train.TrainConfig) have the whole of each.",
     )
-    parser.add_argument("--config", default=None, help="YAML or JSON file of config fields")
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="YAML or JSON file of config fields, or the name of a bundled recipe such as "
+        "mathchat-smollm2 (python -m mappa_train.bundled lists them)",
+    )
     # The same task and sandbox flags as `mappa eval`: shorthands for env_options entries.
     parser.add_argument(
         "--tasks",
@@ -160,7 +165,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if "system" in overrides and not isinstance(overrides["system"], (str, dict)):
         overrides["system"] = str(overrides["system"])
     if args.config:
-        config = TrainConfig.from_file(args.config, **overrides)
+        from mappa_train.bundled import resolve_config
+
+        config = TrainConfig.from_file(resolve_config(args.config), **overrides)
     else:
         config = TrainConfig.from_dict(overrides)
     shorthands = {}
@@ -194,12 +201,15 @@ def check_config_env_options(config: TrainConfig) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     """Run ``mappa train`` and print where the results are."""
+    from mappa_agents.progress import library_progress_bars
     from mappa_agents.report import describe_isolation
     from mappa_train.trainer import make_trainer
 
     config = config_from_args(args)
-    trainer = make_trainer(config)
-    history = trainer.train()
+    # --no-progress hides the model libraries' bars too (loading, saving checkpoints).
+    with library_progress_bars(config.progress):
+        trainer = make_trainer(config)
+        history = trainer.train()
     last = history[-1] if history else {}
     print(
         f"trained {trainer.step} steps; metrics: {trainer.metrics_path}; "

@@ -359,7 +359,10 @@ class TrainConfig:
     """Log to this Weights & Biases project (needs ``wandb``); ``None`` disables."""
 
     progress: bool = True
-    """Show a progress bar over steps."""
+    """Show a progress bar over steps.
+
+    Off (``--no-progress``), ``mappa train`` hides the model libraries' bars too (loading
+    weights, writing checkpoints)."""
 
     seed: int = 0
     """Seeds task sampling, rollouts and mini-batch order; a resumed run continues exactly."""

@@ -32,9 +32,16 @@ def test_eval_writes_report_transcripts_and_plots(tmp_path, capsys):
     assert json.loads(rows[0])["response_ids"]
     assert (out / "rewards.png").stat().st_size > 1000
     assert report["isolation"]["code_execution"] is False  # --sandbox none
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "MathChat-v0: 3 episodes" in printed
     assert "isolation: no code execution" in printed
+    # --no-progress: no bar of mappa's, nor transformers' bar over the weights it loads.
+    assert "Loading weights" not in captured.err
+    assert "actions:" not in captured.err
+    from transformers.utils import logging as transformers_logging
+
+    assert transformers_logging.is_progress_bar_enabled()  # back on after the command
 
 
 def test_eval_compile_decode_reaches_local_policies(tmp_path, caplog):

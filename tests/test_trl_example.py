@@ -28,51 +28,20 @@ def example(monkeypatch):
     sys.modules.pop("trl_grpo_mathchat", None)
 
 
-def _warm_start(model, tokenizer, messages, reply: str, steps: int) -> None:
-    """A few supervised steps toward ``reply``: a random model boxes no answer, so every
-    rollout would earn the same reward and GRPO's advantages would all be zero."""
-    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
-    answer = tokenizer(reply, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    ids = torch.tensor([prompt + answer])
-    labels = ids.clone()
-    labels[0, : len(prompt)] = -100
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model.train()
-    torch.manual_seed(0)
-    for _ in range(steps):
-        model(input_ids=ids, labels=labels).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
-
 @pytest.mark.slow
-def test_grpo_takes_a_step_on_the_verifier_with_the_environments_rewards(example, tmp_path):
-    from mappa_agents.openenv_server import MappaOpenEnv, running_server
-    from mappa_agents.tiny_models import tiny_model_and_tokenizer
+def test_the_tiny_run_takes_a_grpo_step_that_changes_the_weights(
+    example, tmp_path, monkeypatch, capsys
+):
+    """`--tiny --steps 1` as a user runs it: its last line says the model learned."""
+    before: dict = {}
+    real_train = example.train
 
-    tasks = example.product_tasks(1)
-    config = example.serve_config(tasks)
-    probe = MappaOpenEnv(config)
-    try:
-        messages = probe.reset(task_id=tasks[0].id).messages  # the verifier's chat
-    finally:
-        probe.close()
-    model, tokenizer = tiny_model_and_tokenizer()
-    _warm_start(model, tokenizer, messages, f"Final answer: \\boxed{{{tasks[0].answer}}}", 8)
-    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    def snapshot_then_train(model, *args, **kwargs):
+        before.update({name: p.detach().clone() for name, p in model.named_parameters()})
+        return real_train(model, *args, **kwargs)
 
-    with running_server(config) as url:
-        result = example.train(
-            model,
-            tokenizer,
-            url,
-            [tasks[0].id],
-            steps=1,
-            output_dir=str(tmp_path / "out"),
-            generations=4,
-            max_completion_length=24,
-        )
+    monkeypatch.setattr(example, "train", snapshot_then_train)
+    result = example.main(["--tiny", "--steps", "1", "--output-dir", str(tmp_path)])
 
     trainer, rollouts = result["trainer"], result["rollouts"]
     assert trainer.state.global_step == 1
@@ -84,5 +53,24 @@ def test_grpo_takes_a_step_on_the_verifier_with_the_environments_rewards(example
     (logged,) = [entry for entry in trainer.state.log_history if "reward" in entry]
     assert logged["reward"] == pytest.approx(sum(rewards) / len(rewards))
     assert logged["grad_norm"] > 0
-    changed = [n for n, p in model.named_parameters() if not torch.equal(p.detach(), before[n])]
+    changed = [
+        n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])
+    ]
     assert changed, "the GRPO step changed no weight"
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("learned: 1 GRPO steps, 4 rollouts"), last
+    assert "1 of 1 groups of 4 had different rewards" in last
+
+
+class _Logged:
+    def __init__(self, history):
+        self.state = type("State", (), {"log_history": history})()
+
+
+def test_a_run_whose_groups_all_earned_one_reward_says_why_it_learned_nothing(example):
+    rollouts = [{"task_id": "product-0", "reward": 0.0} for _ in range(4)]
+    history = [{"step": 1, "reward": 0.0, "loss": 0.0, "grad_norm": 0.0}]
+    line = example.summary({"trainer": _Logged(history), "rollouts": rollouts, "generations": 4})
+    assert line.startswith("learned nothing: 1 GRPO steps, 4 rollouts, mean reward 0.000")
+    assert "0 of 1 groups of 4 had different rewards" in line
+    assert "GRPO's advantages (a reward minus its group's mean) were all 0" in line
