@@ -500,3 +500,34 @@ def test_system_calls_that_reach_past_the_namespaces_are_refused(confined):
         "print(sorted(k for k, v in checks.items() if not v))",
     )
     assert out.strip() == "[]"
+
+
+def test_python_started_by_a_relative_path_through_a_linked_folder_is_confined(tmp_path):
+    executable = Path(sys.executable)
+    if executable.parent.parent != Path(sys.prefix):
+        pytest.skip("the interpreter is not in its prefix's bin directory")
+    (tmp_path / "venv").symlink_to(sys.prefix, target_is_directory=True)
+    (tmp_path / "real-packages").mkdir()
+    (tmp_path / "real-packages" / "linked_module.py").write_text("VALUE = 5\n")
+    (tmp_path / "packages").symlink_to(tmp_path / "real-packages", target_is_directory=True)
+    (tmp_path / "cwd").mkdir()
+    script = (
+        "from mappa_env.sandbox import JupyterSandbox\n"
+        "from mappa_env.sandbox.isolation import resolve_confinement\n"
+        "print(resolve_confinement('auto').mode)\n"
+        "with JupyterSandbox(isolation='auto') as sandbox:\n"
+        "    result = sandbox.run('import linked_module; print(linked_module.VALUE)')\n"
+        "    print(sandbox.confinement.mode, result.stdout.strip() or result.render())\n"
+    )
+    done = subprocess.run(
+        [f"../venv/bin/{executable.name}", "-c", script],
+        cwd=tmp_path / "cwd",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), "../packages"])},
+    )
+    assert done.returncode == 0, done.stderr
+    # Not "none" after a warning that setpriv could not execute "../venv/bin/python".
+    assert done.stdout.split() == ["namespaces", "namespaces", "5"], done.stdout + done.stderr

@@ -320,7 +320,9 @@ class Confinement:
 
         Args:
             argv: The interpreter's command; its first element must be an absolute
-                path inside the bound directories (``sys.executable`` is).
+                path inside the bound directories (``sys.executable`` is). It is run
+                by its real directory (:func:`interpreter_path`): bound directories are
+                mounted at their real paths only.
             workdir: Working directory inside, bound at the same path.
             writable: More directories bound read-write at the same path.
             read_only: More directories bound read-only at the same path (those that
@@ -400,7 +402,31 @@ class Confinement:
                 "--no-new-privs",
                 "--",
             ]
-        return args + list(argv)
+        return [*args, interpreter_path(argv[0]), *argv[1:]]
+
+
+def interpreter_path(executable: str | None = None) -> str:
+    """Where an interpreter is found inside the sandbox: its real directory, its own name.
+
+    Python started through a symbolic link to a folder (``/data/envs -> /srv/envs``) or
+    by a relative path (``../venv/bin/python``) keeps that spelling in
+    ``sys.executable``; the sandbox binds directories at their real paths only, so that
+    spelling names nothing inside. The file name is kept, not resolved: a virtual
+    environment's ``python`` is a link to the base interpreter, and started by the
+    link's target Python would not find the environment's ``pyvenv.cfg`` (nor its
+    packages). The link's target is bound too (see :func:`python_paths`).
+
+    Args:
+        executable: An interpreter's path, by default ``sys.executable``.
+
+    Returns:
+        The absolute path with every directory resolved; a bare name is returned as is.
+    """
+    path = sys.executable if executable is None else executable
+    if os.sep not in path:
+        return path
+    directory, name = os.path.split(os.path.abspath(path))
+    return os.path.join(os.path.realpath(directory), name)
 
 
 #: Entries of a workspace handed over at most (a bigger tree keeps the rest as it is).

@@ -176,13 +176,15 @@ class SandboxLimits:
 
 
 def inherited_import_paths(parent: Mapping[str, str] | None = None) -> list[str]:
-    """Directories on this process's ``PYTHONPATH``, as absolute paths, for the kernel.
+    """Directories on this process's ``PYTHONPATH``, as real paths, for the kernel.
 
     The kernel runs this interpreter, so it sees the same installed packages; packages
     reachable only through ``PYTHONPATH`` would be missing, because the variable is not
     on the environment allow-list. The launcher puts these directories on the kernel's
     ``sys.path`` itself. Relative entries are resolved against this process's working
     directory (what they mean here), never the workspace's; missing ones are dropped.
+    Symbolic links are resolved: a confined kernel sees bound directories only at their
+    real paths.
 
     Args:
         parent: Environment to read, default ``os.environ``.
@@ -195,7 +197,7 @@ def inherited_import_paths(parent: Mapping[str, str] | None = None) -> list[str]
     for entry in str(source.get("PYTHONPATH", "")).split(os.pathsep):
         if not entry:
             continue  # an empty entry means the current directory: never the workspace
-        path = os.path.abspath(entry)
+        path = os.path.realpath(entry)
         if os.path.isdir(path) and path not in paths:
             paths.append(path)
     return paths
