@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -160,6 +161,7 @@ def add_env_arguments(parser: argparse.ArgumentParser, *, credit: bool = True) -
         choices=["auto", "namespaces", "none"],
         help="confine agents' code in Linux namespaces (bubblewrap): auto = where it works",
     )
+    add_require_isolation_argument(parser)
     if not credit:
         return
     parser.add_argument(
@@ -172,6 +174,42 @@ def add_env_arguments(parser: argparse.ArgumentParser, *, credit: bool = True) -
         "(process), the episode's outcome, the acting agent's own correctness "
         "(agent_oracle), or a mix",
     )
+
+
+def add_require_isolation_argument(parser: argparse.ArgumentParser) -> None:
+    """``--require-isolation``: the command line's way to set ``MAPPA_REQUIRE_ISOLATION``."""
+    parser.add_argument(
+        "--require-isolation",
+        action="store_true",
+        help="refuse to start unless agents' code can be confined in namespaces (as "
+        "MAPPA_REQUIRE_ISOLATION=1 does): --isolation auto then acts as namespaces, and "
+        "none is refused",
+    )
+
+
+def announce_unconfined(command: str, isolation: str, code_runs: bool = True) -> str | None:
+    """Say first, in one line on stderr, that ``isolation`` runs agents' code unconfined.
+
+    Args:
+        command: The sub-command, for the line's prefix.
+        isolation: The isolation mode the run asked for.
+        code_runs: Whether the run executes agents' code at all (not ``--sandbox none``).
+
+    Returns:
+        The reason said, or ``None`` when nothing was said.
+    """
+    from mappa_env.sandbox.isolation import unconfined_reason
+
+    reason = unconfined_reason(isolation) if code_runs else None
+    if reason is not None:
+        cause = " ".join(reason.split()).rstrip(".")
+        print(
+            f"mappa {command}: agents' code runs UNCONFINED (isolation auto: {cause}); "
+            "pass --require-isolation to refuse such a run, or --isolation none to accept it",
+            file=sys.stderr,
+            flush=True,
+        )
+    return reason
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -307,6 +345,7 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env_options = env_options_from_args(args)
+    announce_unconfined("eval", args.isolation, code_runs=env_options.get("sandbox") is not None)
     # One coach for every environment, so its concurrency limit, cache and ledger are shared.
     coach = make_coach(args.coach)
     env_options["coach"] = coach

@@ -12,6 +12,7 @@ import sys
 import typing
 from typing import Any
 
+from mappa_agents.cli import add_require_isolation_argument
 from mappa_env.errors import SettingsError
 from mappa_env.typecheck import check_env_options
 from mappa_train.config import TrainConfig
@@ -111,6 +112,7 @@ def add_train_parser(commands: Any) -> argparse.ArgumentParser:
         help="where agents' code runs, as for mappa eval; the same as env_options "
         "{'sandbox': ...} (none: no code runs)",
     )
+    add_require_isolation_argument(parser)
     docs = _field_docs()
     hints = typing.get_type_hints(TrainConfig)
     for field in dataclasses.fields(TrainConfig):
@@ -201,11 +203,15 @@ def check_config_env_options(config: TrainConfig) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     """Run ``mappa train`` and print where the results are."""
+    from mappa_agents.cli import announce_unconfined
     from mappa_agents.progress import library_progress_bars
     from mappa_agents.report import describe_isolation
     from mappa_train.trainer import make_trainer
 
     config = config_from_args(args)
+    announce_unconfined(
+        "train", config.isolation, code_runs=config.env_options.get("sandbox", "") is not None
+    )
     # --no-progress hides the model libraries' bars too (loading, saving checkpoints).
     with library_progress_bars(config.progress):
         trainer = make_trainer(config)

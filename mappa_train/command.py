@@ -65,12 +65,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     from mappa_env.errors import RunStoppedError, SettingsError
-    from mappa_env.sandbox.isolation import IsolationUnavailableError
+    from mappa_env.sandbox.isolation import REQUIRE_ISOLATION_ENV, IsolationUnavailableError
     from mappa_env.tempdirs import remove_stale
 
     # Kernel folders, workspaces and filter files of runs that were killed (by owner
     # pid on this machine: never those of a run still going).
     remove_stale()
+    required_before = os.environ.get(REQUIRE_ISOLATION_ENV)
+    if getattr(args, "require_isolation", False):
+        # One switch for the library, this process's helpers and its workers alike.
+        os.environ[REQUIRE_ISOLATION_ENV] = "1"
     try:
         return int(args.handler(args) or 0)
     except IsolationUnavailableError as exc:
@@ -91,6 +95,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Wherever the write was (a checkpoint, a plot, a report), the fix is the same.
         print(f"mappa {args.command}: {full_disk_hint(args.command, exc)}", file=sys.stderr)
         return 1
+    finally:
+        # main() may be called again in this process (tests, notebooks).
+        if required_before is None:
+            os.environ.pop(REQUIRE_ISOLATION_ENV, None)
+        else:
+            os.environ[REQUIRE_ISOLATION_ENV] = required_before
 
 
 # No space left on the device, or the user's disk quota spent.
@@ -123,5 +133,8 @@ def isolation_hint(exc: Exception) -> str:
 
     cause = " ".join(str(exc).split())
     if isolation_required():
-        return f"{cause} (every run must be confined while {REQUIRE_ISOLATION_ENV} is set)"
+        return (
+            f"{cause} (every run must be confined: --require-isolation or "
+            f"{REQUIRE_ISOLATION_ENV} is set)"
+        )
     return f"{cause}. To run agents' code unconfined instead, pass --isolation none"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import math
 import os
 import socket
@@ -500,6 +501,62 @@ def test_the_command_line_turns_an_isolation_error_into_one_line(no_namespaces, 
     assert len(err.splitlines()) == 1, err
     assert "bubblewrap (bwrap) is not installed" in err
     assert "--isolation none" in err
+
+
+def test_a_run_that_asked_for_auto_and_got_none_says_so_first_and_in_its_report(
+    no_namespaces, tmp_path, monkeypatch, capsys, caplog
+):
+    from mappa_train.command import main
+
+    (tmp_path / "replies.py").write_text("def reply(messages):\n    return 'The answer is 5.'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "eval"
+    with caplog.at_level("WARNING"):
+        code = main(
+            ["eval", "--system", "script:replies:reply", "--num-tasks", "1", "--episodes",
+             "1", "--out", str(out), "--no-progress"]
+        )  # fmt: skip
+    assert code == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("mappa eval: agents' code runs UNCONFINED (isolation auto: "), err
+    assert "bubblewrap (bwrap) is not installed" in err[0]
+    assert "--require-isolation" in err[0]
+    # Said once: not again by the library's own warnings.
+    assert "without namespace" not in caplog.text
+    report = json.loads((out / "report.json").read_text())["isolation"]
+    assert (report["requested"], report["isolation"]) == ("auto", "none")
+    assert "bubblewrap (bwrap) is not installed" in report["reason"]
+
+
+def test_train_says_it_first_too_before_any_model_loads(no_namespaces, monkeypatch, capsys):
+    from mappa_env.errors import RunStoppedError
+    from mappa_train import trainer
+    from mappa_train.command import main
+
+    def no_trainer(config):
+        raise RunStoppedError("no trainer in this test")
+
+    monkeypatch.setattr(trainer, "make_trainer", no_trainer)
+    assert main(["train", "--steps", "1"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("mappa train: agents' code runs UNCONFINED"), err
+
+
+@pytest.mark.parametrize("command", ["eval", "train"])
+def test_require_isolation_refuses_to_start_unconfined_in_one_line(
+    no_namespaces, command, tmp_path, capsys, monkeypatch
+):
+    from mappa_train.command import main
+
+    monkeypatch.delenv("MAPPA_REQUIRE_ISOLATION", raising=False)
+    flags = ["--out", str(tmp_path)] if command == "eval" else ["--output-dir", str(tmp_path)]
+    assert main([command, "--require-isolation", "--steps" if command == "train" else
+                 "--episodes", "1", *flags]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "bubblewrap (bwrap) is not installed" in err
+    assert "--require-isolation" in err
+    assert "MAPPA_REQUIRE_ISOLATION" not in os.environ  # the flag held for that run only
 
 
 def test_reports_say_what_isolation_resolved_to():

@@ -341,7 +341,12 @@ class PipelineEnv(AECEnv):
         self._confinement = resolve_confinement(isolation)
         self._sandbox_factory = resolve_sandbox_factory(sandbox, isolation)
         self._agent_confinement = _agent_confinement(self._sandbox_factory, self._confinement)
-        if isolation != "none" and not self._agent_confinement.isolated:
+        if (
+            isolation != "none"
+            and not self._agent_confinement.isolated
+            # The same reason as the environment's own: resolve_confinement warned.
+            and self._agent_confinement.reason != self._confinement.reason
+        ):
             _warn_unconfined_agents(self._agent_confinement.reason)
         self._workspace_lease: UidLease | None = None
         self._sandboxes: dict[str, Sandbox] = {}

@@ -1081,9 +1081,17 @@ def _probe() -> Confinement | IsolationUnavailableError:
     return confinement
 
 
+#: Reasons for running unconfined that a caller has told its user already
+#: (:func:`unconfined_reason`): not logged again.
+_TOLD: set[str] = set()
+
+
 @functools.cache
 def _warn_unconfined(reason: str) -> None:
     """Warn once per process and reason that auto isolation fell back to none."""
+    if reason in _TOLD:
+        logger.debug("isolation='auto' runs agent code without namespaces: %s", reason)
+        return
     logger.warning(
         "isolation='auto' runs agent code without namespaces: %s. Then %s. Install "
         "bubblewrap to confine it, or pass isolation='none' to accept this.",
@@ -1128,6 +1136,30 @@ def refuse_unconfined(what: str) -> None:
             f"{REQUIRE_ISOLATION_ENV} is set: use namespace isolation (sandbox='jupyter' "
             f"with bubblewrap installed), or unset {REQUIRE_ISOLATION_ENV}"
         )
+
+
+def unconfined_reason(isolation: IsolationMode | str = "auto") -> str | None:
+    """Why ``isolation`` would run agents' code unconfined here, for a caller to say first.
+
+    A command line says it in its first line; the warning :func:`resolve_confinement`
+    would log for the same reason is then not repeated.
+
+    Args:
+        isolation: The mode a run asked for.
+
+    Returns:
+        The reason where ``"auto"`` finds no namespace isolation (and
+        :data:`REQUIRE_ISOLATION_ENV` is not set: then resolving refuses the run
+        instead); ``None`` where it confines, and for ``"namespaces"`` and ``"none"``
+        (which confine or fail, or were asked for).
+    """
+    if isolation != "auto" or isolation_required():
+        return None
+    probed = _probe()
+    if isinstance(probed, Confinement):
+        return None
+    _TOLD.add(str(probed))
+    return str(probed)
 
 
 def declared_confinement(factory: object) -> Confinement | None:
