@@ -332,7 +332,8 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     """Run ``mappa eval``: episodes, report.json, transcripts.jsonl, plots, a printed table.
 
     Raises:
-        SystemExit: When every episode failed (with the first error), or on bad settings.
+        SystemExit: With :data:`NOTHING_MEASURED` when every episode failed (the first
+            error on stderr), or on bad settings.
     """
     import mappa_env
     from mappa_agents.policy import SamplingParams
@@ -414,7 +415,8 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     try:
         check_some_finished(episodes)
     except AllEpisodesFailedError as exc:
-        raise SystemExit(f"mappa eval: {exc} (transcripts in {transcripts.path})") from exc
+        print(f"mappa eval: {exc} (transcripts in {transcripts.path})", file=sys.stderr)
+        raise SystemExit(NOTHING_MEASURED) from exc
     report = summarize(episodes, wall_time_s=wall, samples_per_task=samples_per_task or 1)
     report["system"] = args.system
     report["coach"] = args.coach
@@ -472,9 +474,41 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+NOTHING_MEASURED = 3
+"""Exit status of ``mappa eval`` when the run measured nothing: no episode finished, or
+no coach verdict was valid (every reward came from a failed verdict). Distinct from 1 (a
+crash, a full disk) and 2 (a setting that cannot work), so a script can tell them apart."""
+
+
+def nothing_measured(report: dict[str, Any]) -> str | None:
+    """Why ``report`` (of :func:`run_eval`) measured nothing, or ``None`` when it did.
+
+    Args:
+        report: The run's report, with ``coach_verdicts`` (counts by kind) and
+            ``coach_failures`` (invalid verdicts by cause).
+    """
+    verdicts = report.get("coach_verdicts") or {}
+    total = sum(verdicts.values())
+    if not total or verdicts.get("valid", 0):
+        return None
+    causes = ", ".join(f"{k} {v}" for k, v in (report.get("coach_failures") or {}).items())
+    return (
+        f"none of the {total} coach verdicts was valid ({causes or 'no cause recorded'}), so "
+        "no reward was measured: fix the --coach (report.json's coach_failures counts them "
+        "by cause)"
+    )
+
+
 def add_eval_parser(commands: Any) -> argparse.ArgumentParser:
     """Add the ``eval`` sub-command to ``commands`` (an argparse sub-parsers object)."""
-    parser = commands.add_parser("eval", help="benchmark a system on an environment")
+    parser = commands.add_parser(
+        "eval",
+        help="benchmark a system on an environment",
+        epilog=f"Exit status: 0 when the run measured something; {NOTHING_MEASURED} when it "
+        "measured nothing (no episode finished, or no coach verdict was valid), after "
+        "writing what it could; 2 for a setting that cannot work; 1 for a crash or a full "
+        "disk.",
+    )
     add_eval_arguments(parser)
     parser.add_argument("--out", default="runs/eval", help="output directory")
     parser.set_defaults(handler=_eval_handler)
@@ -486,7 +520,11 @@ def _eval_handler(args: argparse.Namespace) -> int:
 
     # --no-progress hides the model libraries' bars (loading weights) as well.
     with library_progress_bars(not args.no_progress):
-        run_eval(args)
+        report = run_eval(args)
+    why = nothing_measured(report)
+    if why is not None:
+        print(f"mappa eval: nothing was measured: {why}", file=sys.stderr)
+        return NOTHING_MEASURED
     return 0
 
 

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from mappa_agents.checkpoints import CheckpointError, latest_checkpoint, resolve_checkpoint
-from mappa_agents.cli import eval_plan
+from mappa_agents.cli import NOTHING_MEASURED, eval_plan, nothing_measured
 from mappa_agents.metrics import (
     bootstrap_interval,
     estimate,
@@ -398,15 +398,37 @@ def test_api_spec_query_reaches_the_local_server():
         assert server.requests[0].headers["Authorization"] == "Bearer k"
 
 
-def test_eval_stops_clearly_when_every_episode_fails(tmp_path):
+def test_eval_stops_clearly_when_every_episode_fails(tmp_path, capsys):
     pytest.importorskip("litellm")
     with run_stub_server(lambda _r: StubReply(status=400, error_message="bad model")) as server:
         spec = f"api:openai/stub-model?api_base={server.base_url}&api_key=k&num_retries=0"
-        with pytest.raises(SystemExit, match="all 2 episodes failed; the first error"):
+        with pytest.raises(SystemExit) as stopped:
             _eval("--system", spec, "--episodes", "2", "--out", str(tmp_path / "out"))
         assert server.request_count >= 2
+    assert stopped.value.code == NOTHING_MEASURED == 3
+    assert "mappa eval: all 2 episodes failed; the first error" in capsys.readouterr().err
     assert (tmp_path / "out" / "transcripts.jsonl").exists()
     assert not (tmp_path / "out" / "report.json").exists()
+
+
+def test_eval_exits_nonzero_when_no_coach_verdict_was_valid(tmp_path, monkeypatch, capsys):
+    import mappa_env.coach
+    from mappa_agents.tiny_models import tiny_model_dir
+    from tests.fakes import FixedCoach
+
+    monkeypatch.setattr(mappa_env.coach, "make_coach", lambda spec: FixedCoach(score=None))
+    out = tmp_path / "out"
+    code = _eval("--system", str(tiny_model_dir(tmp_path / "model")), "--episodes", "2",
+                 "--out", str(out))  # fmt: skip
+    assert code == NOTHING_MEASURED  # it exited 0: nothing tells a script the run was void
+    report = json.loads((out / "report.json").read_text())  # written all the same
+    assert report["coach_verdicts"] == {"invalid": report["actions"]}
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("mappa eval: nothing was measured: none of the ")
+    assert "coach verdicts was valid (invalid " in last
+    assert "fix the --coach" in last
+    assert nothing_measured({"coach_verdicts": {"valid": 1, "invalid": 5}}) is None
+    assert nothing_measured({"coach_verdicts": {}}) is None  # no coach ran: nothing to fault
 
 
 def test_coach_spec_sets_reply_budget_and_timeout():
