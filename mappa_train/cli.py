@@ -7,9 +7,12 @@ import ast
 import dataclasses
 import itertools
 import json
+import os
 import re
+import shlex
 import sys
 import typing
+from collections.abc import Sequence
 from typing import Any
 
 from mappa_agents.cli import add_require_isolation_argument
@@ -212,13 +215,26 @@ def run_train(args: argparse.Namespace) -> int:
     announce_unconfined(
         "train", config.isolation, code_runs=config.env_options.get("sandbox", "") is not None
     )
-    # --no-progress hides the model libraries' bars too (loading, saving checkpoints).
-    with library_progress_bars(config.progress):
-        trainer = make_trainer(config)
-        history = trainer.train()
+    trainer = None
+    try:
+        # --no-progress hides the model libraries' bars too (loading, saving checkpoints).
+        with library_progress_bars(config.progress):
+            trainer = make_trainer(config)
+            trainer.setup()
+            if trainer.resumed_from is not None:
+                print(
+                    f"mappa train: resumed from step {trainer.start_step} "
+                    f"(checkpoint {trainer.resumed_from})",
+                    flush=True,
+                )
+            history = trainer.train()
+    except KeyboardInterrupt:
+        # Ctrl-C: the run's state is its checkpoints; what to do next fits in one line.
+        print(f"mappa train: {interrupted_hint(trainer, args)}", file=sys.stderr)
+        return INTERRUPTED
     last = history[-1] if history else {}
     print(
-        f"trained {trainer.step} steps; metrics: {trainer.metrics_path}; "
+        f"{trained_steps(trainer.start_step, trainer.step)}; metrics: {trainer.metrics_path}; "
         f"checkpoints: {trainer.checkpoint_root}; last success rate "
         f"{last.get('rollout/success_rate')}"
     )
@@ -227,6 +243,64 @@ def run_train(args: argparse.Namespace) -> int:
     if nothing:
         print(f"mappa train: warning: {nothing}", file=sys.stderr)
     return 0
+
+
+INTERRUPTED = 130
+"""Exit status of ``mappa train`` stopped by Ctrl-C (128 + SIGINT, as shells report it)."""
+
+
+def trained_steps(start: int, end: int) -> str:
+    """``trained K steps (N+1..M)``: the steps this invocation trained, not the run's total.
+
+    Args:
+        start: The step training started from (a resumed checkpoint's, else 0).
+        end: The step it reached.
+    """
+    count = end - start
+    if count <= 0:
+        return f"trained 0 steps (the run was at step {end} already)"
+    steps = f"step {end}" if count == 1 else f"steps {start + 1}..{end}"
+    return f"trained {count} step{'s' if count != 1 else ''} ({steps})"
+
+
+def resume_command(argv: Sequence[str] | None = None) -> str:
+    """The command line that ran this process, to run again (shell-quoted).
+
+    ``mappa ...`` where the ``mappa`` script ran, ``python -m mappa_train ...`` where
+    the module did.
+
+    Args:
+        argv: The command line, its program first; default ``sys.argv``.
+    """
+    argv = list(sys.argv if argv is None else argv)
+    program = os.path.basename(argv[0]) if argv else "mappa"
+    head = [sys.executable, "-m", "mappa_train"] if program == "__main__.py" else [program]
+    return shlex.join([*head, *argv[1:]])
+
+
+def interrupted_hint(trainer: Any | None, args: argparse.Namespace) -> str:
+    """One line for a run stopped by Ctrl-C: where it stopped and the command that resumes.
+
+    Args:
+        trainer: The run's trainer, or ``None`` when it was stopped while being made.
+        args: The parsed command line (its ``command_line`` is the command to repeat).
+    """
+    from mappa_agents.checkpoints import latest_checkpoint
+
+    command = getattr(args, "command_line", None) or resume_command()
+    if trainer is None:
+        return f"interrupted before training started; `{command}` starts it again"
+    newest = latest_checkpoint(trainer.checkpoint_root)
+    if newest is None:
+        return (
+            f"interrupted after {trainer.step} of {trainer.config.steps} steps, before any "
+            "checkpoint was saved; "
+            f"`{command}` starts the run again"
+        )
+    return (
+        f"interrupted after {trainer.step} of {trainer.config.steps} steps; `{command}` "
+        f"resumes it from its newest checkpoint ({newest})"
+    )
 
 
 def nothing_trained(history: list[dict[str, Any]]) -> str | None:

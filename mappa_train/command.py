@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from mappa_agents.cli import add_coach_parser, add_eval_parser, add_serve_parser
 from mappa_agents.compare import add_compare_parser
-from mappa_train.cli import add_train_parser
+from mappa_train.cli import add_train_parser, resume_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,6 +55,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mappa`` command; returns its exit status."""
     args = parse_args(argv)
+    # What a run stopped by Ctrl-C says to run again (mappa_train.cli.interrupted_hint).
+    args.command_line = resume_command(None if argv is None else ["mappa", *argv])
     # As ``python -m`` does: ``--env my_envs:MyEnv`` finds a module in the working
     # directory (a console script's sys.path starts with its bin directory instead).
     # Only this process sees it; kernels get PYTHONPATH, not this.

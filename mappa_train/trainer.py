@@ -176,6 +176,10 @@ class Trainer:
         # Stops a run whose coach scores none of its actions (mappa_train.stop_rules).
         self.stop_rule = UnscoredStopRule(config.stop_unscored_rate, config.stop_unscored_steps)
         self.step = 0
+        self.resumed_from: Path | None = None
+        """The checkpoint this run resumed from (set by :meth:`setup`), or ``None``."""
+        self.start_step = 0
+        """The step training started from: the resumed checkpoint's, else 0."""
         self.history: list[dict[str, Any]] = []
         self.sync_seconds: list[float] = []
         """Seconds of each step's weight sync to the rollout engines (:meth:`after_update`)."""
@@ -264,6 +268,7 @@ class Trainer:
         if resume_from is not None:
             state = ckpt.load_trainer_state(resume_from)
             self.step = int(state["step"])
+            self.resumed_from, self.start_step = resume_from, self.step
             logger.info("resumed from %s at step %d", resume_from, self.step)
             saved = state.get("config", {})
             changed = sorted(k for k, v in config.to_dict().items() if k in saved and saved[k] != v)

@@ -107,3 +107,65 @@ def test_other_damage_is_found_too(trained_run, tmp_path):
     (checkpoint / "trainer_state.json").write_text('{"step": ')
     assert checkpoint_damage(checkpoint).startswith("trainer_state.json: JSONDecodeError")
     (checkpoint / "trainer_state.json").write_text(json.dumps({"step": 1}))
+
+
+def _train_argv(model, out, *flags):
+    return [
+        "train", "--system", str(model), "--tasks", "gen:8", "--sandbox", "none",
+        "--prompts-per-step", "1", "--samples-per-prompt", "2", "--max-new-tokens", "4",
+        "--train-batch-size", "2", "--micro-batch-size", "2", "--output-dir", str(out),
+        "--no-progress", "--no-tensorboard", "--save-every", "1", *flags,
+    ]  # fmt: skip
+
+
+def test_a_resumed_run_says_where_it_restarted_and_counts_only_its_own_steps(tmp_path, capsys):
+    from mappa_train.command import main
+
+    model = tiny_model_dir(tmp_path / "model")
+    out = tmp_path / "run"
+    assert main(_train_argv(model, out, "--steps", "1")) == 0
+    assert capsys.readouterr().out.startswith("trained 1 step (step 1); ")
+    assert main(_train_argv(model, out, "--steps", "3")) == 0
+    printed = capsys.readouterr().out.splitlines()
+    newest = out / "checkpoints" / "step-000001"
+    assert printed[0] == f"mappa train: resumed from step 1 (checkpoint {newest})"
+    # It said "trained 3 steps" after training two.
+    assert printed[1].startswith("trained 2 steps (steps 2..3); ")
+
+
+def test_ctrl_c_in_training_is_one_line_with_the_command_that_resumes(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    model = tiny_model_dir(tmp_path / "model")
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "mappa_train", *_train_argv(model, out, "--steps", "100000")]
+    process = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    try:
+        # Interrupted once training runs: a step logged and its checkpoint complete.
+        deadline = time.monotonic() + 300
+        while ckpt.latest_checkpoint(out / "checkpoints") is None:
+            assert process.poll() is None, process.communicate()[0]
+            assert time.monotonic() < deadline, "training never started"
+            time.sleep(0.2)
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    lines = output.strip().splitlines()
+    assert process.returncode == 130, output
+    assert "Traceback" not in output  # it was a 75-line chained traceback
+    assert lines[-1].startswith("mappa train: interrupted after "), output
+    assert f"of 100000 steps; `{sys.executable} -m mappa_train train --system {model} " in lines[-1]
+    assert "` resumes it from its newest checkpoint (" in lines[-1]
