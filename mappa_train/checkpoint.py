@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -45,6 +46,7 @@ __all__ = [
     "load_optimizer_states",
     "load_trainer_state",
     "named_optimizer_state",
+    "os_error_of",
     "positional_optimizer_state",
     "rng_state",
     "save_checkpoint",
@@ -78,6 +80,34 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+#: How Rust's I/O errors end their message ("No space left on device (os error 28)"),
+#: which libraries written in Rust (safetensors, tokenizers) raise as their own types.
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def os_error_of(exc: BaseException, filename: str | Path) -> OSError | None:
+    """The operating-system error a library's own exception type carries, as an ``OSError``.
+
+    safetensors raises ``SafetensorError("Error while serializing: I/O error: No space
+    left on device (os error 28)")``, not an ``OSError``.
+
+    Args:
+        exc: The exception raised.
+        filename: What was being written, for the message.
+
+    Returns:
+        An ``OSError`` with the error number, its description and ``filename``; ``None``
+        for an ``OSError`` already, or an exception that names no operating-system error.
+    """
+    if isinstance(exc, OSError):
+        return None
+    match = _RUST_OS_ERROR.search(str(exc))
+    if match is None:
+        return None
+    code = int(match.group(1))
+    return OSError(code, os.strerror(code), str(filename))
+
+
 def save_checkpoint(
     root: Path,
     step: int,
@@ -109,7 +139,15 @@ def save_checkpoint(
     for agent, learner in learners.items():
         agent_dir = staging / "agents" / agent
         agent_dir.mkdir(parents=True, exist_ok=True)
-        learner.save(agent_dir)
+        try:
+            learner.save(agent_dir)
+        except Exception as exc:
+            # safetensors reports a full disk as its own error type: made an OSError
+            # here, it reaches the full-disk handling of `mappa train` like any other.
+            wrapped = os_error_of(exc, agent_dir)
+            if wrapped is None:
+                raise
+            raise wrapped from exc
     torch.save(rng_state(), staging / "rng.pt")
     (staging / "trainer_state.json").write_text(
         json.dumps(dict(trainer_state), indent=2, default=str) + "\n"

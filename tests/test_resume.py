@@ -169,3 +169,30 @@ def test_ctrl_c_in_training_is_one_line_with_the_command_that_resumes(tmp_path):
     assert lines[-1].startswith("mappa train: interrupted after "), output
     assert f"of 100000 steps; `{sys.executable} -m mappa_train train --system {model} " in lines[-1]
     assert "` resumes it from its newest checkpoint (" in lines[-1]
+
+
+def test_a_full_disk_in_safetensors_is_the_one_line_of_a_full_disk(tmp_path, monkeypatch, capsys):
+    import transformers.modeling_utils
+    from safetensors import SafetensorError
+
+    from mappa_train.command import main
+
+    def full(*args, **kwargs):
+        # What safetensors raises when the disk fills up while it writes weights.
+        raise SafetensorError(
+            "Error while serializing: I/O error: No space left on device (os error 28)"
+        )
+
+    model = tiny_model_dir(tmp_path / "model")
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full)
+    out = tmp_path / "run"
+    assert main(_train_argv(model, out, "--steps", "1")) == 1
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err  # it was a 38-line traceback
+    last = err.splitlines()[-1]
+    assert last.startswith(f"mappa train: the disk is full writing {out / 'checkpoints'}/")
+    assert "/agents/" in last  # the agent's weights being written
+    assert "(No space left on device). Free space and run the same command again" in last
+    quota = SafetensorError("I/O error: Disk quota exceeded (os error 122)")
+    assert ckpt.os_error_of(quota, "x").errno == 122
+    assert ckpt.os_error_of(SafetensorError("header too large"), "x") is None
