@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     remove_stale()
     required_before = os.environ.get(REQUIRE_ISOLATION_ENV)
     if getattr(args, "require_isolation", False):
-        # One switch for the library, this process's helpers and its workers alike.
+        # One switch for the library, the processes it starts and its workers alike.
         os.environ[REQUIRE_ISOLATION_ENV] = "1"
     try:
         return int(args.handler(args) or 0)
