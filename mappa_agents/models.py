@@ -357,6 +357,8 @@ API_SPEC_OPTIONS: dict[str, Callable[[str], Any]] = {
     "request_token_ids": parse_spec_bool,
     "timeout_s": float,
     "num_retries": int,
+    "backoff_initial_s": float,
+    "backoff_max_s": float,
     "reasoning_effort": str,
     "api_version": str,
 }
