@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -429,9 +430,29 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Help that ends each option with its default, where it has one worth showing.
+
+    Options without a default (``None``), switches off by default and help that already
+    names its default value are left as they are.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS):
+            return text
+        if re.search(rf"\bdefault:? {re.escape(str(action.default))}\b", text):
+            return text
+        return super()._get_help_string(action)
+
+
 def add_eval_parser(commands: Any) -> argparse.ArgumentParser:
     """Add the ``eval`` sub-command to ``commands`` (an argparse sub-parsers object)."""
-    parser = commands.add_parser("eval", help="benchmark a system on an environment")
+    parser = commands.add_parser(
+        "eval",
+        help="benchmark a system on an environment",
+        formatter_class=DefaultsHelpFormatter,
+    )
     add_eval_arguments(parser)
     parser.add_argument("--out", default="runs/eval", help="output directory")
     parser.set_defaults(handler=_eval_handler)

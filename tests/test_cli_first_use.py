@@ -149,3 +149,17 @@ def test_an_unknown_env_id_is_one_line_listing_the_known_ones(tmp_path, capsys, 
     assert len(err.splitlines()) == 1, err
     assert err.startswith(f"mappa {command}: unknown environment 'MathChatt-v0'; registered: ")
     assert "'DSBench-v0', 'MathChat-v0'" in err
+
+
+def test_eval_help_shows_the_defaults(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if a.dest == "command"]
+    text = " ".join(commands.choices["eval"].format_help().split())
+    assert "output directory (default: runs/eval)" in text
+    assert "sampling temperature (default: 0.6)" in text
+    assert "(default: smollm2-135m)" in text
+    # A default the help already states is not repeated; no default is not shown.
+    assert "(default: 8)" in text  # --concurrency
+    assert text.count("(default: 8)") == 1  # not --episodes, whose help says "default 8"
+    assert "(default: None)" not in text
