@@ -15,6 +15,11 @@ afresh after ``close`` and in a forked child), so the blocking
 :meth:`LiteLLMPolicy.generate` also works inside a running event loop, and litellm's
 loop-bound HTTP clients live as long as the policy. litellm is imported on the first
 call.
+
+Only errors a later call may not meet (rate limits, timeouts, dropped connections, 5xx)
+are retried. One that every call would meet (a missing or rejected key, an unknown
+model, a request the server calls malformed) raises
+:class:`~mappa_env.api_errors.ApiSetupError` at once, with one line naming the fix.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -40,6 +46,8 @@ from mappa_agents.policy import (
 )
 from mappa_env._async import BackgroundLoop
 from mappa_env._optional import require
+from mappa_env.api_errors import ApiSetupError, setup_error, setup_error_message
+from mappa_env.coach.llm import is_transient_error, retry_after_s
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +81,11 @@ class LiteLLMPolicy:
         chat_template_kwargs: Sent to vLLM servers as ``chat_template_kwargs`` (e.g.
             ``{"enable_thinking": False}``).
         timeout_s: Limit on one request.
-        num_retries: litellm's retries of a failed request.
+        num_retries: Retries of a request after a transient error (rate limit, timeout,
+            connection, 5xx); other errors are not retried.
+        backoff_initial_s: First retry delay (doubles per retry, plus jitter; a
+            server's ``retry-after`` is waited for).
+        backoff_max_s: Largest retry delay.
         **litellm_options: Passed to ``litellm.acompletion`` (e.g. ``mock_response``,
             ``reasoning_effort``, ``extra_headers``).
 
@@ -94,12 +106,21 @@ class LiteLLMPolicy:
         chat_template_kwargs: Mapping[str, Any] | None = None,
         timeout_s: float = 600.0,
         num_retries: int = 2,
+        backoff_initial_s: float = 1.0,
+        backoff_max_s: float = 30.0,
         **litellm_options: Any,
     ) -> None:
         if not model:
             raise ValueError("model must be a non-empty litellm model name")
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        for label, value in (
+            ("num_retries", num_retries),
+            ("backoff_initial_s", backoff_initial_s),
+            ("backoff_max_s", backoff_max_s),
+        ):
+            if value < 0:
+                raise ValueError(f"{label} must be >= 0, got {value}")
         self.model = model
         self.name = name or model
         self.api_base = api_base
@@ -110,6 +131,8 @@ class LiteLLMPolicy:
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.timeout_s = timeout_s
         self.num_retries = num_retries
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
         self.litellm_options = dict(litellm_options)
         self._runner = BackgroundLoop(name=f"policy-{model}")
         # Created on the loop that uses it (see _semaphore_for_this_loop).
@@ -131,8 +154,10 @@ class LiteLLMPolicy:
             One generation per prompt, in order.
 
         Raises:
-            GenerationError: If any request failed after litellm's retries; it holds
-                the generations that succeeded.
+            GenerationError: If any request failed after its retries; it holds the
+                generations that succeeded.
+            ApiSetupError: If a request failed for a reason no retry fixes (a missing
+                or rejected key, an unknown model, an invalid request).
             RuntimeError: If called from inside the policy's own event loop.
         """
         if self._runner.in_loop_thread():
@@ -165,7 +190,9 @@ class LiteLLMPolicy:
             "max_tokens": params.max_new_tokens,
             "temperature": params.temperature,
             "timeout": self.timeout_s,
-            "num_retries": self.num_retries,
+            # Retries are ours: litellm's would retry a missing key or an unknown model too.
+            "num_retries": 0,
+            "max_retries": 0,
         }
         if params.top_p < 1:
             kwargs["top_p"] = params.top_p
@@ -205,6 +232,9 @@ class LiteLLMPolicy:
             return_exceptions=True,
         )
         errors = [r if isinstance(r, BaseException) else None for r in results]
+        for error in errors:
+            if isinstance(error, ApiSetupError):
+                raise error
         if any(e is not None for e in errors):
             generations = [r if isinstance(r, Generation) else None for r in results]
             for index, error in enumerate(errors):
@@ -232,10 +262,45 @@ class LiteLLMPolicy:
         params: SamplingParams,
         index: int,
     ) -> Generation:
-        async with semaphore:
-            started = time.perf_counter()
-            response = await litellm.acompletion(**self.request_kwargs(messages, params, index))
-            latency = time.perf_counter() - started
+        kwargs = self.request_kwargs(messages, params, index)
+        attempt = 0
+        while True:
+            async with semaphore:
+                started = time.perf_counter()
+                try:
+                    response = await litellm.acompletion(**kwargs)
+                    break
+                except Exception as exc:  # classified: a setup error, a retry, or raised
+                    kind = setup_error(exc)
+                    if kind is not None:
+                        raise ApiSetupError(
+                            setup_error_message(
+                                exc,
+                                kind,
+                                who=f"policy {self.name}",
+                                model=self.model,
+                                api_base=self.api_base,
+                                where="the policy spec (api:<model>?api_key=...)",
+                            )
+                        ) from exc
+                    if attempt >= self.num_retries or not is_transient_error(exc):
+                        raise
+                    failure = exc
+            # Doubling delay plus jitter, outside the semaphore; a server's
+            # retry-after (429/503) is waited for.
+            delay = min(self.backoff_initial_s * 2.0**attempt, self.backoff_max_s)
+            delay += random.uniform(0.0, self.backoff_initial_s)
+            delay = max(delay, retry_after_s(failure) or 0.0)
+            attempt += 1
+            logger.warning(
+                "%s: transient error on call %d, retrying in %.2fs: %s",
+                self.name,
+                attempt,
+                delay,
+                failure,
+            )
+            await asyncio.sleep(delay)
+        latency = time.perf_counter() - started
         generation = parse_response(response)
         generation.info["latency_s"] = latency
         return generation

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 import time
 from collections import Counter
@@ -499,6 +500,22 @@ def nothing_measured(report: dict[str, Any]) -> str | None:
     )
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Help that ends each option with its default, where it has one worth showing.
+
+    Options without a default (``None``), switches off by default and help that already
+    names its default value are left as they are.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS):
+            return text
+        if re.search(rf"\bdefault:? {re.escape(str(action.default))}\b", text):
+            return text
+        return super()._get_help_string(action)
+
+
 def add_eval_parser(commands: Any) -> argparse.ArgumentParser:
     """Add the ``eval`` sub-command to ``commands`` (an argparse sub-parsers object)."""
     parser = commands.add_parser(
@@ -508,6 +525,7 @@ def add_eval_parser(commands: Any) -> argparse.ArgumentParser:
         "measured nothing (no episode finished, or no coach verdict was valid), after "
         "writing what it could; 2 for a setting that cannot work; 1 for a crash or a full "
         "disk.",
+        formatter_class=DefaultsHelpFormatter,
     )
     add_eval_arguments(parser)
     parser.add_argument("--out", default="runs/eval", help="output directory")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mappa_agents.metrics import estimate, mean_at_k, paired_difference, pass_at_k
+from mappa_env.errors import SettingsError
 
 logger = logging.getLogger(__name__)
 
@@ -42,15 +43,33 @@ def load_report(run_dir: str | Path) -> dict[str, Any]:
     """The ``report.json`` of a ``mappa eval`` output directory (or the file itself).
 
     Raises:
-        FileNotFoundError: When the directory has no report, saying how to make one.
+        SettingsError: When the directory has no report (saying how to make one), or
+            the report is not a JSON object (cut short, or another file), naming the
+            file and what is wrong.
     """
     path = Path(run_dir)
     file = path if path.is_file() else path / REPORT_FILE
     if not file.is_file():
-        raise FileNotFoundError(
+        raise SettingsError(
             f"{path} has no {REPORT_FILE}: pass output directories of `mappa eval --out DIR`"
         )
-    return json.loads(file.read_text())
+    try:
+        report = json.loads(file.read_text())
+    except UnicodeDecodeError as exc:
+        raise SettingsError(f"{file} is not a text file ({exc.reason}); {_RERUN}") from None
+    except json.JSONDecodeError as exc:
+        # A report is one JSON object: one that does not end with its brace was cut.
+        cut = "" if exc.doc.rstrip().endswith("}") else " (cut short?)"
+        raise SettingsError(
+            f"{file} is not valid JSON{cut}: {exc.msg} (line {exc.lineno}, column "
+            f"{exc.colno}); {_RERUN}"
+        ) from None
+    if not isinstance(report, dict) or not isinstance(report.get("per_agent", {}), dict):
+        raise SettingsError(f"{file} is JSON but not a mappa eval report; {_RERUN}")
+    return report
+
+
+_RERUN = "run `mappa eval --out DIR` again to write it, or pass another run's directory"
 
 
 def run_metrics(report: Mapping[str, Any]) -> dict[str, float | None]:
@@ -317,14 +336,14 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
     """Run ``mappa compare``: read the reports, print the table, write compare.json/png.
 
     Raises:
-        SystemExit: When a directory has no ``report.json``.
+        SystemExit: When a directory has no ``report.json`` or an unreadable one.
     """
     dirs = [Path(d) for d in args.runs]
     names = _unique_names(dirs)
     try:
         reports = [load_report(d) for d in dirs]
-    except FileNotFoundError as exc:
-        raise SystemExit(f"mappa compare: {exc}") from exc
+    except SettingsError as exc:
+        raise SystemExit(f"mappa compare: {exc}") from None
     envs = {r.get("env_id") for r in reports}
     if len(envs) > 1:
         logger.warning("comparing reports of different environments: %s", sorted(map(str, envs)))
@@ -353,7 +372,7 @@ def add_compare_parser(commands: Any) -> argparse.ArgumentParser:
         help="compare mappa eval runs side by side, against the first",
         description="Read report.json of each `mappa eval` output directory and print "
         "their numbers side by side with each run's difference from the first (the "
-        "baseline); task-level differences come with a 95%% paired bootstrap interval "
+        "baseline); task-level differences come with a 95% paired bootstrap interval "
         "over shared task ids. Writes compare.json and compare.png.",
     )
     parser.add_argument("runs", nargs="+", help="output directories of `mappa eval`")

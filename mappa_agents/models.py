@@ -21,11 +21,13 @@ import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from mappa_agents.policy import Policy
 from mappa_env._optional import MissingExtraError, require
@@ -114,8 +116,11 @@ def check_model_name(name_or_path: str | Path) -> None:
     - a path (absolute, ``./``, ``~``, two or more ``/``, or under a folder that exists
       here) that does not exist;
     - a name close to an alias of the embedded model (``smolm2-135m``): did you mean?
+    - a Hub id (``org/name``, ``gpt2``) that is not in the Hugging Face cache while the
+      Hub cannot be asked: ``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE`` is set, or its
+      host cannot be reached (one connection attempt, skipped behind a proxy).
 
-    Anything else (``org/name``, ``gpt2``) is left to the Hub.
+    Anything else is left to the Hub.
 
     Raises:
         SettingsError: Naming the path, or the alias meant.
@@ -149,6 +154,50 @@ def check_model_name(name_or_path: str | Path) -> None:
                 "SmolLM2-135M-Instruct)? Otherwise pass a Hugging Face id (org/name) or a "
                 "model directory"
             )
+    why = _hub_unreachable(text)
+    if why is not None:
+        raise SettingsError(
+            f"model {text!r} is not a folder here nor in the Hugging Face cache, and {why}: "
+            "pass a model directory (with config.json) or smollm2-135m (the embedded "
+            "model), or download it where the Hub can be reached"
+        )
+
+
+_TRUE = ("1", "on", "yes", "true")
+_PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+_HUB_PROBE_TIMEOUT_S = 3.0
+
+
+def _hub_unreachable(repo_id: str) -> str | None:
+    """Why ``repo_id`` cannot be had from the Hub now; ``None`` when it is cached or may be.
+
+    Offline, ``from_pretrained`` retries the Hub for most of a minute and then raises a
+    long chained traceback; one connection attempt tells as much.
+    """
+    try:
+        from huggingface_hub import constants
+    except ImportError:  # transformers brings it; without it the load fails on its own
+        return None
+    # The environment first: huggingface_hub reads it once, at import.
+    hub_cache = os.environ.get("HF_HUB_CACHE") or (
+        str(Path(os.environ["HF_HOME"]) / "hub") if os.environ.get("HF_HOME") else None
+    )
+    cache = Path(hub_cache or constants.HF_HUB_CACHE).expanduser()
+    if (cache / f"models--{repo_id.replace('/', '--')}").is_dir():
+        return None
+    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(variable, "").strip().lower() in _TRUE:
+            return f"{variable} is set (no downloads)"
+    if any(os.environ.get(variable) for variable in _PROXY_VARIABLES):
+        return None  # a direct connection says nothing about the proxy's
+    endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or constants.ENDPOINT)
+    host = endpoint.hostname or "huggingface.co"
+    port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=_HUB_PROBE_TIMEOUT_S).close()
+    except OSError as exc:
+        return f"the Hub ({host}:{port}) cannot be reached: {exc.strerror or exc}"
+    return None
 
 
 def ensure_smollm2() -> Path:
@@ -357,6 +406,8 @@ API_SPEC_OPTIONS: dict[str, Callable[[str], Any]] = {
     "request_token_ids": parse_spec_bool,
     "timeout_s": float,
     "num_retries": int,
+    "backoff_initial_s": float,
+    "backoff_max_s": float,
     "reasoning_effort": str,
     "api_version": str,
 }

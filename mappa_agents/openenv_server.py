@@ -322,7 +322,17 @@ class MappaOpenEnv(Environment[MappaAction, MappaObservation, MappaState]):
             agent = self.env.agent_selection
             messages = list(self.env.observe(agent)["messages"])
             started = time.perf_counter()
-            (generation,) = self.config.others[agent].generate([messages], self.config.sampling)
+            policy = self.config.others[agent]
+            try:
+                (generation,) = policy.generate([messages], self.config.sampling)
+            except Exception as exc:
+                # The client sees only the message: the traceback stays in the server's log.
+                name = getattr(policy, "name", type(policy).__name__)
+                logger.exception("the policy %r playing agent %r failed", name, agent)
+                raise RuntimeError(
+                    f"the server's policy {name!r} playing agent {agent!r} failed: "
+                    f"{type(exc).__name__}: {exc} (the traceback is in the server's log)"
+                ) from exc
             self._act(agent, generation.text, paid)
             info = self.env.infos[agent]
             played.append(

@@ -38,9 +38,15 @@ from mappa_agents.seeds import derive_seed
 from mappa_agents.system import AgentSystem
 from mappa_agents.trajectory import ActionSample, EpisodeResult
 from mappa_env._async import run_sync
+from mappa_env.coach.base import CoachStop
 from mappa_env.envs.pipeline import PipelineEnv
+from mappa_env.errors import SettingsError
 
 logger = logging.getLogger(__name__)
+
+# Failures every episode would meet (a coach or a policy whose API refuses every call,
+# a replaying coach's cache miss): they stop the run instead of ending one episode.
+_RUN_STOPPERS = (CoachStop, SettingsError)
 
 EnvFactory = Callable[[], PipelineEnv]
 SCHEDULES: tuple[str, ...] = ("ticks", "continuous")
@@ -424,8 +430,10 @@ class RolloutRunner:
                     if error is None:
                         raised = next(step_errors)
                         if isinstance(raised, BaseException):
-                            if not isinstance(raised, Exception):
-                                raise raised  # KeyboardInterrupt, cancellation: stop the run
+                            if not isinstance(raised, Exception) or isinstance(
+                                raised, _RUN_STOPPERS
+                            ):
+                                raise raised  # Ctrl-C, cancellation, a run stopper: stop the run
                             logger.error("episode %d failed: %r", episode.index, raised)
                             error = f"environment step failed: {raised!r}"
                     if error is not None or self._finished(episode.env):
@@ -494,6 +502,8 @@ class RolloutRunner:
             errors: list[BaseException | None] = [None] * len(outputs)
         except GenerationError as exc:  # some prompts failed; keep the others
             outputs, errors = list(exc.generations), list(exc.errors)
+        except _RUN_STOPPERS:
+            raise
         except Exception as exc:  # a backend failure ends these episodes, not the run
             logger.exception("policy %r failed on a batch of %d", policy.name, len(batch))
             outputs, errors = [None] * len(batch), [exc] * len(batch)
@@ -537,6 +547,8 @@ class RolloutRunner:
                         break
                     try:
                         await self._step(request, gen)
+                    except _RUN_STOPPERS:
+                        raise
                     except Exception as exc:  # ends this episode, not the run
                         logger.exception("episode %d failed", episode.index)
                         error = f"environment step failed: {exc!r}"

@@ -19,6 +19,8 @@ from typing import Any
 
 from pettingzoo import AECEnv, ParallelEnv
 
+from mappa_env.errors import SettingsError
+
 NAMESPACE = "mappa"
 _ID_PATTERN = re.compile(r"^[A-Za-z][\w.-]*-v\d+$")
 
@@ -200,9 +202,11 @@ def _resolve(env_id: str) -> tuple[type[AECEnv], Mapping[str, Any]]:
         return spec.load(), spec.defaults
     if ":" in name:
         return load_entry_point(name), {}
-    raise ValueError(
-        f"unknown environment {env_id!r}; registered: {registered_ids()}. Register yours "
-        "with mappa_env.register('Name-v0', 'module:Class'), or pass 'module:Class'"
+    # A SettingsError (a ValueError): the mappa command prints it as one line.
+    raise SettingsError(
+        f"unknown environment {env_id!r}; registered: {registered_ids()}. Pass one of "
+        "those to --env, register yours with mappa_env.register('Name-v0', "
+        "'module:Class'), or pass 'module:Class'"
     )
 
 

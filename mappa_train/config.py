@@ -503,15 +503,34 @@ class TrainConfig:
         """Read a YAML or JSON file of field values, then apply ``overrides``.
 
         Raises:
-            ValueError: Naming unknown fields.
+            SettingsError: Naming unknown fields, a file that does not exist, or where
+                a file is not valid YAML/JSON.
         """
-        text = Path(path).read_text()
+        try:
+            text = Path(path).read_text()
+        except FileNotFoundError:
+            raise SettingsError(
+                f"config file {path} does not exist: pass an existing .yaml or .json "
+                "file to --config"
+            ) from None
         if str(path).endswith((".yaml", ".yml")):
             import yaml
 
-            data = yaml.load(text, Loader=_yaml_loader()) or {}  # a SafeLoader subclass
+            try:
+                data = yaml.load(text, Loader=_yaml_loader()) or {}  # a SafeLoader subclass
+            except yaml.YAMLError as exc:
+                raise SettingsError(
+                    f"{path} is not valid YAML ({_yaml_problem(exc)}): fix that line; "
+                    "each line is 'field: value'"
+                ) from None
         else:
-            data = json.loads(text)
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise SettingsError(
+                    f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}, column "
+                    f"{exc.colno}): fix it, or write the config as YAML (.yaml)"
+                ) from None
         if not isinstance(data, dict):
             raise SettingsError(
                 f"{path} must hold a mapping of config fields (field: value lines), got "
@@ -534,6 +553,14 @@ class TrainConfig:
         data = dataclasses.asdict(self)
         data["adam_betas"] = list(self.adam_betas)
         return data
+
+
+def _yaml_problem(exc: Exception) -> str:
+    """A YAML parser error on one line: what it met, and where (1-based line/column)."""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{problem}{where}"
 
 
 def _yaml_loader() -> Any:

@@ -3,7 +3,9 @@
 It speaks enough of ``POST /v1/chat/completions`` (plain and ``stream=true``) and
 ``GET /v1/models`` for litellm's ``openai/<model>`` route and the ``openai`` client.
 A handler decides every reply, so tests script good answers, odd formats, HTTP errors
-and slow responses, and the server records each request it received.
+and slow responses, and the server records each request it received. Like a real server
+it can also check the key (401 for a request without the right one) and the model (404
+for one it does not serve) before the handler is asked.
 
 It also has two scripted judges that read the coach's prompt as a model would
 (:func:`strict_judge`, :func:`gullible_judge`): coach audits must pass the first and
@@ -230,14 +232,39 @@ async def _stream(
     return response
 
 
-def _make_app(server: StubServer, handler: Handler, model_ids: Sequence[str]) -> web.Application:
+def _gatekeeper(
+    body: dict[str, Any],
+    headers: dict[str, str],
+    api_key: str | None,
+    served: Sequence[str] | None,
+) -> StubReply | None:
+    """The error a real server answers before any model runs: a bad key, an unknown model."""
+    if api_key is not None and headers.get("Authorization") != f"Bearer {api_key}":
+        message = "Incorrect API key provided." if "Authorization" in headers else "No API key."
+        return StubReply(status=401, error_message=message)
+    if served is not None and body.get("model") not in served:
+        model = body.get("model")
+        return StubReply(status=404, error_message=f"The model `{model}` does not exist.")
+    return None
+
+
+def _make_app(
+    server: StubServer,
+    handler: Handler,
+    model_ids: Sequence[str],
+    api_key: str | None = None,
+    check_model: bool = False,
+) -> web.Application:
     async def chat(http_request: web.Request) -> web.StreamResponse:
         body = await http_request.json()
-        request = server._record(body, dict(http_request.headers))
-        result = handler(request)
-        if inspect.isawaitable(result):
-            result = await result
-        reply = StubReply(content=result) if isinstance(result, str) else result
+        headers = dict(http_request.headers)
+        request = server._record(body, headers)
+        reply = _gatekeeper(body, headers, api_key, model_ids if check_model else None)
+        if reply is None:
+            result = handler(request)
+            if inspect.isawaitable(result):
+                result = await result
+            reply = StubReply(content=result) if isinstance(result, str) else result
         if reply.delay_s:
             await asyncio.sleep(reply.delay_s)
         if reply.status != 200:
@@ -268,7 +295,11 @@ def _make_app(server: StubServer, handler: Handler, model_ids: Sequence[str]) ->
 
 @contextlib.contextmanager
 def run_stub_server(
-    handler: Handler | None = None, *, model_ids: Sequence[str] = ("stub-model",)
+    handler: Handler | None = None,
+    *,
+    model_ids: Sequence[str] = ("stub-model",),
+    api_key: str | None = None,
+    check_model: bool = False,
 ) -> Iterator[StubServer]:
     """Run a stub OpenAI chat server in a background thread for the ``with`` block.
 
@@ -277,6 +308,9 @@ def run_stub_server(
             :class:`StubReply` (may be a coroutine function). Defaults to a fixed
             ``"PROCESS_SCORE: 5"`` reply.
         model_ids: Models listed by ``GET /v1/models``.
+        api_key: When set, a request without ``Authorization: Bearer <api_key>`` gets
+            HTTP 401 (the handler is not asked; the request is still recorded).
+        check_model: A request for a model not in ``model_ids`` gets HTTP 404.
 
     Yields:
         The running :class:`StubServer` (``base_url``, ``requests``, ``request_count``).
@@ -286,7 +320,9 @@ def run_stub_server(
     server = StubServer(base_url="")
     # A short shutdown timeout: leaving the block must not wait for deliberately slow replies.
     runner = web.AppRunner(
-        _make_app(server, handler, model_ids), access_log=None, shutdown_timeout=0.2
+        _make_app(server, handler, model_ids, api_key, check_model),
+        access_log=None,
+        shutdown_timeout=0.2,
     )
 
     async def start() -> int:

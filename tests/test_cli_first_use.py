@@ -114,3 +114,52 @@ def test_an_audit_takes_no_credit_mode_and_refuses_one_given_as_an_option(tmp_pa
     err = capsys.readouterr().err.strip()
     assert "['credit_mode'] are the audit's" in err
     assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "start"),
+    [
+        ("bad.yaml", "steps: [1, 2\nlr: :\n", "is not valid YAML (expected ',' or ']'"),
+        ("bad.json", '{"steps": 2,}', "is not valid JSON (Expecting property name"),
+        ("missing.yaml", None, "does not exist: pass an existing .yaml or .json file"),
+    ],
+)
+def test_a_config_file_that_cannot_be_read_is_one_line(tmp_path, capsys, name, text, start):
+    from mappa_train.command import main
+
+    config = tmp_path / name
+    if text is not None:
+        config.write_text(text)
+    assert main(["train", "--config", str(config), "--output-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("mappa train: ")
+    assert str(config) in err
+    assert start in err
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_an_unknown_env_id_is_one_line_listing_the_known_ones(tmp_path, capsys, command):
+    from mappa_train.command import main
+
+    out = "--output-dir" if command == "train" else "--out"
+    argv = [command, "--env", "MathChatt-v0", "--sandbox", "none", out, str(tmp_path / "run")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"mappa {command}: unknown environment 'MathChatt-v0'; registered: ")
+    assert "'DSBench-v0', 'MathChat-v0'" in err
+
+
+def test_eval_help_shows_the_defaults(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if a.dest == "command"]
+    text = " ".join(commands.choices["eval"].format_help().split())
+    assert "output directory (default: runs/eval)" in text
+    assert "sampling temperature (default: 0.6)" in text
+    assert "(default: smollm2-135m)" in text
+    # A default the help already states is not repeated; no default is not shown.
+    assert "(default: 8)" in text  # --concurrency
+    assert text.count("(default: 8)") == 1  # not --episodes, whose help says "default 8"
+    assert "(default: None)" not in text

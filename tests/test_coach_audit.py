@@ -265,3 +265,37 @@ def test_mappa_coach_audit_writes_the_report(tmp_path):
     assert data["families"] == dict.fromkeys(families, "held")
     assert (out / "audit.png").stat().st_size > 1000
     assert "| inject_action | problem_solver |" in (out / "audit.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("query", "words", "requests"),
+    [
+        ("", "no API key to send", 0),
+        ("&api_key=wrong", "rejected the API key (HTTP 401", 1),
+    ],
+)
+def test_mappa_coach_audit_stops_at_a_key_problem_with_one_line(
+    tmp_path, capsys, monkeypatch, query, words, requests
+):
+    # Neither is retried: a missing key used to be retried with growing back-off for
+    # minutes (litellm reports it as a server error).
+    pytest.importorskip("litellm")
+    from mappa_train.command import main
+    from tests.openai_stub_server import run_stub_server
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with run_stub_server(api_key="right") as server:
+        coach = f"llm:openai/judge?api_base={server.base_url}&structured_output=text{query}"
+        status = main(
+            [
+                "coach", "audit", "--env", "MathChat-v0", "--coach", coach, "--concurrency", "1",
+                "--agents", "problem_solver", "--families", "null", "--out", str(tmp_path),
+            ]
+        )  # fmt: skip
+        assert server.request_count == requests
+    assert status == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("mappa coach: coach llm:openai/judge: ")
+    assert words in err
+    assert "api_key=..." in err

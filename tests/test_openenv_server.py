@@ -257,3 +257,30 @@ def test_the_mappa_serve_command_serves_an_episode(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_a_failing_server_side_policy_is_named_to_the_client_and_logged(caplog):
+    def broken(messages):
+        raise ZeroDivisionError("the script divided by zero")
+
+    others = {
+        "problem_solver": ScriptedPolicy(broken, name="script:broken"),
+        "code_executor": scripted("code_executor"),
+    }
+    config = ServeConfig(
+        "MathChat-v0", ENV_OPTIONS, mode="ego", ego_agent="verifier", others=others
+    )
+    with (
+        running_server(config) as url,
+        MappaEnvClient(url).sync() as env,
+        pytest.raises(
+            RuntimeError,
+            match=r"policy 'script:broken' playing agent 'problem_solver' failed: "
+            r"ZeroDivisionError: the script divided by zero",
+        ),
+    ):
+        env.reset(task_id="product")
+    logged = [r for r in caplog.records if "'script:broken' playing agent" in r.getMessage()]
+    assert logged
+    assert logged[0].levelname == "ERROR"
+    assert logged[0].exc_info is not None  # with the traceback

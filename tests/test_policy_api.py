@@ -7,6 +7,7 @@ import contextlib
 import multiprocessing
 import os
 import queue
+import re
 import threading
 from collections.abc import Iterator
 
@@ -18,10 +19,12 @@ web = pytest.importorskip("aiohttp.web")
 
 from mappa_agents.api import LiteLLMPolicy, parse_response  # noqa: E402
 from mappa_agents.policy import GenerationError, Policy, SamplingParams  # noqa: E402
+from mappa_env.api_errors import ApiSetupError  # noqa: E402
 from tests.openai_stub_server import (  # noqa: E402
     StubReply,
     counting_in_flight,
     run_stub_server,
+    scripted,
 )
 
 PROMPTS = [
@@ -174,7 +177,8 @@ def test_concurrency_limit_is_respected():
 def test_failed_requests_raise_and_keep_the_rest():
     def handler(request):
         if request.last_user_text == "7 * 6?":
-            return StubReply(status=400, error_message="bad prompt")
+            # An error of this prompt only: the others' generations are kept.
+            return StubReply(status=400, error_message="maximum context length is 8 tokens")
         return "fine"
 
     with run_stub_server(handler) as server:
@@ -191,6 +195,53 @@ def test_failed_requests_raise_and_keep_the_rest():
     assert [e is None for e in error.errors] == [True, False, True]
     assert error.generations[0].text == "fine"
     assert "1 of 3" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("options", "served", "words", "requests"),
+    [
+        ({"api_key": None}, "stub-model", "no API key to send", 0),
+        ({"api_key": "wrong"}, "stub-model", "rejected the API key (HTTP 401", 1),
+        ({"api_key": "right"}, "other-model", "has no model 'stub-model' (HTTP 404", 1),
+    ],
+)
+def test_errors_every_call_would_meet_are_not_retried(
+    monkeypatch, options, served, words, requests
+):
+    # litellm's own retries (num_retries) used to retry these too.
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with run_stub_server(model_ids=[served], api_key="right", check_model=True) as server:
+        policy = LiteLLMPolicy(
+            "openai/stub-model", api_base=server.base_url, num_retries=3, **options
+        )
+        try:
+            with pytest.raises(ApiSetupError, match=re.escape(words)) as caught:
+                policy.generate(PROMPTS[:1], SamplingParams(max_new_tokens=4))
+        finally:
+            policy.close()
+        assert server.request_count == requests
+    assert str(caught.value).startswith("policy openai/stub-model: ")
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("status", [429, 500, 503])
+def test_rate_limits_and_server_errors_are_retried(status):
+    replies = [StubReply(status=status), StubReply(status=status), "fine"]
+    with run_stub_server(scripted(replies)) as server:
+        policy = LiteLLMPolicy(
+            "openai/stub-model",
+            api_base=server.base_url,
+            api_key="t",
+            num_retries=2,
+            backoff_initial_s=0.001,
+            backoff_max_s=0.001,
+        )
+        try:
+            generations = policy.generate(PROMPTS[:1], SamplingParams(max_new_tokens=4))
+        finally:
+            policy.close()
+        assert server.request_count == 3
+    assert generations[0].text == "fine"
 
 
 def test_sync_generate_inside_a_running_loop_and_agenerate():

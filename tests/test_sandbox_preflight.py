@@ -153,3 +153,47 @@ def test_trainer_stops_before_loading_models_when_no_kernel_starts(tmp_path, mon
     with pytest.raises(SandboxUnavailableError, match="ipykernel is broken"):
         trainer.setup()
     trainer.close()
+
+
+def test_a_kernel_that_hangs_gets_advice_for_a_hang(tmp_path):
+    # It was told to install ipykernel, which was there all along.
+    class Hangs(StartFailsSandbox):
+        def run(self, code: str, timeout: float | None = None) -> ExecResult:
+            error = "kernel pid 4242 did not answer within the start timeout"
+            return ExecResult(error=ExecError("SandboxError", error))
+
+    with pytest.raises(SandboxUnavailableError) as caught:
+        check_sandbox(Hangs)
+    message = str(caught.value)
+    assert "did not answer within the start timeout" in message
+    assert "SandboxLimits(start_timeout_s=...)" in message
+    assert "--concurrency" in message
+    assert "pip install" not in message
+
+
+def test_bubblewrap_refusing_a_kernel_is_reported_with_what_it_said(tmp_path, monkeypatch):
+    from mappa_env.sandbox.isolation import (
+        Confinement,
+        IsolationUnavailableError,
+        resolve_confinement,
+    )
+
+    try:
+        resolve_confinement("namespaces")
+    except IsolationUnavailableError as exc:
+        pytest.skip(f"no namespaces here: {exc}")
+    command = Confinement.command
+
+    def refused(self, argv, **kwargs):
+        # A bind of a source that does not exist: bubblewrap refuses before the kernel runs.
+        full = command(self, argv, **kwargs)
+        at = full.index(self.bwrap) + 1
+        return [*full[:at], "--ro-bind", str(tmp_path / "no-such-source"), "/x", *full[at:]]
+
+    monkeypatch.setattr(Confinement, "command", refused)
+    with pytest.raises(SandboxUnavailableError) as caught:
+        check_sandbox(JupyterSandbox.factory(isolation="namespaces"))
+    message = str(caught.value)
+    assert "bubblewrap refused to start the kernel" in message
+    assert f"Can't find source path {tmp_path / 'no-such-source'}" in message
+    assert "--isolation none" in message

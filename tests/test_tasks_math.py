@@ -217,6 +217,36 @@ def test_short_names_resolve_in_the_configured_directory(tmp_path, monkeypatch):
     assert "no public dataset" in str(error.value)
 
 
+def test_a_mistyped_task_file_is_a_file_that_does_not_exist(tmp_path, monkeypatch):
+    # It used to be reported as a missing benchmark named "missing.json.json".
+    (tmp_path / "bench").mkdir()
+    write_json(tmp_path / "bench" / "aime_2099.json", [{"prompt": "A", "answer": "042"}])
+    monkeypatch.setenv(BENCH_DIR_ENV, str(tmp_path / "bench"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(BenchmarkUnavailableError) as error:
+        load_math_tasks("missing.json")
+    message = str(error.value)
+    assert message.startswith(f"task file missing.json does not exist (looked in {tmp_path})")
+    assert "holds no missing.json (it holds: aime_2099)" in message
+    assert "public benchmarks: aime_2025" in message
+    assert ".json.json" not in message
+    # A benchmark name with its suffix: the file it names, once.
+    with pytest.raises(BenchmarkUnavailableError) as error:
+        load_math_tasks("aime_1900")
+    assert "holding aime_1900.json," in str(error.value)
+
+
+def test_mappa_eval_with_a_mistyped_task_file_is_one_line(tmp_path, monkeypatch, capsys):
+    from mappa_train.command import main
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["eval", "--tasks", "missing.json", "--sandbox", "none", "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("mappa eval: task file missing.json does not exist")
+
+
 def test_bench_dir_env_pointing_nowhere_is_reported(tmp_path, monkeypatch):
     monkeypatch.setenv(BENCH_DIR_ENV, str(tmp_path / "missing"))
     with pytest.raises(FileNotFoundError, match=BENCH_DIR_ENV):

@@ -2,10 +2,14 @@
 
 Failures never turn into rewards. A transient API error (rate limit, 5xx, timeout,
 dropped connection) is retried a bounded number of times with exponential backoff and
-jitter inside a per-verdict deadline; a non-transient one (bad key, bad request, unknown
-model) fails at once. A reply without a usable score gets one format-correction
-follow-up. Whatever still fails becomes an *invalid* verdict (``valid=False``, no score,
-the error recorded, attempts counted) that callers mask out of training.
+jitter inside a per-verdict deadline. One that every call would meet (a missing or
+rejected key, an unknown model, a request the server calls malformed) is not retried: it
+raises :class:`CoachSetupError`, whose one-line message names the fix, and stops the
+command, since no verdict could come. A reply without a usable score gets one
+format-correction follow-up. Whatever still fails (an error bound to one request, such
+as a prompt past the context window, included) becomes an *invalid* verdict
+(``valid=False``, no score, the error recorded, attempts counted) that callers mask out
+of training.
 
 All API calls of one coach object run on one private event loop in a daemon thread.
 That gives every caller the same concurrency limit and per-minute budgets (whatever
@@ -37,7 +41,8 @@ from typing import Any, Literal
 
 from mappa_env._async import BackgroundLoop
 from mappa_env._optional import require
-from mappa_env.coach.base import CoachRequest, CoachVerdict
+from mappa_env.api_errors import ApiSetupError, setup_error, setup_error_message
+from mappa_env.coach.base import CoachRequest, CoachStop, CoachVerdict
 from mappa_env.coach.cache import CachedVerdict, CoachCache, CoachCacheMiss, cache_key
 from mappa_env.coach.ledger import CoachLedger, LedgerEntry
 from mappa_env.coach.parsing import parse_reply, visible_text
@@ -148,7 +153,7 @@ def is_transient_error(exc: BaseException) -> bool:
 
     Transient: timeouts, connection errors, HTTP 408/409/425/429 and 5xx. Everything
     else (401, 403, 400, 404, context too long, unsupported parameters) is not: retrying
-    cannot fix it.
+    cannot fix it. Nor is a missing key, which litellm reports as a server error (500).
 
     Args:
         exc: The exception raised by the API call.
@@ -158,6 +163,8 @@ def is_transient_error(exc: BaseException) -> bool:
     """
     if isinstance(exc, (TimeoutError, ConnectionError)):
         return True
+    if setup_error(exc) is not None:
+        return False
     status = getattr(exc, "status_code", None)
     if isinstance(status, int):
         return status in _TRANSIENT_STATUS or status >= 500
@@ -174,6 +181,18 @@ def _from_api_stack(exc: BaseException) -> bool:
 def _describe(exc: BaseException) -> str:
     message = str(exc).strip() or repr(exc)
     return f"{type(exc).__name__}: {truncate_middle(message, 500)}"
+
+
+class CoachSetupError(CoachStop, ApiSetupError):
+    """The coach's model API refuses every call: no verdict can come, so the run stops.
+
+    The cause is a missing or rejected key, an unknown model or an invalid request; the
+    message names the fix.
+
+    A :class:`~mappa_env.coach.base.CoachStop` (environments re-raise it rather than
+    turn it into an invalid verdict) and a :class:`~mappa_env.errors.SettingsError`
+    (the ``mappa`` command prints its message as one line and exits with status 2).
+    """
 
 
 class _MinuteRateLimiter:
@@ -438,6 +457,8 @@ class LLMCoach:
 
         Raises:
             CoachCacheMiss: In replay mode, when the request is not cached.
+            CoachSetupError: When the API refuses calls for a reason no retry fixes
+                (a missing or rejected key, an unknown model, an invalid request).
         """
         if self._runner.in_loop_thread():
             raise RuntimeError("LLMCoach.score() called from the coach's own loop; await ascore()")
@@ -454,6 +475,8 @@ class LLMCoach:
 
         Raises:
             CoachCacheMiss: In replay mode, when the request is not cached.
+            CoachSetupError: When the API refuses calls for a reason no retry fixes
+                (a missing or rejected key, an unknown model, an invalid request).
         """
         return await self._runner.arun(self._judge(request))
 
@@ -734,6 +757,18 @@ class LLMCoach:
         except Exception as exc:  # API errors of any provider end here, bugs re-raise
             if not _from_api_stack(exc):
                 raise
+            kind = setup_error(exc)
+            if kind is not None:
+                raise CoachSetupError(
+                    setup_error_message(
+                        exc,
+                        kind,
+                        who=f"coach {self.name}",
+                        model=self.model,
+                        api_base=self.api_base,
+                        where="the coach spec (llm:<model>?api_key=...)",
+                    )
+                ) from exc
             message = _describe(exc)
             cause = failure_cause(exc)
             if bill.remaining_s() <= 0:

@@ -238,6 +238,8 @@ class Kernel:
 CGROUP_JOIN_FAILED = 97
 #: Files the kernel writes in its runtime directory, and the directory of its sockets.
 FAULT_LOG, STARTUP_LOG, SOCKETS = "fault.log", "startup-error.log", "sockets"
+#: What bubblewrap writes before a confined kernel runs (its refusal to start one).
+BWRAP_LOG = "bwrap.log"
 _LOG_READ_BYTES = 64 * 1024
 
 
@@ -323,6 +325,9 @@ def start_kernel(
         # The launcher runs with -I, which ignores PYTHONPATH: both this process's and
         # one given in the kernel's own environment are put on its path explicitly.
         "sys_path": list(dict.fromkeys([*inherited_import_paths(), *inherited_import_paths(env)])),
+        # bubblewrap's refusal goes to a file (read by _start_failure); the kernel's own
+        # stderr to /dev/null, as for an unconfined kernel.
+        "quiet_stderr": confined,
     }
     argv = [
         sys.executable,
@@ -367,13 +372,20 @@ def start_kernel(
         context=context,
     )
     try:
-        # The coroutine behind jupyter-client's sync ``start_kernel``, on a loop of our own:
-        # see close_kernel_files for why the sync wrapper fails in worker threads.
-        run_sync(
-            manager._async_start_kernel(
-                cwd=str(cwd), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        # What bubblewrap says before the kernel runs (a refusal) is kept for the error.
+        stderr: Any = open(runtime_dir / BWRAP_LOG, "wb") if confined else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            # The coroutine behind jupyter-client's sync ``start_kernel``, on a loop of
+            # our own: see close_kernel_files for why the sync wrapper fails in worker
+            # threads.
+            run_sync(
+                manager._async_start_kernel(
+                    cwd=str(cwd), env=env, stdout=subprocess.DEVNULL, stderr=stderr
+                )
             )
-        )
+        finally:
+            if stderr is not subprocess.DEVNULL:
+                stderr.close()
     except (OSError, RuntimeError) as exc:
         shutil.rmtree(runtime_dir, ignore_errors=True)
         for made in (cgroup, pids_cgroup):
@@ -497,8 +509,21 @@ def _start_failure(kernel: Kernel) -> str:
             "SandboxLimits(total_memory_bytes=None) or SandboxLimits(max_threads=None) "
             "to run without one"
         )
+    refusal = _bwrap_refusal(kernel) if kernel.confined else ""
+    if refusal and not detail:
+        return f"bubblewrap refused to start the kernel ({describe_exit(status)}): {refusal}"
     message = f"the kernel process exited during start ({describe_exit(status)})"
     return f"{message}:\n{truncate_middle(detail, 4000)}" if detail else message
+
+
+def _bwrap_refusal(kernel: Kernel, lines: int = 5) -> str:
+    """The first lines bubblewrap wrote before the kernel ran ("" when it wrote none)."""
+    try:
+        with open(kernel.runtime_dir / BWRAP_LOG, "rb") as log:
+            text = log.read(4000).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return " / ".join(line.strip() for line in text.strip().splitlines()[:lines])
 
 
 def stop_kernel(kernel: Kernel) -> None:

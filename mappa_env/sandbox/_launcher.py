@@ -19,6 +19,9 @@ The spec is a JSON object:
 - ``sys_path``: absolute directories put first on ``sys.path`` (the creating process's
   ``PYTHONPATH``, which the kernel's environment does not carry), so the kernel imports
   what that process imports.
+- ``quiet_stderr``: point file descriptor 2 at ``/dev/null`` first. A confined kernel's
+  stderr is a file that catches what bubblewrap says when it refuses to start it; from
+  here on only the kernel would write there.
 
 The kernel's own stderr goes to ``/dev/null``: the kernel copies everything agents write to
 file descriptor 2 there, so a file would grow without bound.
@@ -95,6 +98,10 @@ def _pack_unencodable_text(session: object) -> None:
 def main() -> None:
     """Apply the spec in ``sys.argv[1]``, then run the kernel with the remaining arguments."""
     spec = json.loads(sys.argv.pop(1))
+    if spec.get("quiet_stderr"):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
     fault_log = None
     if spec.get("fault_log"):
         import faulthandler

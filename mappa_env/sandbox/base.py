@@ -155,7 +155,6 @@ def check_sandbox(factory: SandboxFactory, timeout: float = 60.0) -> None:
             example) and what to do, when the sandbox cannot be made, or the code fails
             or prints something else.
     """
-    import sys
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="mappa-sandbox-check-") as workdir:
@@ -178,9 +177,34 @@ def check_sandbox(factory: SandboxFactory, timeout: float = 60.0) -> None:
                 cause += f"\nstderr:\n{truncate_middle(result.stderr.strip(), 2000)}"
     raise SandboxUnavailableError(
         f"the sandbox cannot run code ({cause}). Every code action would come back as a "
-        "tool error and be scored as the agent's fault, so nothing runs. For the Jupyter "
-        f"sandbox, make ipykernel and jupyter-client importable by {sys.executable} "
-        f"(`{sys.executable} -m pip install ipykernel jupyter-client`); packages that "
-        "are reachable only through PYTHONPATH are passed on to the kernel. To run "
-        "without code execution, use sandbox=None (`--sandbox none`)."
+        f"tool error and be scored as the agent's fault, so nothing runs. {_advice(cause)} "
+        "To run without code execution, use sandbox=None (`--sandbox none`)."
+    )
+
+
+# A kernel that started but did not answer in time, or code that ran past its limit.
+_HUNG = ("did not answer within the start timeout", "TimeoutError:")
+
+
+def _advice(cause: str) -> str:
+    """What to do about a sandbox that cannot run code, by what went wrong."""
+    import sys
+
+    if "bubblewrap refused" in cause:
+        return (
+            "Fix what bubblewrap names above, or run agents' code unconfined with "
+            "isolation='none' (`--isolation none`)."
+        )
+    if any(sign in cause for sign in _HUNG):
+        return (
+            "The kernel hung rather than failed: on a busy machine run fewer episodes at "
+            "once (`--concurrency`), or give kernels longer to start with "
+            "JupyterSandbox.factory(limits=SandboxLimits(start_timeout_s=...)) (default "
+            "60 s); if it hangs on an idle machine, start "
+            f"`{sys.executable} -m ipykernel` by hand to see where it waits."
+        )
+    return (
+        f"For the Jupyter sandbox, make ipykernel and jupyter-client importable by "
+        f"{sys.executable} (`{sys.executable} -m pip install ipykernel jupyter-client`); "
+        "packages that are reachable only through PYTHONPATH are passed on to the kernel."
     )

@@ -27,6 +27,7 @@ from types import MappingProxyType
 from typing import Any
 
 from mappa_env._optional import MissingExtraError, require
+from mappa_env.errors import SettingsError
 from mappa_env.grading.math import extract_boxed
 
 logger = logging.getLogger(__name__)
@@ -85,10 +86,13 @@ class TaskFormatError(ValueError):
     """A task file or dataset row is malformed; the message says which file and row."""
 
 
-class BenchmarkUnavailableError(FileNotFoundError):
+class BenchmarkUnavailableError(FileNotFoundError, SettingsError):
     """A named benchmark is in no local folder and its public dataset could not be loaded.
 
-    The message says which folder would serve it and which dataset needs network access.
+    The message says which folder would serve it and which dataset needs network access
+    (for a task file that does not exist: which benchmark names do). A
+    :class:`~mappa_env.errors.SettingsError` too: the ``mappa`` command prints it as one
+    line.
     """
 
 
@@ -238,19 +242,35 @@ def public_benchmark(name: str) -> PublicBenchmark | None:
     return next((b for key, b in PUBLIC_BENCHMARKS.items() if key.lower() == stem), None)
 
 
-def _unavailable(name: str, why: str) -> str:
-    """The part of an error that says where a benchmark would come from."""
+def _bench_folder_says(file_name: str) -> str:
+    """What the benchmark folder holds, for an error about ``file_name`` it lacks."""
     directory = find_bench_dir(required=False)
     if directory is not None:
         held = sorted(p.stem for p in directory.iterdir() if p.suffix.lower() in _JSON_SUFFIXES)
-        folder = f"{directory} holds no {name}.json (it holds: {', '.join(held) or 'nothing'})"
-    else:
-        tried = ", ".join(str(c) for c in bench_dir_candidates())
-        folder = f"no benchmark folder was found ({BENCH_DIR_ENV} is not set; tried {tried})"
+        return f"{directory} holds no {file_name} (it holds: {', '.join(held) or 'nothing'})"
+    tried = ", ".join(str(c) for c in bench_dir_candidates())
+    return f"no benchmark folder was found ({BENCH_DIR_ENV} is not set; tried {tried})"
+
+
+def _unavailable(name: str, why: str) -> str:
+    """The part of an error that says where a benchmark would come from."""
+    # "AMC.json" names the benchmark amc, in the file AMC.json (not AMC.json.json).
+    suffix = Path(name).suffix
+    file_name = name if suffix.lower() in _JSON_SUFFIXES else f"{name}.json"
     return (
-        f"Benchmark {name!r} is unavailable: {folder}, and {why}. Either set "
-        f"{BENCH_DIR_ENV} to a folder holding {name}.json, or give this process network "
-        "access to the Hugging Face Hub once (the dataset is cached afterwards)."
+        f"Benchmark {name!r} is unavailable: {_bench_folder_says(file_name)}, and {why}. "
+        f"Either set {BENCH_DIR_ENV} to a folder holding {file_name}, or give this process "
+        "network access to the Hugging Face Hub once (the dataset is cached afterwards)."
+    )
+
+
+def _no_task_file(name: str) -> str:
+    """The error for a task file name that is neither a file here nor a benchmark's."""
+    known = ", ".join(PUBLIC_BENCHMARKS)
+    return (
+        f"task file {name} does not exist (looked in {Path.cwd()}), and no benchmark is "
+        f"named {_stem(name)!r}: {_bench_folder_says(name)}; public benchmarks: {known}. "
+        "Pass the path of an existing task file, or one of those benchmark names"
     )
 
 
@@ -468,6 +488,8 @@ def load_math_tasks(
                 f"{text!r} picks its own"
             )
         local = _local_benchmark(text)
+        if local is None and looks_like_file and public_benchmark(text) is None:
+            raise BenchmarkUnavailableError(_no_task_file(text))
         if local is None:
             return _load_public(text, limit)
         path = local
