@@ -7,7 +7,7 @@ CONSTRAINTS := requirements/cpu-constraints.txt
 TEST_EXTRAS ?= dev,llm,agents,distributed,openenv,trl
 STAMP := $(VENV)/.installed-$(TEST_EXTRAS)
 
-.PHONY: venv install demo test test-vllm lint format docs wheel-check fast-test bench clean
+.PHONY: venv install demo test test-vllm lint format docs wheel-check fast-test bench clean gpu-wheels
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -87,6 +87,20 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.bench_coach
 	$(PY) -m benchmarks.bench_policy
 	$(PY) -m benchmarks.bench_runner
+
+# The GPU machine's missing packages (requirements/gpu.txt) as wheels for its platform
+# (CPython 3.12, manylinux x86-64), into .whl/ (git-ignored), which a call to that machine
+# carries; `bash benchmarks/gpu_install.sh` installs them there. The old wheels go first:
+# two versions of one package would stop that install. Needs only pip, no venv.
+GPU_WHEELS ?= .whl
+GPU_PLATFORMS := $(foreach p,manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 \
+	manylinux2014_x86_64 manylinux1_x86_64,--platform $(p))
+gpu-wheels:
+	mkdir -p $(GPU_WHEELS)
+	rm -f $(GPU_WHEELS)/*.whl
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp $(GPU_PLATFORMS) -d $(GPU_WHEELS) -r requirements/gpu.txt
+	@echo "$$(ls $(GPU_WHEELS)/*.whl | wc -l) wheels for $$(grep -c '^[^#[:space:]]' requirements/gpu.txt) requirements, $$(du -ch $(GPU_WHEELS)/*.whl | tail -1 | cut -f1) in all, in $(GPU_WHEELS)/"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build dist site *.egg-info

@@ -298,7 +298,9 @@ def engine_weights(trainer: Any) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--shape", default="smollm2-135m", help="a model spec or directory, or 0.5b / 1.5b"
+        "--shape",
+        default="smollm2-135m",
+        help="a model spec or directory, or a random shape: 135m / 0.5b / 1.5b / 4b",
     )
     parser.add_argument("--steps", type=int, default=4, help="steps to run (the first compiles)")
     parser.add_argument("--prompts", type=int, default=32)

