@@ -121,7 +121,7 @@ def test_an_audit_takes_no_credit_mode_and_refuses_one_given_as_an_option(tmp_pa
     [
         ("bad.yaml", "steps: [1, 2\nlr: :\n", "is not valid YAML (expected ',' or ']'"),
         ("bad.json", '{"steps": 2,}', "is not valid JSON (Expecting property name"),
-        ("missing.yaml", None, "does not exist: pass an existing .yaml or .json file"),
+        ("missing.yaml", None, "is neither a file nor a bundled recipe"),
     ],
 )
 def test_a_config_file_that_cannot_be_read_is_one_line(tmp_path, capsys, name, text, start):
