@@ -488,7 +488,7 @@ def repeats_code(action: str, metadata: Mapping[str, object]) -> bool:
 
 
 _NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
-_EXPR = rf"(?:[(\s]*-?\s*(?:{_NUM})[)\s]*(?:\*\*|[-+*/])\s*)*[(\s]*-?\s*(?:{_NUM})[)\s]*"
+_EXPR = rf"(?:[(\s]*-?\s*(?:{_NUM})[)\s]*(?:\*\*|//|[-+*/%])\s*)*[(\s]*-?\s*(?:{_NUM})[)\s]*"
 _LEFT = re.compile(rf"(?P<expr>{_EXPR})$")
 _RIGHT = re.compile(rf"^(?P<expr>{_EXPR})")
 _LATEX_OPS = (
@@ -523,6 +523,10 @@ def _evaluate(expression: str) -> float | int | None:
                 return left * right
             if isinstance(node.op, ast.Div):
                 return left / right
+            if isinstance(node.op, ast.FloorDiv):
+                return left // right
+            if isinstance(node.op, ast.Mod):
+                return left % right
             if isinstance(node.op, ast.Pow) and abs(right) <= MAX_STEP_EXPONENT:
                 return left**right
         raise ValueError("not a checkable step")
@@ -580,7 +584,7 @@ def checked_steps(text: str) -> tuple[list[str], list[str]]:
             continue
         if after.lstrip()[:1] in set("+-*/^(") - {""}:
             continue
-        if not re.search(r"\d\s*\)*\s*(?:\*\*|[-+*/])", f"{lhs} {rhs}"):
+        if not re.search(r"\d\s*\)*\s*(?:\*\*|//|[-+*/%])", f"{lhs} {rhs}"):
             continue  # "1 = 1", "x = 5": nothing to recompute
         a, b = _evaluate(lhs), _evaluate(rhs)
         if a is None or b is None:
