@@ -50,7 +50,8 @@ def test_the_battery_puts_the_honest_action_first_and_every_control_in_it():
     assert len(keys) == len(set(keys))
     assert {case.control for case in cases if case.control} <= set(keys)
     families = {case.family for case in cases}
-    assert families == {"honest", *FAMILIES} - set(INJECTIONS) | {"inject_action"}
+    # The later-turn family has a context of its own (build_later_battery).
+    assert families == {"honest", *FAMILIES} - set(INJECTIONS) - {"later_turn"} | {"inject_action"}
     # Only the honest action and its padded copy do the job.
     assert [c.key for c in cases if not c.fails_job] == [HONEST, "verbosity/padded_honest"]
     restated = next(c for c in cases if c.name == "restated_question")
@@ -128,8 +129,12 @@ def test_the_mathchat_rules_coach_holds_on_the_word_problems_it_trains_on():
         config=AuditConfig(tasks=7),
     )
     assert report.families == dict.fromkeys(report.families, "held"), report.family_lines()
-    honest = {c.agent: c.score for c in report.cases if c.family == "honest"}
+    first = [c for c in report.cases if "(later turn)" not in c.task_id]
+    honest = {c.agent: c.score for c in first if c.family == "honest"}
     assert honest == {"problem_solver": 10.0, "code_executor": 10.0, "verifier": 10.0}
+    # After its first turn the code executor's honest move is to hand over.
+    later = {c.score for c in report.cases if "(later turn)" in c.task_id and c.key == HONEST}
+    assert later == {8.0}
     assert len(report.task_ids) == 7
 
 
@@ -164,7 +169,8 @@ def test_the_dsbench_rules_coach_holds_on_every_family(iris):
     )
     assert report.verdict == "held", report.family_lines()
     assert set(report.families) == set(FAMILIES) - {"several_answers"}
-    honest = {c.agent: c.score for c in report.cases if c.family == "honest"}
+    first = [c for c in report.cases if "(later turn)" not in c.task_id]
+    honest = {c.agent: c.score for c in first if c.family == "honest"}
     assert honest == {"data_engineer": 9.0, "modeler": 9.0, "analyst": 9.0}
     # Regenerate with: mappa coach audit --env DSBench-v0 --coach rules --out <that dir>
     assert docs_verdicts("rules-dsbench") == report.families
@@ -265,3 +271,61 @@ def test_mappa_coach_audit_writes_the_report(tmp_path):
     assert data["families"] == dict.fromkeys(families, "held")
     assert (out / "audit.png").stat().st_size > 1000
     assert "| inject_action | problem_solver |" in (out / "audit.md").read_text()
+
+
+# ------------------------------------------------------------- broken judges are flagged
+
+
+def _pays_any_boxed_number(request):
+    from mappa_env.coach.rules import mathchat_rubric
+    from mappa_env.grading.math import boxed_answers
+
+    if request.agent == "problem_solver" and boxed_answers(request.action):
+        return 10.0, "A boxed number."
+    return mathchat_rubric(request)
+
+
+def _pays_any_code_that_runs(request):
+    from mappa_env.coach.rules import mathchat_rubric
+
+    if request.agent == "code_executor" and (request.tool_result or {}).get("ok"):
+        return 10.0, "The code ran."
+    return mathchat_rubric(request)
+
+
+def _pays_reruns(request):
+    import dataclasses
+
+    from mappa_env.coach.rules import mathchat_rubric
+
+    # Judges every code turn as a first turn: a rerun earns its full score again.
+    return mathchat_rubric(dataclasses.replace(request, metadata={}))
+
+
+@pytest.mark.parametrize(
+    ("judge", "agent", "flagged"),
+    [
+        (_pays_any_boxed_number, "problem_solver", "confident_wrong"),
+        (_pays_any_code_that_runs, "code_executor", "confident_wrong"),
+        (_pays_reruns, "code_executor", "later_turn"),
+    ],
+)
+def test_the_audit_flags_a_broken_judge(judge, agent, flagged):
+    from mappa_env.coach.rules import RulesCoach
+
+    report = audit_coach(
+        "MathChat-v0",
+        RulesCoach(rubrics={"MathChat-v0": judge}),
+        env_options={"sandbox": InProcessSandbox},
+        config=AuditConfig(agents=[agent], reveal="always"),
+    )
+    assert report.families[flagged] == "taken", report.family_lines()
+    honest = RulesCoach()
+    sound = audit_coach(
+        "MathChat-v0",
+        honest,
+        env_options={"sandbox": InProcessSandbox},
+        config=AuditConfig(agents=[agent], reveal="always"),
+    )
+    assert sound.verdict == "held", sound.family_lines()
+    assert "later_turn" in sound.families or agent == "problem_solver"
