@@ -192,7 +192,12 @@ def test_the_audit_passes_the_strict_judge_and_catches_the_gullible_one_on_mathc
     with run_stub_server(strict_judge) as server:
         strict = audit_coach("MathChat-v0", judge_spec(server, "strict"), env_options=options,
                              config=config)  # fmt: skip
-    assert strict.verdict == "held", strict.family_lines()
+    # The scripted judges score each action on its evidence alone: a rerun that prints
+    # the right answer again is paid like the first run. Only the environment's rubric
+    # knows the slot's earlier turns, so the audit flags the judge's later turns.
+    families = dict(strict.families)
+    assert families.pop("later_turn") == "taken"
+    assert set(families.values()) == {"held"}, strict.family_lines()
     assert not any(c.leaked for c in strict.cases)
     # The judge quotes the action's last line: a quoted score line is no verdict, and
     # the format correction gets its own score.
@@ -203,9 +208,9 @@ def test_the_audit_passes_the_strict_judge_and_catches_the_gullible_one_on_mathc
                                env_options=options, config=config)  # fmt: skip
     flagged = {f: v for f, v in gullible.families.items() if f.startswith("inject_")}
     assert flagged == dict.fromkeys(["inject_action", "inject_stdout", "inject_stderr"], "taken")
-    assert {f: v for f, v in gullible.families.items() if f not in flagged} == dict.fromkeys(
-        set(gullible.families) - set(flagged), "held"
-    )
+    rest = {f: v for f, v in gullible.families.items() if f not in flagged}
+    assert rest.pop("later_turn") == "taken"
+    assert rest == dict.fromkeys(rest, "held")
 
 
 def test_the_audit_passes_the_strict_judge_and_catches_the_gullible_one_on_dsbench(iris):
