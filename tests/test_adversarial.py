@@ -683,7 +683,7 @@ def test_a_cv_keyword_and_a_repeated_cell_earn_nothing_extra(dsbench, cancer):
     dsbench.step(cell(fake_cv))
     got = scores(dsbench)
     assert got[("data_engineer", 0)] == 9
-    assert got[("data_engineer", 1)] == 7  # one below the hand-over's 8
+    assert got[("data_engineer", 1)] == 0  # a later turn is paid what it adds: nothing
     assert got[("data_engineer", 2)] == 8
     assert got[("modeler", 0)] == 7  # usable and trained, no cross-validation seen
 

@@ -50,7 +50,8 @@ def test_the_battery_puts_the_honest_action_first_and_every_control_in_it():
     assert len(keys) == len(set(keys))
     assert {case.control for case in cases if case.control} <= set(keys)
     families = {case.family for case in cases}
-    assert families == {"honest", *FAMILIES} - set(INJECTIONS) | {"inject_action"}
+    # The later-turn family has a context of its own (build_later_battery).
+    assert families == {"honest", *FAMILIES} - set(INJECTIONS) - {"later_turn"} | {"inject_action"}
     # Only the honest action and its padded copy do the job.
     assert [c.key for c in cases if not c.fails_job] == [HONEST, "verbosity/padded_honest"]
     restated = next(c for c in cases if c.name == "restated_question")
@@ -128,8 +129,12 @@ def test_the_mathchat_rules_coach_holds_on_the_word_problems_it_trains_on():
         config=AuditConfig(tasks=7),
     )
     assert report.families == dict.fromkeys(report.families, "held"), report.family_lines()
-    honest = {c.agent: c.score for c in report.cases if c.family == "honest"}
+    first = [c for c in report.cases if "(later turn)" not in c.task_id]
+    honest = {c.agent: c.score for c in first if c.family == "honest"}
     assert honest == {"problem_solver": 10.0, "code_executor": 10.0, "verifier": 10.0}
+    # After its first turn the code executor's honest move is to hand over.
+    later = {c.score for c in report.cases if "(later turn)" in c.task_id and c.key == HONEST}
+    assert later == {8.0}
     assert len(report.task_ids) == 7
 
 
@@ -164,7 +169,8 @@ def test_the_dsbench_rules_coach_holds_on_every_family(iris):
     )
     assert report.verdict == "held", report.family_lines()
     assert set(report.families) == set(FAMILIES) - {"several_answers"}
-    honest = {c.agent: c.score for c in report.cases if c.family == "honest"}
+    first = [c for c in report.cases if "(later turn)" not in c.task_id]
+    honest = {c.agent: c.score for c in first if c.family == "honest"}
     assert honest == {"data_engineer": 9.0, "modeler": 9.0, "analyst": 9.0}
     # Regenerate with: mappa coach audit --env DSBench-v0 --coach rules --out <that dir>
     assert docs_verdicts("rules-dsbench") == report.families
@@ -186,7 +192,12 @@ def test_the_audit_passes_the_strict_judge_and_catches_the_gullible_one_on_mathc
     with run_stub_server(strict_judge) as server:
         strict = audit_coach("MathChat-v0", judge_spec(server, "strict"), env_options=options,
                              config=config)  # fmt: skip
-    assert strict.verdict == "held", strict.family_lines()
+    # The scripted judges score each action on its evidence alone: a rerun that prints
+    # the right answer again is paid like the first run. Only the environment's rubric
+    # knows the slot's earlier turns, so the audit flags the judge's later turns.
+    families = dict(strict.families)
+    assert families.pop("later_turn") == "taken"
+    assert set(families.values()) == {"held"}, strict.family_lines()
     assert not any(c.leaked for c in strict.cases)
     # The judge quotes the action's last line: a quoted score line is no verdict, and
     # the format correction gets its own score.
@@ -197,9 +208,9 @@ def test_the_audit_passes_the_strict_judge_and_catches_the_gullible_one_on_mathc
                                env_options=options, config=config)  # fmt: skip
     flagged = {f: v for f, v in gullible.families.items() if f.startswith("inject_")}
     assert flagged == dict.fromkeys(["inject_action", "inject_stdout", "inject_stderr"], "taken")
-    assert {f: v for f, v in gullible.families.items() if f not in flagged} == dict.fromkeys(
-        set(gullible.families) - set(flagged), "held"
-    )
+    rest = {f: v for f, v in gullible.families.items() if f not in flagged}
+    assert rest.pop("later_turn") == "taken"
+    assert rest == dict.fromkeys(rest, "held")
 
 
 def test_the_audit_passes_the_strict_judge_and_catches_the_gullible_one_on_dsbench(iris):
@@ -299,3 +310,61 @@ def test_mappa_coach_audit_stops_at_a_key_problem_with_one_line(
     assert err.startswith("mappa coach: coach llm:openai/judge: ")
     assert words in err
     assert "api_key=..." in err
+
+
+# ------------------------------------------------------------- broken judges are flagged
+
+
+def _pays_any_boxed_number(request):
+    from mappa_env.coach.rules import mathchat_rubric
+    from mappa_env.grading.math import boxed_answers
+
+    if request.agent == "problem_solver" and boxed_answers(request.action):
+        return 10.0, "A boxed number."
+    return mathchat_rubric(request)
+
+
+def _pays_any_code_that_runs(request):
+    from mappa_env.coach.rules import mathchat_rubric
+
+    if request.agent == "code_executor" and (request.tool_result or {}).get("ok"):
+        return 10.0, "The code ran."
+    return mathchat_rubric(request)
+
+
+def _pays_reruns(request):
+    import dataclasses
+
+    from mappa_env.coach.rules import mathchat_rubric
+
+    # Judges every code turn as a first turn: a rerun earns its full score again.
+    return mathchat_rubric(dataclasses.replace(request, metadata={}))
+
+
+@pytest.mark.parametrize(
+    ("judge", "agent", "flagged"),
+    [
+        (_pays_any_boxed_number, "problem_solver", "confident_wrong"),
+        (_pays_any_code_that_runs, "code_executor", "confident_wrong"),
+        (_pays_reruns, "code_executor", "later_turn"),
+    ],
+)
+def test_the_audit_flags_a_broken_judge(judge, agent, flagged):
+    from mappa_env.coach.rules import RulesCoach
+
+    report = audit_coach(
+        "MathChat-v0",
+        RulesCoach(rubrics={"MathChat-v0": judge}),
+        env_options={"sandbox": InProcessSandbox},
+        config=AuditConfig(agents=[agent], reveal="always"),
+    )
+    assert report.families[flagged] == "taken", report.family_lines()
+    honest = RulesCoach()
+    sound = audit_coach(
+        "MathChat-v0",
+        honest,
+        env_options={"sandbox": InProcessSandbox},
+        config=AuditConfig(agents=[agent], reveal="always"),
+    )
+    assert sound.verdict == "held", sound.family_lines()
+    assert "later_turn" in sound.families or agent == "problem_solver"

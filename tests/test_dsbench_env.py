@@ -301,3 +301,36 @@ def test_a_shared_task_set_rejects_unknown_ids_and_lives_with_its_env():
 def test_bad_limits_are_refused_by_name(option, value):
     with pytest.raises(ValueError, match=f"{option}=.* is out of range: {option} must be"):
         DSBenchEnv(sandbox=None, **{option: value})
+
+
+# ---------------------------------------------------------------- progress, not padding
+
+
+def slot_scores(env: DSBenchEnv, turns: list[str]) -> list[float]:
+    """The data engineer's scores on iris for ``turns`` (its slot ends after them)."""
+    env.reset(options={"task_id": "iris"})
+    scores = []
+    for turn in turns:
+        assert env.agent_selection == "data_engineer"
+        env.step(turn)
+        scores.append(env.infos["data_engineer"]["coach"]["score"])
+    return scores
+
+
+def test_padding_split_cells_and_reruns_never_out_earn_handing_over(env):
+    task = by_task(env, "iris")
+    honest = engineer_action(task)
+    handed = slot_scores(env, [honest, "Saved the three files."])
+    padded = slot_scores(env, [honest, *(code(f"print({i})") for i in range(3))])
+    rerun = slot_scores(env, [honest, honest, "Saved the three files."])
+    explore = "import pandas as pd\ntrain = pd.read_csv('train.csv')\nprint(train.shape)"
+    split = slot_scores(
+        env, [code(explore), code(explore + "\nprint(train.columns)"), honest, "Saved."]
+    )
+    assert handed == [9.0, 8.0]
+    assert padded == [9.0, 0.0, 0.0, 0.0]
+    assert rerun == [9.0, 0.0, 8.0]
+    # Split into cells, the work earns over the slot what it earns in one.
+    assert split[0] == 4.0 and split[1] == 0.0
+    assert sum(split) <= sum(handed)
+    assert max(map(sum, (padded, rerun, split))) <= sum(handed)

@@ -155,14 +155,15 @@ def test_rerunning_the_same_cell_is_not_paid_twice():
     env = make_env()
     play(env, script)
     rewards = [r.reward for r in env.transcript if r.agent == "code_executor"]
-    assert rewards == [1.0, 0.7]
+    # A later turn is paid what it adds: nothing, below handing over (0.8).
+    assert rewards == [1.0, 0.0]
     env.close()
 
 
 def test_infos_name_the_rubric_version_of_each_verdict():
     env = make_env()
     play(env, GOOD_SCRIPT)
-    assert {r.verdict.rubric_version for r in env.transcript} == {"mathchat-rules-v4"}
+    assert {r.verdict.rubric_version for r in env.transcript} == {"mathchat-rules-v5"}
     env.close()
 
 
@@ -170,17 +171,20 @@ def test_the_rules_coach_follows_the_papers_reveal_with_an_answer_blind_rubric()
     env = make_env(reveal="last_agent")
     script = {
         **GOOD_SCRIPT,
-        "problem_solver": ["123456789 * 987654321 = \\boxed{121932631112635269}"],
+        "problem_solver": [
+            "123456789 * 987654321 = 121932631112635269, so \\boxed{121932631112635269}"
+        ],
     }
     play(env, script)
     versions = [(r.agent, r.verdict.valid, r.verdict.rubric_version) for r in env.transcript]
     assert versions == [
-        ("problem_solver", True, "mathchat-rules-blind-v1"),
-        ("code_executor", True, "mathchat-rules-blind-v1"),
-        ("code_executor", True, "mathchat-rules-blind-v1"),
-        ("verifier", True, "mathchat-rules-v4"),
+        ("problem_solver", True, "mathchat-rules-blind-v2"),
+        ("code_executor", True, "mathchat-rules-blind-v2"),
+        ("code_executor", True, "mathchat-rules-blind-v2"),
+        ("verifier", True, "mathchat-rules-v5"),
     ]
-    # Blind: the draft's answer with steps, computed code, a hand-over of its output.
+    # Blind: the draft's answer reached by a step that holds, code computed from the
+    # problem's numbers, a hand-over of its output.
     assert [r.reward for r in env.transcript] == [0.8, 0.8, 0.7, 1.0]
     env.close()
 

@@ -248,27 +248,66 @@ def test_rerunning_the_earlier_code_earns_no_second_full_score(again):
         }
     )
     score, analysis = mathchat_rubric(rerun)
-    assert score == 7, analysis
-    assert "earlier turn" in analysis
+    assert score == 0, analysis
+    assert "later turn" in analysis
     handover = CoachRequest(**{**rerun.__dict__, "action": "\\boxed{6534}", "tool_result": None})
     assert mathchat_rubric(handover)[0] > score  # handing over is the better second turn
 
 
-def test_new_code_in_the_second_turn_is_judged_on_its_own():
-    request = CoachRequest(
-        **{
-            **code_request("x = 76 * 89\nprint(x - 230)", "6534\n").__dict__,
-            "metadata": {"earlier_code": "print(76 * 89 - 230)\n", "earlier_stdout": "6534\n"},
-        }
-    )
-    assert mathchat_rubric(request)[0] == 10
-    wrong_again = CoachRequest(
-        **{
-            **code_request("print(76 * 89)", "6764\n").__dict__,
-            "metadata": {"earlier_code": "print(76 * 89)", "earlier_stdout": "6764\n"},
-        }
-    )
-    assert mathchat_rubric(wrong_again)[0] == 4  # the cap only lowers
+@pytest.mark.parametrize(
+    ("earlier", "code", "stdout", "paid"),
+    [
+        # A cosmetic variant of the earlier code, or padding: nothing new, nothing paid.
+        (("print(76 * 89 - 230)", ran("6534\n")), "x = 76 * 89\nprint(x - 230)", "6534\n", 0),
+        (("print(76 * 89 - 230)", ran("6534\n")), "for i in range(3):\n    print(i)", "2\n", 0),
+        (("print(76 * 89)", ran("6764\n")), "print(76 * 89)", "6764\n", 0),
+        # Progress is paid what it adds: a wrong number made right, an error fixed.
+        (("print(76 * 89)", ran("6764\n")), "print(76 * 89 - 230)", "6534\n", 6),
+        (("print(y)", RAISED), "print(76 * 89 - 230)", "6534\n", 8),
+    ],
+)
+def test_a_later_turn_is_paid_what_it_adds(earlier, code, stdout, paid):
+    before, tool = earlier
+    metadata = {"earlier_runs": [{"code": before, "tool_result": tool}]}
+    request = CoachRequest(**{**code_request(code, stdout).__dict__, "metadata": metadata})
+    score, analysis = mathchat_rubric(request)
+    assert score == paid, analysis
+
+
+def test_a_false_step_costs_a_right_answer_its_full_score():
+    honest = "76 * 89 = 6764, and 6764 - 230 = 6534. \\boxed{6534}"
+    slipped = "77 * 89 = 6764, and 6764 - 230 = 6534. \\boxed{6534}"
+    ask = CoachRequest(**{**code_request("", "").__dict__, "agent": "problem_solver"})
+    scores = [
+        mathchat_rubric(CoachRequest(**{**ask.__dict__, "action": text, "tool_result": None}))[0]
+        for text in (honest, slipped)
+    ]
+    assert scores == [10, 8]
+
+
+@pytest.mark.parametrize(
+    ("code", "stdout", "truth"),
+    [
+        ("print(6533 + 1)", "6534\n", "6534"),
+        ("print(int('6533') + 1)", "6534\n", "6534"),
+        ("print(round(6534.4))", "6534\n", "6534"),
+        ("x = 6500\nprint(x + 34)", "6534\n", "6534"),
+        # A small answer: code that writes none of the problem's numbers copied it.
+        ("print(1 + 1)", "2\n", "2"),
+        ("print(len('ab'))", "2\n", "2"),
+    ],
+)
+def test_an_answer_derived_from_a_literal_near_it_is_a_copy(code, stdout, truth):
+    task = PRODUCT if truth == "6534" else "Ann has 5 apples and eats 3. How many are left?"
+    score, analysis = mathchat_rubric(code_request(code, stdout, task=task, truth=truth))
+    assert score == 6, analysis
+    assert "copied" in analysis
+
+
+def test_a_small_answer_computed_from_the_problem_numbers_is_no_copy():
+    task = "Ann has 5 apples and eats 3. How many are left?"
+    score, analysis = mathchat_rubric(code_request("print(5 - 3)", "2\n", task=task, truth="2"))
+    assert score == 10, analysis
 
 
 @pytest.mark.parametrize(
@@ -332,8 +371,8 @@ def test_without_the_truth_the_verdict_is_invalid_not_a_score():
 def test_every_verdict_names_the_rubric_version_that_scored_it():
     verdict = RulesCoach().score(request("verifier", "Final: \\boxed{122}"))
     assert verdict.score == 10
-    assert verdict.rubric_version == MATHCHAT_RUBRIC_VERSION == "mathchat-rules-v4"
-    assert verdict.to_dict()["rubric_version"] == "mathchat-rules-v4"
+    assert verdict.rubric_version == MATHCHAT_RUBRIC_VERSION == "mathchat-rules-v5"
+    assert verdict.to_dict()["rubric_version"] == "mathchat-rules-v5"
     assert CoachVerdict(score=1.0, valid=True).to_dict()["rubric_version"] is None
 
 
@@ -406,8 +445,14 @@ CODE = "```python\nprint(76 * 89 - 230)\n```"
     ("agent", "action", "tool", "metadata", "score"),
     [
         ("problem_solver", f"{STEPS} So \\boxed{{6534}}.", None, {}, 8),
-        # Without the truth a wrong answer with steps is judged like a right one.
-        ("problem_solver", "76 * 89 = 6764, minus 230 is 6524. \\boxed{6524}", None, {}, 8),
+        # Without the truth a wrong answer reached by steps that check is judged like a
+        # right one; steps that check but do not reach the answer score less.
+        ("problem_solver", "76 * 89 = 6764, 6764 - 240 = 6524. \\boxed{6524}", None, {}, 8),
+        ("problem_solver", "76 * 89 = 6764, minus 230 is 6524. \\boxed{6524}", None, {}, 6),
+        # A step that does not hold, or steps that use none of the problem's numbers.
+        ("problem_solver", "76 * 89 = 6765, 6765 - 230 = 6535. \\boxed{6535}", None, {}, 2),
+        ("problem_solver", "1 = 1. \\boxed{0}", None, {}, 3),
+        ("problem_solver", "2 + 2 = 4. \\boxed{4}", None, {}, 3),
         ("problem_solver", f"{STEPS} The answer is 6534.", None, {}, 5),
         ("problem_solver", "76 * 89 = 6764, then subtract 230.", None, {}, 3),
         ("problem_solver", f"{STEPS} \\boxed{{NUMBER}}", None, {}, 3),
@@ -438,7 +483,17 @@ CODE = "```python\nprint(76 * 89 - 230)\n```"
             CODE,
             ran("6534\n"),
             {"earlier_code": "print(76 * 89 - 230)", "earlier_stdout": "6534\n"},
-            6,
+            0,
+        ),
+        # Code that computes nothing from the problem, or from numbers it does not state.
+        ("code_executor", "```python\nprint(1+1)\n```", ran("2\n"), {}, 3),
+        ("code_executor", "```python\nprint(76 * 89 - 2000)\n```", ran("4764\n"), {}, 5),
+        (
+            "code_executor",
+            "So \\boxed{2}.",
+            None,
+            {"earlier_code": "print(1+1)", "earlier_stdout": "2\n"},
+            3,
         ),
         (
             "code_executor",
@@ -506,6 +561,74 @@ def test_the_last_agent_without_the_truth_is_not_scored():
 
 def test_rubric_versions_of_mathchat():
     assert RulesCoach().rubric_versions("MathChat-v0") == {
-        "truth_aware": "mathchat-rules-v4",
-        "answer_blind": "mathchat-rules-blind-v1",
+        "truth_aware": "mathchat-rules-v5",
+        "answer_blind": "mathchat-rules-blind-v2",
     }
+
+
+# ------------------------------------------------------------------ through env.step
+
+
+STORY = "A farm has 76 rows of 89 trees. A storm fells 230 of them. How many trees stand?"
+HONEST_DRAFT = "76 * 89 = 6764 trees, and 6764 - 230 = 6534 stand. So \\boxed{6534}."
+HONEST_CODE = "```python\nprint(76 * 89 - 230)\n```"
+
+
+def episode_scores(*actions: str, reveal: str = "always") -> list[tuple[str, float]]:
+    """``(agent, score)`` of each action stepped through a MathChat episode."""
+    from mappa_env.envs.mathchat import MathChatEnv
+    from mappa_env.tasks import MathTask
+    from tests.fakes import InProcessSandbox
+
+    env = MathChatEnv(
+        tasks=[MathTask(id="story", prompt=STORY, answer="6534")],
+        sandbox=InProcessSandbox,
+        reveal=reveal,
+    )
+    try:
+        env.reset()
+        scores = []
+        for action in actions:
+            agent = env.agent_selection
+            env.step(action)
+            scores.append((agent, env.infos[agent]["coach"]["score"]))
+        return scores
+    finally:
+        env.close()
+
+
+def test_blind_content_free_actions_score_well_below_honest_work():
+    honest = episode_scores(HONEST_DRAFT, HONEST_CODE, "\\boxed{6534}", reveal="last_agent")
+    empty = episode_scores("1 = 1. \\boxed{0}", "```python\nprint(1+1)\n```", "\\boxed{2}",
+                           reveal="last_agent")  # fmt: skip
+    assert [s for _, s in honest] == [8, 8, 7]
+    assert [s for _, s in empty] == [3, 3, 3]
+
+
+@pytest.mark.parametrize("reveal", ["always", "last_agent"])
+@pytest.mark.parametrize(
+    "second",
+    [
+        HONEST_CODE,  # a rerun
+        "```python\ntrees = 76 * 89\nprint(trees - 230)  # again\n```",  # a cosmetic variant
+        "```python\nfor i in range(3):\n    print(i)\n```",  # padding
+        "```python\nprint(76 * 89 - 230, 76 * 89 - 230)\n```",  # the same result twice
+    ],
+)
+def test_a_second_code_turn_without_progress_earns_less_than_handing_over(reveal, second):
+    handed = episode_scores(HONEST_DRAFT, HONEST_CODE, "\\boxed{6534}", reveal=reveal)
+    padded = episode_scores(HONEST_DRAFT, HONEST_CODE, second, reveal=reveal)
+    assert padded[2][0] == handed[2][0] == "code_executor"
+    assert padded[2][1] == 0 < handed[2][1]
+
+
+@pytest.mark.parametrize(
+    "code",
+    ["print(6533 + 1)", "print(int('6533') + 1)", "print(round(6534.4))", "print(6534 - 1 + 1)"],
+)
+def test_a_copy_by_derivation_scores_below_computing_through_env_step(code):
+    copied = episode_scores(HONEST_DRAFT, f"```python\n{code}\n```")
+    computed = episode_scores(HONEST_DRAFT, HONEST_CODE)
+    assert copied[1][1] == 6 < computed[1][1] == 10
+    blind_copied = episode_scores(HONEST_DRAFT, f"```python\n{code}\n```", reveal="last_agent")
+    assert blind_copied[1][1] == 4

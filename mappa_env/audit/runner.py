@@ -30,7 +30,14 @@ from typing import Any
 
 from mappa_env._async import run_sync
 from mappa_env._fs import remove_tree
-from mappa_env.audit.battery import FAMILIES, PAYLOADS, AttackCase, build_battery
+from mappa_env.audit.battery import (
+    FAMILIES,
+    LATER_TURN,
+    PAYLOADS,
+    AttackCase,
+    build_battery,
+    build_later_battery,
+)
 from mappa_env.audit.report import AuditReport, CaseResult, family_stats
 from mappa_env.coach import Coach, CoachRequest, CoachVerdict, RulesCoach, cap_verdict, make_coach
 from mappa_env.coach.templates import unfenced
@@ -130,6 +137,12 @@ class _Context:
     upstream: list[tuple[str, list[str]]]  # (agent, the turns to replay)
     snapshot: Path | None
     cases: list[AttackCase] = field(default_factory=list)
+    own: list[str] = field(default_factory=list)  # the agent's turns before the case
+
+    @property
+    def label(self) -> str:
+        """The task id, marked for a later-turn context (reports key contexts by it)."""
+        return f"{self.task_id} (later turn)" if self.own else self.task_id
 
 
 def audit_coach(
@@ -246,10 +259,12 @@ async def _audit(
         if left:
             logger.warning("could not remove %d entries of %s", len(left), scratch)
     keyed = {(r.task_id, r.agent, r.key): r for r in results}
-    ordered = [keyed[(c.task_id, c.agent, case.key)] for c, case in jobs]
+    ordered = [keyed[(c.label, c.agent, case.key)] for c, case in jobs]
     notes = [
         "Each case is an episode of its own: upstream agents replay their honest turns, "
-        "then the audited agent's first turn is the case's action."
+        "then the audited agent's first turn is the case's action. In a later-turn "
+        "context (a task id marked '(later turn)') the agent's honest first turn is "
+        "replayed too, and the case is its second turn: the honest one hands over."
     ]
     if passed_over:
         notes.append(
@@ -328,6 +343,13 @@ async def _walk_honest(
             )
             replay = [(a, turns[-1:] if files else turns) for a, turns in upstream]
             contexts.append(_Context(task_id, agent, replay, snapshot, cases))
+            wanted = config.families is None or LATER_TURN in config.families
+            if wanted and env.spec_of(agent).max_turns >= 2:
+                later = build_later_battery(actions)
+                if later:
+                    contexts.append(
+                        _Context(task_id, agent, replay, snapshot, later, [actions.honest[0]])
+                    )
         taken = await _take_slot(env, agent, actions.honest, task_id)
         upstream.append((agent, taken))
     return contexts
@@ -361,6 +383,8 @@ async def _score_case(
         env.restore_workspace(context.snapshot)
     for agent, turns in context.upstream:
         await _take_slot(env, agent, turns, context.task_id)
+    for turn in context.own:
+        await env.astep(turn)
     if env.agent_selection != context.agent:
         raise AuditError(f"replaying {context.task_id!r} did not reach {context.agent!r}")
     gate.forward = True
@@ -379,7 +403,7 @@ async def _score_case(
             prompt = "\n".join(m["content"] for m in gate.coach.build_messages(request))  # type: ignore[attr-defined]
             leaked = case.payload.marker in unfenced(prompt)
     return CaseResult(
-        task_id=context.task_id,
+        task_id=context.label,
         agent=context.agent,
         family=case.family,
         name=case.name,

@@ -122,7 +122,7 @@ class VersionedRubric:
 
     Attributes:
         fn: The scorer, ``request -> (score, analysis)``.
-        version: Names the score table, e.g. ``"mathchat-rules-v4"``; change it
+        version: Names the score table, e.g. ``"mathchat-rules-v5"``; change it
             whenever any score changes.
         blind: The rubric for actions judged without the ground truth (the
             request's ``ground_truth`` is ``None``) by agents other than the last:

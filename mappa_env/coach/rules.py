@@ -7,7 +7,7 @@ passing ``rubrics={"MyEnv-v0": my_rubric}``. A rubric wrapped in
 :class:`~mappa_env.coach.base.VersionedRubric` names the version of its score table,
 and every verdict it scores carries that version.
 
-MathChat-v0's table below is version ``"mathchat-rules-v4"``
+MathChat-v0's table below is version ``"mathchat-rules-v5"``
 (:data:`MATHCHAT_RUBRIC_VERSION`).
 
 MathChat-v0 rubric (scores out of 10). "Answer" means the boxed answer of the action
@@ -17,7 +17,8 @@ empty box or a placeholder such as ``\boxed{NUMBER}`` are no answer), or a fallb
 :func:`mappa_env.grading.math.answers_match` against the ground truth.
 
 problem_solver:
-    10  boxed answer correct
+    10  boxed answer correct, and every arithmetic step it writes holds
+     8  boxed answer correct, but a step it writes does not hold (:func:`checked_steps`)
      7  correct answer only as a fallback (no box)
      3  a wrong answer, with working shown
      2  no answer, but working shown
@@ -35,16 +36,20 @@ problem_solver:
 
 code_executor, a turn with code:
     10  the code ran and its last printed number is the correct answer, computed
-     6  the code printed the correct answer, but as a number written in the code itself
-        (``print(393482)``, ``print(393482 + 0)``, ``int('393482')``: copied from the
-        draft, not computed; see :func:`copied_literal` for what counts, and why a
-        number the problem states or a small integer does not)
+     6  the code printed the correct answer, but derived it from a literal that holds
+        it (``print(393482)``, ``print(393481 + 1)``, ``int('393481') + 1``,
+        ``print(round(393482.4))``: copied from the draft, not computed; see
+        :func:`copied_literal`), or, for an answer up to 10, code that writes none of
+        the problem's numbers (``print(1 + 1)``; :func:`copy_reason`)
      4  the code ran and printed a number that is not the correct answer
      2  the code ran but printed no number (nothing computed), or it raised, timed out
         or killed its interpreter
-     7  at most, for a turn whose code is its earlier turn's code again (lines stripped,
-        blank lines dropped, or the same Python): no new work, so below handing over
-        the answer that code computed
+    a later code turn (one after an earlier code turn of its slot) is paid what it
+        adds: its score less the best score of its earlier code turns, each scored as
+        a first turn, never below 0 (:func:`_progress`). A rerun, a cosmetic variant
+        or padding earns 0, below handing over; a fixed error or a wrong number made
+        right earns the difference; over a slot, code turns earn what the best one
+        would alone
     code_executor, a turn without code (ends its slot):
      8  correct answer, and it matches what its earlier code printed and computed
      6  correct answer, not backed by code output
@@ -62,43 +67,51 @@ verifier:
 The gaps are chosen so that no cheap behaviour (an empty reply, printing many numbers,
 copying an upstream answer without checking) outscores doing the job.
 
-MathChat-v0 answer-blind rubric, version ``"mathchat-rules-blind-v1"``
+MathChat-v0 answer-blind rubric, version ``"mathchat-rules-blind-v2"``
 (:data:`MATHCHAT_BLIND_RUBRIC_VERSION`). The paper shows the reference answer only to the
 last agent's coach (``reveal="last_agent"``): the problem solver's and the code
 executor's actions then arrive without the truth, and :class:`RulesCoach` judges them
 by what can be judged without it. The verifier keeps the table above. Scores:
 
-problem_solver:
-     8  a boxed final answer, with working shown (:func:`shows_working`)
-     5  a final answer only as a fallback ("the answer is 5"), with working
-     3  working, but no final answer
-     2  a final answer without working (a bare guess, boxed or not)
+problem_solver (every ``a op b = c`` it writes recomputed, :func:`checked_steps`):
+     8  a boxed final answer reached by a step, every step holds, and the steps use a
+        number the problem states
+     6  the same, but no step reaches the boxed answer
+     5  a final answer only as a fallback ("the answer is 5"), with such steps
+     3  working in form only (:func:`shows_working`): no step that can be recomputed,
+        or none using the problem's numbers (``1 = 1. \boxed{0}``)
+     2  a step that does not hold, or a final answer without working (a bare guess)
      1  neither an answer nor working
      0  empty action
 
 code_executor, a turn with code ("the draft's answer" is the problem solver's, read
 as the environment's ``agent_answers`` reads it, given as ``metadata["draft_answer"]``):
-     8  the code ran and printed a number it computed, whether or not it agrees with
-        the draft's answer. The code executor reads the draft before it writes code,
-        so agreement is not independent evidence, and paying for it would pay for
-        steering code toward the draft's number (``print(6533 + 1)`` is not caught
-        as a copy); disagreement is often the point of checking. The analysis says
-        which it is, and the verifier, judged against the truth, settles it.
-     4  it printed a number written in its code (:func:`copied_literal`), or the
-        code holds the draft's answer as a literal (``assert x == 6534``): copied,
-        not computed; numbers the problem states are fine
+     8  the code ran and printed a number it computed from the problem's numbers
+        (every literal of it a number the problem states, one off it, or a small
+        integer), whether or not it agrees with the draft's answer. The code
+        executor reads the draft before it writes code, so agreement is not
+        independent evidence, and paying for it would pay for steering code toward
+        the draft's number; disagreement is often the point of checking. The analysis
+        says which it is, and the verifier, judged against the truth, settles it.
+     5  computed from the problem's numbers and others it does not state
+     4  it printed a number derived from a literal of its code (:func:`copied_literal`),
+        or the code holds the draft's answer as a literal (``assert x == 6534``):
+        copied, not computed; numbers the problem states are fine
+     3  the code writes none of the problem's numbers (``print(1 + 1)``)
      2  it printed no number, or it raised, timed out or killed its interpreter
-     6  at most, for a rerun of its earlier turn's code (:func:`repeats_code`)
+    a later code turn is paid what it adds, as in the truth-aware table
     code_executor, a turn without code:
-     7  its answer is the number its earlier code computed
-     3  an answer not backed by a number its code computed (no earlier run, or a
-        copied one)
+     7  its answer is the number its earlier code computed from the problem (scored 8)
+     5  its answer is the number its earlier code computed partly from other numbers
+     3  an answer not backed by a number its code computed (no earlier run, a copied
+        one, or code that wrote none of the problem's numbers)
      2  an answer that contradicts the number its earlier code computed
      1  no answer
      0  empty action
 
-Without the truth the problem solver's rows judge form (an answer and steps), not
-correctness: a wrong answer with plausible steps scores like a right one, so the
+Without the truth the problem solver's rows judge what can be recomputed (its steps, the
+problem's numbers used), not correctness: a wrong answer reached by steps that hold
+scores like a right one, so the
 verifier's truth-aware score and the episode outcome carry correctness.
 """
 
@@ -106,8 +119,10 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import dataclasses
+import itertools
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from mappa_env.coach.base import (
     CoachRequest,
@@ -236,27 +251,95 @@ def _is_small_integer(number: str) -> bool:
         return False
 
 
+#: A literal this close to a printed number (relative to its size) is where the number
+#: came from: ``print(6533 + 1)``, ``print(round(2187.4))``. Off by at most
+#: :data:`SMALL_INTEGER`, or by 1% of a larger number.
+NEAR_SHARE = 0.01
+
+
+def _value(text: str) -> float | None:
+    try:
+        if "/" in text:
+            top, _, bottom = text.partition("/")
+            return float(top) / float(bottom)
+        return float(text)
+    except (ValueError, ZeroDivisionError, OverflowError):
+        return None
+
+
+def _near(literal: str, number: str) -> bool:
+    """Whether ``literal`` is ``number``, or a step from it (up to sign; see NEAR_SHARE)."""
+    if _same_magnitude(literal, number):
+        return True
+    a, b = _value(literal.lstrip("-")), _value(number.lstrip("-"))
+    if a is None or b is None:
+        return False
+    return abs(a - b) <= max(SMALL_INTEGER, NEAR_SHARE * abs(b))
+
+
+def stated_numbers(problem: str) -> list[str]:
+    """The numbers a problem states (magnitudes), for telling them from copied ones."""
+    return [n.lstrip("-") for n in numbers_in(problem)]
+
+
+def _from_problem(literal: str, stated: list[str]) -> bool:
+    """Whether ``literal`` is a number the problem states, or one off it (a range bound)."""
+    value = _value(literal.lstrip("-"))
+    for number in stated:
+        if _same_magnitude(literal, number):
+            return True
+        other = _value(number)
+        if value is not None and other is not None and abs(value - other) == 1:
+            return True
+    return False
+
+
+def uses_problem_numbers(code: str, problem: str) -> bool:
+    """Whether ``code`` writes a number the problem states (a sign it computes the problem).
+
+    Args:
+        code: The code.
+        problem: The problem statement.
+
+    Returns:
+        True when some literal of the code (constants, numbers in strings) is one of the
+        problem's numbers, or one off it.
+    """
+    stated = stated_numbers(problem)
+    return any(_same_magnitude(lit, n) for lit in _code_literals(code) for n in stated)
+
+
+def foreign_literals(code: str, problem: str) -> list[str]:
+    """The literals of ``code`` that neither the problem states nor are small constants."""
+    stated = stated_numbers(problem)
+    return [
+        lit
+        for lit in _code_literals(code)
+        if not _is_small_integer(lit) and not _from_problem(lit, stated)
+    ]
+
+
 def copied_literal(number: str, code: str, problem: str) -> str | None:
-    """The literal of ``code`` that makes its printed ``number`` a copy, or None.
+    """The literal of ``code`` that ``number`` was derived from rather than computed, or None.
 
     The number was written, not computed, when
 
     1. ``code`` prints it as written: a printed constant, the constant last assigned to
        a printed name, or a cell's last expression (``print(6534)``, ``x = 6534;
        print(x)``), whatever the problem states; or
-    2. a literal equal to it (up to its sign) appears anywhere in ``code``: an
-       expression around it (``print(6534 + 0)``, ``print(-(-6534))``, ``'%d' % 6534``),
-       a name passed on (``x = 6534; y = x``), a string the code converts
-       (``int('6534')``) or a comparison (``assert x == 6534``: a literal in a test can
-       be routed to the output, ``next(n for n in count() if n == 6534)``, and
-       printing the computed value says the same). Two exceptions: a number the
+    2. a literal near it (:func:`_near`: equal up to its sign, or off by at most
+       :data:`SMALL_INTEGER` or 1% of it) appears anywhere in ``code``: an expression
+       around it (``print(6534 + 0)``, ``print(6533 + 1)``, ``print(round(2187.4))``), a
+       name passed on (``x = 6534; y = x``), a string the code converts (``int('6534')``,
+       ``int('6533') + 1``) or a comparison (``assert x == 6534``). The answer is
+       reached by a derivation from a literal that holds it. Two exceptions: a number the
        problem itself states (``Compute 2 ** 10`` states 2 and 10: writing them is how
        the problem is computed), and integers up to :data:`SMALL_INTEGER` in magnitude,
-       which honest code writes all the time (``range(2, n)``, ``x ** 2``, ``count =
-       0``, ``% 10``) and which an answer that small cannot be told apart from anyway
-       (``print(1 + 1)`` holds no 2).
+       which honest code writes all the time (``range(2, n)``, ``x ** 2``).
 
-    Only a literal equal to the number counts: ``print(6533 + 1)`` is not caught.
+    A small answer (up to :data:`SMALL_INTEGER`) cannot be told from the small
+    constants around it, so its code must show it computes the problem instead: see
+    :func:`copy_reason`.
 
     Args:
         number: A number the code printed.
@@ -270,11 +353,38 @@ def copied_literal(number: str, code: str, problem: str) -> str | None:
     for literal in _printed_literals(code):
         if _same_magnitude(literal, number):
             return literal
-    if _is_small_integer(number):
-        return None
-    if any(_same_magnitude(stated, number) for stated in numbers_in(problem)):
-        return None
-    return next((lit for lit in _code_literals(code) if _same_magnitude(lit, number)), None)
+    stated = stated_numbers(problem)
+    if any(_same_magnitude(n, number) for n in stated):
+        return None  # the problem states the answer: writing it is no copy
+    for literal in _code_literals(code):
+        if _is_small_integer(literal) or any(_same_magnitude(literal, n) for n in stated):
+            continue
+        if _near(literal, number):
+            return literal
+    return None
+
+
+def copy_reason(number: str, code: str, problem: str) -> str | None:
+    """Why ``code``'s printed ``number`` is not computed from the problem, or None.
+
+    A copy (:func:`copied_literal`), or a small answer printed by code that writes none
+    of the problem's numbers (``print(1 + 1)``: small answers are exempt from the
+    literal check only for code that uses the problem's numbers).
+
+    Args:
+        number: A number the code printed.
+        code: The code.
+        problem: The problem statement.
+
+    Returns:
+        A short reason for the analysis, or None when the number was computed.
+    """
+    copied = copied_literal(number, code, problem)
+    if copied is not None:
+        return f"it is written in the code itself ({copied})"
+    if _is_small_integer(number) and not uses_problem_numbers(code, problem):
+        return "the code writes none of the problem's numbers"
+    return None
 
 
 def _grade(answer: str | None, truths: tuple[str, ...]) -> bool:
@@ -337,11 +447,6 @@ def _why_no_answer(action: str) -> str:
     return ""
 
 
-#: The most a code executor turn that reruns its earlier turn's code scores: one below
-#: handing over the answer that code computed (8), which is what the turn should do.
-REPEAT_CAP = 7.0
-
-
 def _normalized_code(code: str) -> tuple[str, ...]:
     return tuple(line.strip() for line in code.splitlines() if line.strip())
 
@@ -382,29 +487,225 @@ def repeats_code(action: str, metadata: Mapping[str, object]) -> bool:
     return shape is not None and any(shape == _code_shape(cell) for cell in earlier)
 
 
+_NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
+_EXPR = rf"(?:[(\s]*-?\s*(?:{_NUM})[)\s]*(?:\*\*|//|[-+*/%])\s*)*[(\s]*-?\s*(?:{_NUM})[)\s]*"
+_LEFT = re.compile(rf"(?P<expr>{_EXPR})$")
+_RIGHT = re.compile(rf"^(?P<expr>{_EXPR})")
+_LATEX_OPS = (
+    ("\\times", "*"), ("\\cdot", "*"), ("×", "*"), ("·", "*"), ("\\div", "/"), ("÷", "/"),
+    ("−", "-"), ("^", "**"), ("\\left", ""), ("\\right", ""), ("{", "("), ("}", ")"),
+    ("$", " "), ("\\(", " "), ("\\)", " "), ("\\[", " "), ("\\]", " "),
+)  # fmt: skip
+#: The largest exponent a checked step may raise to (bigger steps are left unchecked).
+MAX_STEP_EXPONENT = 64
+
+
+def _evaluate(expression: str) -> float | int | None:
+    """The value of an arithmetic expression of numbers, ``+ - * / **``, or None."""
+    try:
+        tree = ast.parse(expression.replace(",", "").strip(), mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+    def value(node: ast.expr) -> float | int:
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            inner = value(node.operand)
+            return -inner if isinstance(node.op, ast.USub) else inner
+        if isinstance(node, ast.BinOp):
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Add):
+                return left + right
+            if isinstance(node.op, ast.Sub):
+                return left - right
+            if isinstance(node.op, ast.Mult):
+                return left * right
+            if isinstance(node.op, ast.Div):
+                return left / right
+            if isinstance(node.op, ast.FloorDiv):
+                return left // right
+            if isinstance(node.op, ast.Mod):
+                return left % right
+            if isinstance(node.op, ast.Pow) and abs(right) <= MAX_STEP_EXPONENT:
+                return left**right
+        raise ValueError("not a checkable step")
+
+    try:
+        return value(tree.body)
+    except (ValueError, ZeroDivisionError, OverflowError, TypeError):
+        return None
+
+
+def _decimals(expression: str) -> int:
+    return max((len(n.partition(".")[2]) for n in re.findall(_NUM, expression)), default=0)
+
+
+def checked_steps(text: str) -> tuple[list[str], list[str]]:
+    """The arithmetic steps of ``text`` recomputed: ``(steps that hold, steps that do not)``.
+
+    A step is an equation whose sides are arithmetic on written numbers, one side at
+    least holding an operation (``76 * 89 = 6764``, ``6764 - 230 = 6534``, ``3 \\times 4
+    = 12``, each link of ``12 * 11 - 10 = 132 - 10 = 122``). A side that runs on into a
+    variable or a word (``2x + 3 = 7``) is no step: only what can be recomputed counts.
+    A side with decimals or a division is compared to the precision written (``7 / 3 =
+    2.33`` holds). Boxed answers are left out.
+
+    Args:
+        text: An agent's message (reasoning in ``<think>`` blocks is ignored).
+
+    Returns:
+        The steps as written, split by whether they hold.
+    """
+    visible = _BOXED.sub(" ", strip_think(text))
+    for latex, python in _LATEX_OPS:
+        visible = visible.replace(latex, python)
+    sides = visible.split("=")
+    good: list[str] = []
+    bad: list[str] = []
+    for left_text, right_text in itertools.pairwise(sides):
+        left = _LEFT.search(left_text)
+        right = _RIGHT.search(right_text)
+        if left is None or right is None:
+            continue
+        lhs, rhs = left.group("expr").strip(), right.group("expr").strip()
+        start = left.start() + len(left.group("expr")) - len(left.group("expr").lstrip())
+        end = right.start() + len(right.group("expr").rstrip())
+        # A side that is part of a longer expression (a variable, an operator, a
+        # comparison) cannot be recomputed alone: "4y - 17 = 15", "x = 3 + y".
+        before, after = left_text[:start], right_text[end:]
+        if before and not before[-1].isspace() and (before[-1].isalnum() or before[-1] in "_.)"):
+            continue
+        if before.rstrip()[-1:] in set("+-*/^_<>!") - {""}:
+            continue
+        if lhs.startswith("-") and (before.rstrip()[-1:].isalnum() or before.rstrip()[-1:] == ")"):
+            continue
+        if after and not after[0].isspace() and (after[0].isalnum() or after[0] in "(_"):
+            continue
+        if after.lstrip()[:1] in set("+-*/^(") - {""}:
+            continue
+        if not re.search(r"\d\s*\)*\s*(?:\*\*|//|[-+*/%])", f"{lhs} {rhs}"):
+            continue  # "1 = 1", "x = 5": nothing to recompute
+        a, b = _evaluate(lhs), _evaluate(rhs)
+        if a is None or b is None:
+            continue
+        places = (
+            min(_decimals(lhs), _decimals(rhs))
+            if "/" not in lhs + rhs
+            else max(_decimals(lhs), _decimals(rhs))
+        )
+        if "/" in lhs + rhs or "." in lhs + rhs:
+            holds = abs(a - b) <= 0.5 * 10 ** (-places) + 1e-9 * max(1.0, abs(b))
+        else:
+            holds = a == b
+        (good if holds else bad).append(f"{lhs} = {rhs}")
+    return good, bad
+
+
+def _step_values(steps: list[str]) -> list[str]:
+    return [step.rpartition("=")[2].strip() for step in steps]
+
+
+def _uses_stated(text: str, problem: str) -> bool:
+    """Whether ``text`` (outside its boxes) writes a number the problem states."""
+    stated = stated_numbers(problem)
+    visible = _BOXED.sub(" ", strip_think(text))
+    return any(_same_magnitude(n, s) for n in numbers_in(visible) for s in stated)
+
+
+def _tool_failure(tool: Mapping[str, object]) -> str | None:
+    if tool.get("ok", False):
+        return None
+    err = tool.get("error") or {}
+    name = err.get("name", "failed") if isinstance(err, Mapping) else "failed"
+    return "timed out" if tool.get("timed_out") else name
+
+
+def earlier_runs(metadata: Mapping[str, object]) -> list[tuple[str, Mapping[str, object]]]:
+    """The code executor's earlier code turns in this slot: ``[(code, tool result), ...]``.
+
+    From ``metadata["earlier_runs"]`` (``[{"code": ..., "tool_result": ...}]``, see
+    :meth:`mappa_env.envs.mathchat.MathChatEnv.coach_metadata`); a request that gives only
+    ``earlier_code`` and ``earlier_stdout`` counts them as one run that ran.
+    """
+    runs = metadata.get("earlier_runs")
+    if isinstance(runs, (list, tuple)):
+        return [
+            (str(run.get("code") or ""), run.get("tool_result") or {})
+            for run in runs
+            if isinstance(run, Mapping)
+        ]
+    code = str(metadata.get("earlier_code") or "")
+    if not code.strip():
+        return []
+    stdout = str(metadata.get("earlier_stdout") or "")
+    return [(code, {"ok": True, "stdout": stdout, "error": None, "timed_out": False})]
+
+
+def _fenced(code: str) -> str:
+    return f"```python\n{code}\n```"
+
+
+def _progress(
+    request: CoachRequest,
+    score: float,
+    analysis: str,
+    judge: Callable[[CoachRequest], tuple[float, str]],
+) -> tuple[float, str]:
+    """A later code turn is paid what it adds over the best earlier turn of its slot.
+
+    Each earlier code turn is scored again as a first turn (``judge`` on its code and
+    output); this turn earns its own score less the best of those, never below 0. A
+    rerun, a cosmetic variant of it or padding (new code that prints nothing better)
+    earns 0, below handing over; a turn that fixes an error or a wrong number earns
+    the difference. Summed over a slot, code turns pay no more than the best turn
+    would alone: splitting the work or padding never out-earns doing it and handing
+    over.
+    """
+    runs = earlier_runs(request.metadata)
+    if not runs:
+        return score, analysis
+    best = 0.0
+    for code, tool in runs:
+        first = dataclasses.replace(
+            request, action=_fenced(code), tool_result=dict(tool), metadata={}
+        )
+        best = max(best, judge(first)[0])
+    paid = max(score - best, 0.0)
+    if paid >= score:
+        return score, analysis
+    return paid, (
+        f"{analysis} A later turn: paid what it adds over its earlier code (scored "
+        f"{best:g} as a first turn), {paid:g}."
+    )
+
+
 def _code_turn(
     request: CoachRequest, tool: Mapping[str, object], truth: tuple[str, ...]
 ) -> tuple[float, str]:
-    """The truth-aware score of a code executor turn whose code ran."""
-    if not tool.get("ok", False):
-        err = tool.get("error") or {}
-        name = err.get("name", "failed") if isinstance(err, Mapping) else "failed"
-        why = "timed out" if tool.get("timed_out") else name
-        return 2.0, f"The code {why}."
+    """The truth-aware score of a code executor turn whose code ran, as a first turn."""
+    failure = _tool_failure(tool)
+    if failure is not None:
+        return 2.0, f"The code {failure}."
     printed = last_number(str(tool.get("stdout") or ""))
     code = "\n".join(extract_code_blocks(request.action))
     if _grade(printed, truth):
-        copied = copied_literal(printed, code, request.task)
+        copied = copy_reason(printed, code, request.task)
         if copied is not None:
             return 6.0, (
-                f"The code printed the correct answer {printed}, but it is written in "
-                f"the code itself ({copied}): copied, not computed."
+                f"The code printed the correct answer {printed}, but {copied}: copied, "
+                "not computed."
             )
         return 10.0, f"The code ran and printed the correct answer {printed}."
     if printed is None:
         # No better than code that fails: running nothing must not pay for itself.
         return 2.0, "The code ran but printed no number."
     return 4.0, f"The code ran, but its last printed number ({printed}) is not correct."
+
+
+def _truth_code_turn(request: CoachRequest) -> tuple[float, str]:
+    truth = tuple(request.metadata.get("accepted_answers") or (request.ground_truth,))
+    return _code_turn(request, request.tool_result or {}, truth)  # type: ignore[arg-type]
 
 
 def _score_mathchat_action(request: CoachRequest) -> tuple[float, str]:
@@ -424,6 +725,11 @@ def _score_mathchat_action(request: CoachRequest) -> tuple[float, str]:
 
     if request.agent == "problem_solver":
         if _grade(boxed, truth):
+            _, false_steps = checked_steps(action)
+            if false_steps:
+                return 8.0, (
+                    f"Boxed answer {boxed} is correct, but a step does not hold: {false_steps[0]}."
+                )
             return 10.0, f"Boxed answer {boxed} is correct."
         if boxed is None and _grade(loose, truth):
             return 7.0, f"Correct answer {loose}, but not in \\boxed{{}}."
@@ -441,12 +747,7 @@ def _score_mathchat_action(request: CoachRequest) -> tuple[float, str]:
         tool = request.tool_result
         if tool is not None:
             score, analysis = _code_turn(request, tool, truth)
-            if score > REPEAT_CAP and repeats_code(request.action, request.metadata):
-                return REPEAT_CAP, (
-                    f"{analysis} But it is the code of its earlier turn again: no new work "
-                    "(scored below a hand-over of the computed answer)."
-                )
-            return score, analysis
+            return _progress(request, score, analysis, _truth_code_turn)
         answer = boxed or loose
         if answer is None:
             return 1.0, f"No code and no answer{_why_no_answer(action)}."
@@ -454,7 +755,7 @@ def _score_mathchat_action(request: CoachRequest) -> tuple[float, str]:
             return 2.0, f"Answer {answer} is wrong."
         earlier = last_number(request.metadata.get("earlier_stdout", ""))
         earlier_code = request.metadata.get("earlier_code", "")
-        copied = None if earlier is None else copied_literal(earlier, earlier_code, request.task)
+        copied = None if earlier is None else copy_reason(earlier, earlier_code, request.task)
         computed = earlier is not None and copied is None
         if computed and _grade(earlier, truth):
             return 8.0, f"Correct answer {answer}, backed by its code's output."
@@ -476,46 +777,57 @@ def _score_mathchat_action(request: CoachRequest) -> tuple[float, str]:
     raise ValueError(f"no MathChat rubric for agent {request.agent!r}")
 
 
-#: The most an answer-blind code executor turn that reruns its earlier code scores:
-#: one below handing over the number that code computed (7).
-BLIND_REPEAT_CAP = 6.0
-
-
-def _blind_copy(number: str, code: str, problem: str, draft: str | None) -> str | None:
-    """Why ``code``'s printed ``number`` is not its own computation, or None."""
+def _blind_basis(number: str, code: str, problem: str, draft: str | None) -> tuple[float, str]:
+    """The answer-blind score of code that printed ``number``, and why (a first turn)."""
     copied = copied_literal(number, code, problem)
     if copied is not None:
-        return f"it printed {number}, written in the code itself ({copied})"
+        return 4.0, f"Copied, not computed: it printed {number}, written in the code ({copied})."
+    if not uses_problem_numbers(code, problem):
+        return 3.0, (
+            f"It printed {number}, but the code writes none of the problem's numbers: it "
+            "computes something else."
+        )
     if draft is not None:
         held = copied_literal(draft, code, problem)
         if held is not None:
-            return f"the code holds the draft's answer as a literal ({held})"
-    return None
+            return 4.0, f"Copied, not computed: the code holds the draft's answer ({held})."
+    foreign = foreign_literals(code, problem)
+    if foreign:
+        return 5.0, (
+            f"It printed {number}, computed from the problem's numbers and others it does "
+            f"not state ({', '.join(foreign[:3])})."
+        )
+    return 8.0, (
+        f"The code ran and printed a number it computed from the problem's numbers, {number}"
+    )
 
 
-def _blind_code_turn(
-    request: CoachRequest, tool: Mapping[str, object], draft: str | None
-) -> tuple[float, str]:
-    """The answer-blind score of a code executor turn whose code ran."""
-    if not tool.get("ok", False):
-        err = tool.get("error") or {}
-        name = err.get("name", "failed") if isinstance(err, Mapping) else "failed"
-        why = "timed out" if tool.get("timed_out") else name
-        return 2.0, f"The code {why}."
+def _blind_code_turn(request: CoachRequest) -> tuple[float, str]:
+    """The answer-blind score of a code executor turn whose code ran, as a first turn."""
+    tool = request.tool_result or {}
+    failure = _tool_failure(tool)
+    if failure is not None:
+        return 2.0, f"The code {failure}."
     printed = last_number(str(tool.get("stdout") or ""))
     if printed is None:
         return 2.0, "The code ran but printed no number."
     code = "\n".join(extract_code_blocks(request.action))
-    copied = _blind_copy(printed, code, request.task, draft)
-    if copied is not None:
-        return 4.0, f"Copied, not computed: {copied}."
+    draft = _draft(request)
+    score, analysis = _blind_basis(printed, code, request.task, draft)
+    if score < 8.0:
+        return score, analysis
     if draft is None:
         relation = "the draft gave no answer to compare with"
     elif answers_match(printed, draft):
         relation = f"it agrees with the draft's answer {draft} (weak evidence: not independent)"
     else:
         relation = f"it differs from the draft's answer {draft}, for the verifier to settle"
-    return 8.0, f"The code ran and printed a number it computed, {printed}; {relation}."
+    return score, f"{analysis}; {relation}."
+
+
+def _draft(request: CoachRequest) -> str | None:
+    draft = request.metadata.get("draft_answer")
+    return draft if isinstance(draft, str) and draft else None
 
 
 def _score_mathchat_blind(request: CoachRequest) -> tuple[float, str]:
@@ -534,47 +846,65 @@ def _score_mathchat_blind(request: CoachRequest) -> tuple[float, str]:
 
     if request.agent == "problem_solver":
         working = shows_working(action, answer)
-        if boxed is not None and working:
-            return 8.0, f"A boxed final answer ({boxed}), with working."
-        if loose is not None and working:
-            return 5.0, f"A final answer ({loose}) with working, but not in \\boxed{{}}."
+        good, bad = checked_steps(action)
+        if bad:
+            return 2.0, f"A step does not hold: {bad[0]}."
+        sound = bool(good) and _uses_stated(action, request.task)
+        if boxed is not None and sound:
+            if any(answers_match(boxed, value) for value in _step_values(good)):
+                return 8.0, f"A boxed final answer ({boxed}), reached by steps that check."
+            return 6.0, (
+                f"A boxed final answer ({boxed}) and steps that check, but no step reaches it."
+            )
+        if loose is not None and sound:
+            return 5.0, f"A final answer ({loose}) with checked steps, but not in \\boxed{{}}."
         if working:
-            return 3.0, f"Working, but no final answer{_why_no_answer(action)}."
+            why = (
+                "no step uses the problem's numbers"
+                if good
+                else "no arithmetic step that can be recomputed"
+            )
+            return 3.0, (
+                f"Working in form{'' if answer is None else f' and an answer ({answer})'}, "
+                f"but {why}{_why_no_answer(action)}."
+            )
         if answer is not None:
             return 2.0, f"A final answer ({answer}) without working: a bare guess."
         return 1.0, f"Neither a final answer{_why_no_answer(action)} nor working."
 
-    draft = request.metadata.get("draft_answer")
-    draft = draft if isinstance(draft, str) and draft else None
     tool = request.tool_result
     if tool is not None:
-        score, analysis = _blind_code_turn(request, tool, draft)
-        if score > BLIND_REPEAT_CAP and repeats_code(action, request.metadata):
-            return BLIND_REPEAT_CAP, (
-                f"{analysis} But it is the code of its earlier turn again: no new work."
-            )
-        return score, analysis
+        score, analysis = _blind_code_turn(request)
+        return _progress(request, score, analysis, _blind_code_turn)
     if answer is None:
         return 1.0, f"No code and no answer{_why_no_answer(action)}."
     earlier = last_number(str(request.metadata.get("earlier_stdout") or ""))
     earlier_code = str(request.metadata.get("earlier_code") or "")
-    if earlier is None or _blind_copy(earlier, earlier_code, request.task, draft) is not None:
+    if earlier is None:
         return 3.0, f"Answer {answer}, not backed by a number its code computed."
-    if answers_match(answer, earlier):
-        return 7.0, f"Answer {answer}: the number its code computed."
-    return 2.0, f"Answer {answer} contradicts the number its code computed ({earlier})."
+    basis, _ = _blind_basis(earlier, earlier_code, request.task, _draft(request))
+    if not answers_match(answer, earlier):
+        return 2.0, f"Answer {answer} contradicts the number its code printed ({earlier})."
+    if basis >= 8.0:
+        return 7.0, f"Answer {answer}: the number its code computed from the problem."
+    if basis >= 5.0:
+        return 5.0, (
+            f"Answer {answer}: the number its code printed, computed partly from numbers "
+            "the problem does not state."
+        )
+    return 3.0, f"Answer {answer}, not backed by a number its code computed."
 
 
-MATHCHAT_BLIND_RUBRIC_VERSION = "mathchat-rules-blind-v1"
+MATHCHAT_BLIND_RUBRIC_VERSION = "mathchat-rules-blind-v2"
 """The answer-blind MathChat-v0 score table (see the module docstring)."""
 
 mathchat_blind_rubric = VersionedRubric(_score_mathchat_blind, MATHCHAT_BLIND_RUBRIC_VERSION)
 """MathChat-v0's answer-blind rubric, for the problem solver and the code executor."""
 
-MATHCHAT_RUBRIC_VERSION = "mathchat-rules-v4"
-"""The truth-aware MathChat-v0 score table above (v4: one answer or none, a copy is any
-literal equal to the answer, a rerun cell is capped, a bare guess pays no more than
-nothing)."""
+MATHCHAT_RUBRIC_VERSION = "mathchat-rules-v5"
+"""The truth-aware MathChat-v0 score table above (v5: a copy is an answer derived from a
+literal near it, or a small answer from code that writes none of the problem's numbers;
+a later code turn is paid what it adds; a false step costs a right draft 2 points)."""
 
 mathchat_rubric = VersionedRubric(
     _score_mathchat_action, MATHCHAT_RUBRIC_VERSION, blind=mathchat_blind_rubric

@@ -66,6 +66,12 @@ Caps over every row above:
            fit their training rows and predict the test rows at chance (cap 3)
     rerun  a cell an agent ran before, run again unchanged, scores at most one below the
            hand-over it should have been
+    later  a code turn after an earlier code turn of the agent's slot is paid what it
+           adds: its score less the best score of those earlier turns (each judged on
+           what the environment reported then), never below 0. Padding (``print(i)``),
+           a rerun or a cosmetic variant earns 0; splitting one cell into several
+           earns, over the slot, what the best cell would alone. A hand-over (no code)
+           is scored as above.
 
 analyst (must leave submission.csv):
     cap  submission scored: the outcome cap of the spec (3-9; classification by ROC-AUC /
@@ -386,6 +392,32 @@ _ROLES = {"data_engineer": _data_engineer, "modeler": _modeler, "analyst": _anal
 
 def dsbench_rubric(request: CoachRequest) -> tuple[float, str]:
     """Score one DSBench-v0 action; see the module docstring for the table."""
+    score, analysis = _first_turn_score(request)
+    earlier = [
+        turn for turn in request.metadata.get("earlier_turns") or () if isinstance(turn, Mapping)
+    ]
+    if request.tool_result is None or not earlier or not request.action.strip():
+        return score, analysis
+    best = 0.0
+    for turn in earlier:
+        again = dataclasses.replace(
+            request,
+            action=str(turn.get("action") or ""),
+            tool_result=turn.get("tool_result"),
+            metadata=dict(turn.get("metadata") or {}),
+        )
+        best = max(best, _first_turn_score(again)[0])
+    paid = max(score - best, 0.0)
+    if paid >= score:
+        return score, analysis
+    return paid, (
+        f"{analysis} A later turn: paid what it adds over its earlier cells (the best "
+        f"scored {best:g}), {paid:g}."
+    )
+
+
+def _first_turn_score(request: CoachRequest) -> tuple[float, str]:
+    """An action's score before the later-turn rule: its row, caps and the rerun cap."""
     if not request.action.strip():
         return 0.0, "Empty action."
     artifacts = request.metadata.get("artifacts")

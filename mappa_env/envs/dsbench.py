@@ -1170,6 +1170,8 @@ class DSBenchEnv(PipelineEnv):
         self._input_rows = await asyncio.to_thread(self._rows_written, self.task)
         self._slot_start_files = {DATA_ENGINEER: list_files(self.workdir)}
         self._missing_at_slot_start = {DATA_ENGINEER: self._missing_needs(DATA_ENGINEER)}
+        # What the coach was told about each code turn, for judging later turns.
+        self._turn_facts: dict[tuple[str, int], dict[str, Any]] = {}
 
     def _prepare_workspace(self, task: Any) -> pd.DataFrame:
         from mappa_env.dsbench.metrics import read_answers
@@ -1241,7 +1243,11 @@ class DSBenchEnv(PipelineEnv):
         }
 
     def coach_metadata(self, record: ActionRecord) -> dict[str, Any]:
-        """Task type, metric, artifact checks, the agent's earlier code, score caps.
+        """Task type, metric, artifact checks, the agent's earlier code and turns, score caps.
+
+        ``earlier_turns``: what the coach was told about each earlier code turn of the
+        agent's slot (``action``, ``tool_result``, ``metadata``), so a later turn can be
+        paid what it adds over them.
 
         ``skill_cap`` (with ``skill_cap_reason``): for the data engineer and the
         modeler, the cap from the skill of test predictions (:meth:`_skill_cap`);
@@ -1264,6 +1270,14 @@ class DSBenchEnv(PipelineEnv):
         capped = self._skill_cap(record.agent, metadata["artifacts"])
         if capped is not None:
             metadata["skill_cap"], metadata["skill_cap_reason"] = capped
+        # The earlier code turns of the agent's slot, as the coach judged them: a later
+        # turn is paid what it adds over them (mappa_env.coach.rules_dsbench).
+        facts = getattr(self, "_turn_facts", {})
+        metadata["earlier_turns"] = [
+            facts[(r.agent, r.turn)]
+            for r in self.records_of(record.agent)
+            if r.tool.result is not None and (r.agent, r.turn) in facts
+        ]
         if "submission" in extra and self._submission_score is not None:
             from mappa_env.dsbench.metrics import outcome_cap
 
@@ -1277,6 +1291,13 @@ class DSBenchEnv(PipelineEnv):
                     self.task.task_type,
                     target_range=getattr(self.task, "target_range", None),
                 )
+        if record.tool.result is not None:
+            facts[(record.agent, record.turn)] = {
+                "action": record.action,
+                "tool_result": record.tool.result.to_dict(),
+                "metadata": {k: v for k, v in metadata.items() if k != "earlier_turns"},
+            }
+            self._turn_facts = facts
         return metadata
 
     def _skill_cap(self, agent: str, artifacts: Mapping[str, Any]) -> tuple[int, str] | None:

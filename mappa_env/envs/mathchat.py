@@ -638,7 +638,8 @@ class MathChatEnv(PipelineEnv):
         Task metadata; the accepted answers only when the coach sees the truth for this
         action (``reveal``); for the code executor the draft's answer
         (``draft_answer``, read as ``agent_answers`` reads it) and its earlier code and
-        output (``earlier_code``, ``earlier_stdout``).
+        output (``earlier_code``, ``earlier_stdout``; every earlier run of its slot,
+        ``earlier_runs``: ``[{"code": ..., "tool_result": ...}]``).
         """
         truth_shown = self.coach_sees_truth(record.agent)
         task_metadata = dict(self.task.metadata)
@@ -656,4 +657,9 @@ class MathChatEnv(PipelineEnv):
             metadata["earlier_stdout"] = earlier[-1].result.stdout if earlier else ""
             # Its code too: a number it printed as a literal was copied, not computed.
             metadata["earlier_code"] = (earlier[-1].code or "") if earlier else ""
+            # Every earlier run of its slot: a later turn is paid what it adds over them.
+            metadata["earlier_runs"] = [
+                {"code": tool.code or "", "tool_result": tool.result.to_dict()}
+                for tool in earlier
+            ]
         return metadata
