@@ -142,15 +142,23 @@ def _tasks(env_id: str, env_options: Mapping[str, Any]) -> list[Any]:
 def check_task_sets(recipe: Mapping[str, Any], test: Mapping[str, Any]) -> dict[str, Any]:
     """Sizes and kinds of every task set; refuses sets a held-out claim cannot rest on.
 
-    A held-out set sharing a problem (by its text) with training is refused; so is an
-    out-of-family set sharing a kind with training. Each set's share of problems that
-    are their own solution (the prompt, read as Python arithmetic, gives the answer:
+    A held-out set sharing a problem with training is refused: the same text, or for
+    generated problems the same kind, template and numbers
+    (:func:`mappa_env.tasks.problem_identity`: a paraphrase is not unseen); so is a
+    held-out set stating one problem twice, and an out-of-family set sharing a kind
+    with training. Each set's share of problems that are their own solution (the
+    prompt, read as Python arithmetic, gives the answer:
     :func:`mappa_env.tasks.checks.is_own_solution`) is reported.
 
     Raises:
         SystemExit: Naming the set and what it shares with training.
     """
+    from mappa_env.tasks import problem_identity
     from mappa_env.tasks.checks import is_own_solution
+
+    def identity(task: Any) -> Any:
+        # A task the generator did not make is known by its text alone.
+        return problem_identity(task) or ("text", task.prompt)
 
     env_id = recipe.get("env", "MathChat-v0")
     train_options = recipe.get("env_options", {})
@@ -164,6 +172,7 @@ def check_task_sets(recipe: Mapping[str, Any], test: Mapping[str, Any]) -> dict[
 
     train = _tasks(env_id, train_options)
     train_prompts = {t.prompt for t in train}
+    train_problems = {identity(t) for t in train}
     train_kinds = sorted({kind(t) for t in train})
     facts: dict[str, Any] = {
         "train": {
@@ -179,6 +188,21 @@ def check_task_sets(recipe: Mapping[str, Any], test: Mapping[str, Any]) -> dict[
             raise SystemExit(
                 f"{len(shared)} problems of held-out set {name!r} are also training problems "
                 f"(e.g. {shared[0]!r}): use another seed or other tasks"
+            )
+        same = [t for t in tasks if identity(t) in train_problems]
+        if same:
+            raise SystemExit(
+                f"{len(same)} of the {len(tasks)} problems of held-out set {name!r} state the "
+                f"template and numbers of a training problem (e.g. {same[0].id}: "
+                f"{same[0].prompt!r}): leave them out with 'exclude' in its generated task "
+                "set (the training set's options)"
+            )
+        repeated = len(tasks) - len({identity(t) for t in tasks})
+        if repeated:
+            raise SystemExit(
+                f"held-out set {name!r} states {repeated} of its problems twice: a problem is "
+                "the unit of measurement, so each must be there once ('exclude' keeps "
+                "repeats out)"
             )
         kinds = sorted({kind(t) for t in tasks})
         if name in test["out_of_family_sets"] and set(kinds) & set(train_kinds):

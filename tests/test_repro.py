@@ -87,6 +87,27 @@ def test_overlapping_or_same_kind_task_sets_are_refused(tmp_path):
     assert repro.check_task_sets(extended, test)["file_more"]["tasks"] == 1
 
 
+def test_held_out_problems_that_restate_training_ones_are_refused():
+    test = {"main_task_set": "in_family", "out_of_family_sets": []}
+    easy = {"kinds": ["word_one_step"], "difficulty": "easy", "secret": ""}
+    train = {"n": 512, "seed": 1, **easy}
+    recipe = {
+        "env": "MathChat-v0",
+        "env_options": {"tasks": train},
+        "eval_env_options": {"tasks": {"n": 32, "seed": 2, **easy}},
+    }
+    # No prompt is a training prompt, but 25 are training problems with other names.
+    with pytest.raises(SystemExit, match="25 of the 32 problems of held-out set 'in_family' "):
+        repro.check_task_sets(recipe, test)
+    recipe["eval_env_options"]["tasks"]["exclude"] = train
+    assert repro.check_task_sets(recipe, test)["in_family"]["tasks"] == 32
+    # A problem stated twice is one problem counted twice.
+    recipe["env_options"]["tasks"] = {"n": 8, "seed": 1, "kinds": ["expression"]}
+    recipe["eval_env_options"]["tasks"] = {"n": 64, "seed": 2, **easy}
+    with pytest.raises(SystemExit, match="held-out set 'in_family' states 5 of its problems twice"):
+        repro.check_task_sets(recipe, test)
+
+
 def test_runs_are_planned_per_seed_with_one_base_evaluation(tmp_path):
     test = {
         "arms": {
