@@ -105,7 +105,7 @@ def eval_points(
 
 
 TRAIN_KEYS = ("tool_call_rate", "mean_response_tokens", "mean_reward", "masked_length", "kl")
-TRAIN_KEYS += ("grad_norm", "clip_fraction", "actions")
+TRAIN_KEYS += ("grad_norm", "clip_fraction", "actions", "reward_std")
 
 
 def train_points(
@@ -153,8 +153,10 @@ def episode_records(
     One :class:`~benchmarks.repro_stats.EvalRecord` per episode: ``correct`` from its
     outcome, ``scores`` each agent's mean valid coach score over its actions (``None``
     when the coach gave it none), ``sample`` the episode's rank among the episodes of
-    the same problem (the trainer cycles through the set's problems); plus the kind of
-    problem, each agent's own correctness and the rubric versions that scored it.
+    the same problem (the trainer cycles through the set's problems), ``aborted`` when
+    it could not be finished (then ``correct`` is False: it counts as wrong, and stays
+    paired with the other arms' samples of the problem); plus the kind of problem, each
+    agent's own correctness and the rubric versions that scored it.
     """
     by_episode: dict[str, list[dict[str, Any]]] = {}
     for row in json_lines(path):
@@ -164,8 +166,7 @@ def episode_records(
     for episode_id in sorted(by_episode, key=_episode_index):
         rows = by_episode[episode_id]
         outcome = next((r["outcome"] for r in rows if isinstance(r.get("outcome"), dict)), {})
-        if outcome.get("aborted"):
-            continue  # no graded outcome; counted apart by the report
+        aborted = bool(outcome.get("aborted"))
         task_id = str(rows[0].get("task_id"))
         sample = seen.get(task_id, 0)
         seen[task_id] = sample + 1
@@ -192,7 +193,8 @@ def episode_records(
                 "task_set": task_set,
                 "task_id": task_id,
                 "sample": sample,
-                "correct": bool(outcome.get("correct", False)),
+                "correct": bool(outcome.get("correct", False)) and not aborted,
+                "aborted": aborted,
                 "scores": scores,
                 "kind": outcome.get("task_type"),
                 "agent_correct": outcome.get("agent_correct"),

@@ -1,13 +1,16 @@
-"""Does per-action credit beat a shared outcome? Three arms on MathChat-v0, paired by seed.
+"""Does per-action credit beat a shared outcome? Arms on MathChat-v0, paired by seed.
 
 Trains the same base system under each arm of the test in
 ``configs/mathchat-credit-test.yaml`` (its training recipe: ``configs/mathchat-smollm2.yaml``):
-``outcome``, the episode's correctness to every action, the paper's baseline;
-``agent_oracle``, each agent paid by whether its own final number is right;
-``process``, the coach's graded score of every action, the paper), every arm of a seed
-from one command on one commit, side by side, at equal rollouts; then evaluates on
-held-out problems of the training family and of families it never saw, and applies the
-test that file decided before the runs (see :mod:`benchmarks.repro_report`).
+the decided pair ``process_blind`` (the coach's score of every action, the reference
+answer shown only to the final agent's coach: the paper's information structure) and
+``outcome`` (the episode's correctness to every action, the paper's baseline); beside
+them, outside the claim, ``process`` (the coach sees the answer at every agent) and
+``agent_oracle`` (each agent paid by whether its own final number is right). Every arm
+of a seed runs from one command on one commit, side by side, at equal rollouts; then
+each is evaluated on held-out problems of the training family (none restating a
+training problem) and of families it never saw, and the test that file decided before
+the runs is applied (see :mod:`benchmarks.repro_report`).
 
     python -m benchmarks.repro_mathchat                    # the recipe's arms and seeds (GPU)
     python -m benchmarks.repro_mathchat --smoke            # CPU check with a tiny model
@@ -57,8 +60,8 @@ REPRO_DIR = RESULTS_DIR / "repro"
 # The recipe and its task sets
 # --------------------------------------------------------------------------------------
 
-TEST_FIELDS = ("arms", "seeds", "treatment", "compare_step", "main_task_set", "goal")
-TEST_FIELDS += ("out_of_family_sets",)
+TEST_FIELDS = ("arms", "seeds", "treatment", "baseline", "compare_step", "main_task_set")
+TEST_FIELDS += ("goal", "void", "out_of_family_sets")
 
 
 def load_recipe(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -94,6 +97,14 @@ def load_recipe(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         )
     if not test["arms"] or test["treatment"] not in test["arms"]:
         raise ValueError(f"treatment {test['treatment']!r} is not one of the arms {test['arms']}")
+    if test["baseline"] not in test["arms"] or test["baseline"] == test["treatment"]:
+        raise ValueError(
+            f"baseline {test['baseline']!r} must be one of the arms {list(test['arms'])} "
+            f"other than the treatment"
+        )
+    from benchmarks.repro_stats import VoidRule
+
+    VoidRule.from_mapping(test["void"])  # an unknown floor fails here, before any run
     for arm, settings in test["arms"].items():
         extra = sorted(set(settings) - {"credit_mode", "env_options"})
         if "credit_mode" not in settings or extra:
@@ -142,15 +153,23 @@ def _tasks(env_id: str, env_options: Mapping[str, Any]) -> list[Any]:
 def check_task_sets(recipe: Mapping[str, Any], test: Mapping[str, Any]) -> dict[str, Any]:
     """Sizes and kinds of every task set; refuses sets a held-out claim cannot rest on.
 
-    A held-out set sharing a problem (by its text) with training is refused; so is an
-    out-of-family set sharing a kind with training. Each set's share of problems that
-    are their own solution (the prompt, read as Python arithmetic, gives the answer:
+    A held-out set sharing a problem with training is refused: the same text, or for
+    generated problems the same kind, template and numbers
+    (:func:`mappa_env.tasks.problem_identity`: a paraphrase is not unseen); so is a
+    held-out set stating one problem twice, and an out-of-family set sharing a kind
+    with training. Each set's share of problems that are their own solution (the
+    prompt, read as Python arithmetic, gives the answer:
     :func:`mappa_env.tasks.checks.is_own_solution`) is reported.
 
     Raises:
         SystemExit: Naming the set and what it shares with training.
     """
+    from mappa_env.tasks import problem_identity
     from mappa_env.tasks.checks import is_own_solution
+
+    def identity(task: Any) -> Any:
+        # A task the generator did not make is known by its text alone.
+        return problem_identity(task) or ("text", task.prompt)
 
     env_id = recipe.get("env", "MathChat-v0")
     train_options = recipe.get("env_options", {})
@@ -164,6 +183,7 @@ def check_task_sets(recipe: Mapping[str, Any], test: Mapping[str, Any]) -> dict[
 
     train = _tasks(env_id, train_options)
     train_prompts = {t.prompt for t in train}
+    train_problems = {identity(t) for t in train}
     train_kinds = sorted({kind(t) for t in train})
     facts: dict[str, Any] = {
         "train": {
@@ -179,6 +199,21 @@ def check_task_sets(recipe: Mapping[str, Any], test: Mapping[str, Any]) -> dict[
             raise SystemExit(
                 f"{len(shared)} problems of held-out set {name!r} are also training problems "
                 f"(e.g. {shared[0]!r}): use another seed or other tasks"
+            )
+        same = [t for t in tasks if identity(t) in train_problems]
+        if same:
+            raise SystemExit(
+                f"{len(same)} of the {len(tasks)} problems of held-out set {name!r} state the "
+                f"template and numbers of a training problem (e.g. {same[0].id}: "
+                f"{same[0].prompt!r}): leave them out with 'exclude' in its generated task "
+                "set (the training set's options)"
+            )
+        repeated = len(tasks) - len({identity(t) for t in tasks})
+        if repeated:
+            raise SystemExit(
+                f"held-out set {name!r} states {repeated} of its problems twice: a problem is "
+                "the unit of measurement, so each must be there once ('exclude' keeps "
+                "repeats out)"
             )
         kinds = sorted({kind(t) for t in tasks})
         if name in test["out_of_family_sets"] and set(kinds) & set(train_kinds):
@@ -457,6 +492,11 @@ def build_report(
         for pair in (entry.get("comparison") or {}).get("pairs", []):
             for reason in pair["verdict"]["why"]:
                 print(f"  {pair['treatment']} - {pair['other']}: {reason}")
+            for kind in ("missing_samples", "aborted_samples"):
+                for arm, by_seed in pair[kind].items():
+                    if by_seed:
+                        what = kind.replace("_", " ")
+                        print(f"  {arm}: {what} per seed, counted wrong: {by_seed}")
     for run in runs:
         logged = sum(row["solved_logged"] for row in run["regraded"])
         now = sum(row["solved_now"] for row in run["regraded"])
@@ -535,16 +575,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     recipe, test = load_recipe(Path(args.config))
     arms = [a for a in (args.arms or ",".join(test["arms"])).split(",") if a]
     unknown = [a for a in arms if a not in test["arms"]]
-    if unknown or test["treatment"] not in arms:
+    decided = (test["treatment"], test["baseline"])
+    if unknown or not set(decided) <= set(arms):
         raise SystemExit(
             f"--arms must name arms of the recipe ({list(test['arms'])}) and include the "
-            f"treatment {test['treatment']!r}; got {arms}"
+            f"decided pair {decided[0]!r} and {decided[1]!r}; got {arms}"
         )
     seeds = [int(s) for s in args.seeds.split(",") if s] if args.seeds else list(test["seeds"])
     overrides = {"steps": args.steps, "eval_every": args.eval_every, "system": args.model}
     recipe.update({k: v for k, v in overrides.items() if v is not None})
     if args.steps is not None and test["compare_step"] > args.steps:
         test["compare_step"] = args.steps  # a shortened run is compared at its end
+        void = dict(test["void"] or {})
+        void["through_step"] = min(int(void.get("through_step", args.steps)), args.steps)
+        test["void"] = void
     recipe = with_eval_tasks(recipe, args.eval_tasks)
     facts = check_task_sets(recipe, test)
     for name, fact in facts.items():

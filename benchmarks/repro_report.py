@@ -1,12 +1,15 @@
 """The reproduction's report: comparisons decided before the runs, tables and plots.
 
 The test is written in its own file (``configs/mathchat-credit-test.yaml``) before any
-run (the arms, the seeds, the step compared, the task sets, the thresholds); this module
-applies it to the records :mod:`benchmarks.repro_collect` rebuilds, with the statistics of
-:mod:`benchmarks.repro_stats`: for every held-out set, every arm's accuracy in every seed
-(mean and median beside it), and the treatment against every other arm with exact
-paired tests and a hierarchical bootstrap interval. A comparison is void when an arm
-could not learn, or when the runs were not made by one commit.
+run (the arms, the seeds, the step compared, the task sets, the thresholds, the void
+floors); this module applies it to the records :mod:`benchmarks.repro_collect` rebuilds,
+with the statistics of :mod:`benchmarks.repro_stats`: for every held-out set, every arm's
+accuracy in every seed (mean and median beside it), the decided pair (treatment minus
+baseline) with its verdict - a one-sided exact sign-flip test on the per-seed differences
+and the smallest difference - and every other arm against the baseline as a secondary
+figure, each with the crossed bootstrap interval and the missing and aborted samples
+(counted wrong). A comparison is void when an arm had no learning signal of its own, or
+when the runs were not made by one commit.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from benchmarks.repro_collect import AGENTS, BASE_ARM, CODE_AGENT
 
 EMA_ALPHA = 1 / 3
 COLOURS = {
+    "process_blind": "tab:red",
     "process": "tab:blue",
     "outcome": "tab:orange",
     "agent_oracle": "tab:green",
@@ -90,7 +94,8 @@ def compare(
     Args:
         runs: :func:`~benchmarks.repro_collect.collect`'s runs.
         records: Its per-episode records.
-        test: The decided test (the test file's ``treatment``, ``compare_step``, ``goal``).
+        test: The decided test (the test file's ``treatment``, ``baseline``,
+            ``compare_step``, ``goal``, ``void``).
         arms: The arms reported (the treatment among them).
         task_sets: The held-out sets, the main one first.
 
@@ -102,6 +107,7 @@ def compare(
     """
     decided = int(test["compare_step"])
     goal = dict(test.get("goal") or {})
+    rule = repro_stats.VoidRule.from_mapping(test.get("void"))
     metrics = {
         arm: {run["seed"]: run["train"] for run in runs if run["arm"] == arm} for arm in arms
     }
@@ -125,11 +131,13 @@ def compare(
                 step,
                 task_set,
                 treatment=test["treatment"],
+                baseline=test.get("baseline"),
                 min_difference=goal.get("min_difference", 0.05),
                 alpha=goal.get("alpha", 0.05),
-                min_seeds=goal.get("min_seeds", 6),
+                min_seeds=goal.get("min_seeds", 10),
                 resamples=goal.get("resamples", 10_000),
                 confidence=goal.get("confidence", 0.95),
+                void_rule=rule,
             )
             for pair in comparison["pairs"]:
                 extra = list(provenance)
@@ -137,7 +145,7 @@ def compare(
                     extra.append(f"compared at step {step}, not the decided step {decided}")
                 pair["void_reasons"] = pair["void_reasons"] + provenance
                 pair["void"] = bool(pair["void_reasons"])
-                if extra:
+                if extra and pair["decided"]:
                     pair["verdict"]["met"] = False
                     pair["verdict"]["why"] = [*pair["verdict"]["why"], *extra]
             entry["comparison"] = comparison

@@ -1,17 +1,23 @@
-"""CPU smoke check of the reproduction: every arm trains on its own reward, and process
-credit moves a real MathChat behaviour.
+"""CPU smoke check of the reproduction: every arm trains on its own reward, the void
+rule tells an arm with a learning signal from one without, and process credit moves a
+real MathChat behaviour.
 
 A tiny model (built in-process, see :mod:`mappa_agents.tiny_models`) is warm-started to
 answer every MathChat agent's prompt with a fenced Python block some of the time and with
 a plain sentence otherwise, then trained in the real ``MathChat-v0`` (real Jupyter
-kernels, the rules coach) once per arm of the reproduction from the same weights and
-seeds: ``process``, ``outcome`` and ``agent_oracle`` credit. Every action saved in each
-arm's rollouts is checked against the reward that arm must pay it, worked out from the
-record alone (the outcome, the agent's own correctness, the coach's score). The tiny
-model never writes a right answer, so no episode succeeds: the outcome arm has nothing
-to learn from and the void rule of :mod:`benchmarks.repro_stats` must say so, while the
-coach pays the code executor more for a turn whose code ran (4) than for a turn without
-code (1-2): the code executor's rate of code turns must rise under process credit.
+kernels, the rules coach) once per arm from the same weights and seeds: the decided pair
+``process_blind`` (process credit, the reference answer shown only to the final agent's
+coach) and ``outcome``, and ``process`` (the coach sees the answer at every agent).
+Every action saved in each arm's rollouts is checked against the reward that arm must
+pay it, worked out from the record alone (the outcome, the agent's own correctness, the
+coach's score). The tiny model never writes a right answer, so no episode succeeds and
+every outcome reward is 0: the outcome arm has no learning signal and the void rule of
+:mod:`benchmarks.repro_stats` must say so, while ``process_blind``, paid by coach scores
+that vary, must be found to have one. The oracle coach pays the code executor more for
+a turn whose code ran (4) than for a turn without code (1-2): under ``process`` the code
+executor's rate of code turns must rise. (The answer-blind rubric pays the tiny model's
+``print(NN)`` as a copy, 4 against 3 for a sentence: too small a gap to move it in a
+few steps, 0.2 -> 0.24-0.35 over 6 steps, measured.)
 
     python -m benchmarks.repro_mathchat --smoke
 """
@@ -51,12 +57,20 @@ CODE_SHARE = 0.25
 #: the last 3 steps minus the first step, which every arm rolls out with the same weights
 #: and seeds).
 PROCESS_MIN_RISE = 0.2
-#: Steps per arm of the reproduction (its recipe's credit modes). The process arm needs
-#: 6 to show the behaviour rise (rates 0.20, 0.27, 0.33, 0.43, 0.46, 0.45; its later steps
-#: are the slowest, as more turns run code); the others have no signal with this model
-#: (nothing succeeds), and 3 steps check what they train on and that they are void.
-STEPS = {"process": 6, "outcome": 3, "agent_oracle": 3}
+#: Steps per arm. The process arm needs 6 to show the behaviour rise (rates 0.20, 0.27,
+#: 0.33, 0.43, 0.46, 0.45; its later steps are the slowest, as more turns run code); 3
+#: steps check what the decided pair trains on and what the void rule finds in it.
+STEPS = {"process_blind": 3, "outcome": 3, "process": 6}
 ARMS = tuple(STEPS)
+#: Each arm's credit mode and environment options (as the decided test file gives them).
+ARM_SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "process_blind": ("process", {"reveal": "last_agent"}),
+    "outcome": ("outcome", {}),
+    "process": ("process", {}),
+}
+#: The void rule read over each smoke run's own steps: the KL is 0 at step 1 (the policy
+#: is the reference), so 2 of an arm's steps must show each signal.
+SMOKE_MIN_STEPS = 2
 
 
 def warm_start_reply(rng: random.Random) -> str:
@@ -150,12 +164,13 @@ def smoke_config(model_dir: Path, out: Path, arm: str) -> Any:
     """The training settings of one smoke run (the same for every arm but its credit)."""
     from mappa_train.config import TrainConfig
 
+    credit_mode, options = ARM_SETTINGS[arm]
     return TrainConfig(
         env="MathChat-v0",
-        env_options={"tasks": TASKS, "max_new_tokens": 32, "code_timeout_s": 10.0},
+        env_options={"tasks": TASKS, "max_new_tokens": 32, "code_timeout_s": 10.0, **options},
         system=str(model_dir),
         coach="rules",
-        credit_mode=arm,
+        credit_mode=credit_mode,
         steps=STEPS[arm],
         prompts_per_step=16,
         samples_per_prompt=2,
@@ -188,8 +203,8 @@ def rise(rates: list[float]) -> float:
     return statistics.fmean(rates[-3:]) - rates[0]
 
 
-def expected_reward(arm: str, row: dict[str, Any]) -> float | None:
-    """The reward an arm must pay one saved action, worked out from its record alone.
+def expected_reward(credit_mode: str, row: dict[str, Any]) -> float | None:
+    """The reward a credit mode must pay one saved action, worked out from its record alone.
 
     ``outcome``: the episode's outcome reward; ``agent_oracle``: 1 when the acting
     agent's own final number was right (the outcome's ``agent_correct``), else 0;
@@ -198,9 +213,9 @@ def expected_reward(arm: str, row: dict[str, Any]) -> float | None:
     outcome = row.get("outcome") or {}
     if outcome.get("aborted"):
         return None
-    if arm == "outcome":
+    if credit_mode == "outcome":
         return float(outcome["reward"])
-    if arm == "agent_oracle":
+    if credit_mode == "agent_oracle":
         return float(bool(outcome["agent_correct"][row["agent"]]))
     coach = row.get("coach") or {}
     return float(coach["score"]) / 10.0 if coach.get("valid") else None
@@ -218,7 +233,7 @@ def reward_mismatches(arm: str, rollouts: Path) -> tuple[int, list[str]]:
     for path in sorted(rollouts.glob("step-*.jsonl")):
         for sample in load_jsonl(path):
             row = sample.to_row()
-            want, got = expected_reward(arm, row), sample.trainable_reward
+            want, got = expected_reward(ARM_SETTINGS[arm][0], row), sample.trainable_reward
             checked += 1
             if want != got:
                 wrong.append(f"{path.name} {sample.episode_id} {sample.agent}: {got} != {want}")
@@ -226,9 +241,9 @@ def reward_mismatches(arm: str, rollouts: Path) -> tuple[int, list[str]]:
 
 
 def run_smoke(out_dir: Path | None = None) -> int:
-    """Run the smoke check; 0 when every arm trained on its own reward and process credit
-    raised the behaviour."""
-    from benchmarks.repro_stats import void_reasons
+    """Run the smoke check; 0 when every arm trained on its own reward, process_blind
+    credit raised the behaviour, and the void rule told the arm with a signal apart."""
+    from benchmarks.repro_stats import VoidRule, void_reasons
     from mappa_train.trainer import Trainer
 
     started = time.perf_counter()
@@ -252,16 +267,22 @@ def run_smoke(out_dir: Path | None = None) -> int:
                 "rewards_wrong": wrong[:10],
                 "code_executor_kl": [m.get(f"{CODE_AGENT}/kl") for m in history],
                 "code_executor_reward": [m.get(f"{CODE_AGENT}/mean_reward") for m in history],
-                "void_reasons": void_reasons({arm: {0: history}})[arm],
+                "code_executor_reward_std": [m.get(f"{CODE_AGENT}/reward_std") for m in history],
+                "void_reasons": void_reasons(
+                    {arm: {0: history}},
+                    rule=VoidRule(through_step=STEPS[arm], min_steps=SMOKE_MIN_STEPS),
+                )[arm],
             }
     checks = {
         "every_arm_trained_on_its_own_reward": all(
             r["rewards_checked"] > 0 and not r["rewards_wrong"] for r in results.values()
         ),
         "process_raised_code_turns": results["process"]["rise"] >= PROCESS_MIN_RISE,
-        # The tiny model never answers: no episode succeeds, so the outcome arm has
-        # nothing to learn from and must be declared void, not reported as a loser.
+        # The tiny model never answers: every outcome reward is 0, so the outcome arm has
+        # nothing to learn from and must be declared void, not reported as a loser...
         "outcome_arm_declared_void": bool(results["outcome"]["void_reasons"]),
+        # ...while the treatment, which learnt from coach scores without a success, is not.
+        "process_blind_has_a_signal": not results["process_blind"]["void_reasons"],
     }
     rows = [
         {
@@ -289,7 +310,8 @@ def run_smoke(out_dir: Path | None = None) -> int:
             "arms": list(ARMS),
             "tasks": TASKS,
             "code_share_of_warm_start": CODE_SHARE,
-            "thresholds": {"process_min_rise": PROCESS_MIN_RISE},
+            "arm_settings": ARM_SETTINGS,
+            "thresholds": {"process_min_rise": PROCESS_MIN_RISE, "void_min_steps": SMOKE_MIN_STEPS},
             "results": results,
             "checks": checks,
             "seconds": seconds,

@@ -18,7 +18,7 @@ from mappa_train.algorithms.reinforce_pp import kl_penalty
 from mappa_train.config import TrainConfig
 from mappa_train.update import PreparedRows
 
-__all__ = ["Usable", "fill_advantages", "prepared_rows", "usable_actions"]
+__all__ = ["Usable", "fill_advantages", "prepared_rows", "reward_std", "usable_actions"]
 
 Usable = tuple[list[Any], int, int]
 """An agent's usable actions, and how many were cut by the length limit or invalid."""
@@ -69,10 +69,32 @@ def prepared_rows(
     return PreparedRows(kept, values, old, ref, mask, cut, invalid)
 
 
+def reward_std(rewards: torch.Tensor) -> float:
+    r"""The spread of one agent's rewards in a step: ``sqrt((1 / N) * sum_i (r_i - mean r)^2)``.
+
+    Over the ``N`` actions the agent trains on in the step, the group REINFORCE++
+    whitens over. It is 0 exactly when every action got the same reward: the reward
+    then points nowhere, and only the KL term moves the agent (a group baseline's
+    advantages are all 0). A run whose agents show no spread step after step has no
+    learning signal, whatever its KL or gradient norm (whitening blows tiny KL
+    differences up to unit scale).
+
+    Args:
+        rewards: ``[N]`` the agent's action rewards, ``N >= 1``.
+
+    Returns:
+        The population standard deviation (0.0 for one action).
+    """
+    values = rewards.double()
+    return float((values - values.mean()).square().mean().sqrt())
+
+
 def fill_advantages(
     prepared: dict[str, PreparedRows], estimator: AdvantageEstimator, config: TrainConfig
 ) -> None:
-    """Fill ``advantages`` (and the ``kl`` statistic) of every agent with actions.
+    """Fill ``advantages`` (and the ``kl`` and ``reward_std`` statistics) of every agent.
+
+    Agents without actions are left as they are.
 
     ``kl`` is the mask-weighted mean of :func:`~mappa_train.algorithms.reinforce_pp.kl_penalty`
     of old against reference log-probs: ``sum(kl * mask) / sum(mask)``. An agent whose
@@ -90,6 +112,7 @@ def fill_advantages(
     for agent, prep in prepared.items():
         if not prep.samples:
             continue
+        prep.stats["reward_std"] = reward_std(prep.rewards)
         if prep.old_logprobs is not None:
             kl = kl_penalty(prep.old_logprobs, prep.ref_logprobs, config.kl_estimator)
             prep.stats["kl"] = float((kl * prep.mask).sum() / prep.mask.sum())

@@ -19,7 +19,9 @@ from mappa_env.tasks import (
     MathTask,
     arithmetic_value,
     generate_math_tasks,
+    generate_unseen_tasks,
     is_own_solution,
+    problem_identity,
 )
 from mappa_env.tasks.checks import expression_candidates
 from mappa_env.tasks.generator import DEFAULT_KINDS
@@ -551,6 +553,30 @@ def test_word_problems_of_a_seed_stay_the_same():
         tasks = generate_math_tasks(6, seed=0, kinds=order, difficulty=level, secret="")
         (task,) = [t for t in tasks if t.metadata["kind"] == kind]
         assert (task.prompt, task.answer) == (prompt, answer)
+
+
+def test_unseen_tasks_state_no_seen_problem_and_none_twice():
+    easy = {"kinds": ["word_one_step"], "difficulty": "easy", "secret": ""}
+    train = generate_math_tasks(512, seed=1, **easy)
+    seen = {problem_identity(t) for t in train}
+    # The same family under another seed is mostly the training problems renamed: a
+    # problem is its kind, template and numbers, whatever the names in the story.
+    plain = generate_math_tasks(32, seed=2, **easy)
+    assert sum(problem_identity(t) in seen for t in plain) == 25
+    same = next(t for t in plain if problem_identity(t) in seen)
+    twin = next(t for t in train if problem_identity(t) == problem_identity(same))
+    assert same.metadata["params"] == twin.metadata["params"]
+    unseen = generate_unseen_tasks(32, train, seed=2, **easy)
+    identities = [problem_identity(t) for t in unseen]
+    assert not set(identities) & seen
+    assert len(set(identities)) == 32
+    # Drawn in the generator's order: ids are the draws' indices, tasks as generated.
+    by_id = {t.id: t for t in generate_math_tasks(500, seed=2, **easy)}
+    assert all(by_id[t.id] == t for t in unseen)
+    assert problem_identity(MathTask(id="f", prompt="2 + 2?", answer="4")) is None
+    # 267 easy problems exist; the training set leaves 37.
+    with pytest.raises(ValueError, match="only 37 of the 40 problems asked for are unseen"):
+        generate_unseen_tasks(40, train, seed=2, max_draws=5_000, **easy)
 
 
 @pytest.mark.parametrize("kind", WORD_KINDS)

@@ -16,7 +16,7 @@ from pettingzoo.test.seed_test import parallel_seed_test
 
 import mappa_env
 from mappa_env.envs.mathchat import MathChatEnv
-from mappa_env.tasks import MathTask
+from mappa_env.tasks import MathTask, generate_math_tasks, problem_identity
 from tests.fakes import FixedCoach, InProcessSandbox, RaisingCoach
 
 TASK = MathTask(id="t-sum", prompt="What is 123456789 * 987654321?", answer="121932631112635269")
@@ -689,6 +689,17 @@ def test_generated_task_sets_from_a_mapping():
         mappa_env.make("MathChat-v0", tasks={"count": 3})
     with pytest.raises(ValueError, match="got keys"):
         mappa_env.make("MathChat-v0", tasks={"n": 3, "level": 2})
+    # "exclude": none of another set's problems (kind, template, numbers), none twice.
+    easy = {"kinds": ["word_one_step"], "difficulty": "easy", "secret": ""}
+    train = {"n": 64, "seed": 1, **easy}
+    env = mappa_env.make("MathChat-v0", tasks={"n": 8, "seed": 2, **easy, "exclude": train})
+    seen = {problem_identity(t) for t in generate_math_tasks(**train)}
+    held_out = {problem_identity(t) for t in env.tasks}
+    assert len(held_out) == 8
+    assert not held_out & seen
+    env.close()
+    with pytest.raises(ValueError, match="'exclude' must be a generated task set"):
+        mappa_env.make("MathChat-v0", tasks={"n": 3, "exclude": "gen:4"})
 
 
 def test_every_prompt_ends_with_what_to_do_now():

@@ -25,9 +25,12 @@ def test_ema_carries_over_gaps():
 
 def test_the_recipe_decides_the_test_and_its_task_sets_hold_a_held_out_claim():
     recipe, test = repro.load_recipe(repro.DEFAULT_CONFIG)
-    assert test["treatment"] == "process"
-    assert {"outcome", "agent_oracle", "process"} <= set(test["arms"])
-    assert len(test["seeds"]) >= 6
+    # The claim: the paper's information structure against the paper's baseline.
+    assert (test["treatment"], test["baseline"]) == ("process_blind", "outcome")
+    assert test["arms"]["process_blind"]["env_options"] == {"reveal": "last_agent"}
+    assert {"outcome", "agent_oracle", "process", "process_blind"} <= set(test["arms"])
+    assert len(test["seeds"]) == test["goal"]["min_seeds"] == 10
+    assert test["void"]["through_step"] == test["compare_step"]
     assert test["compare_step"] == recipe["steps"]
     facts = repro.check_task_sets(recipe, test)
     # Training problems are stated in words: none is its own solution.
@@ -52,13 +55,25 @@ def test_a_recipe_without_its_decided_test_is_refused(tmp_path):
         "arms": {"process": {"credit_mode": "process", "colour": "red"}},
         "seeds": [0],
         "treatment": "process",
+        "baseline": "process",
         "compare_step": 1,
         "main_task_set": "in_family",
         "out_of_family_sets": [],
         "goal": {},
+        "void": {},
     }
     path.write_text(json.dumps(test))
+    with pytest.raises(ValueError, match="baseline 'process' must be one of the arms"):
+        repro.load_recipe(path)
+    test["arms"]["outcome"] = {"credit_mode": "outcome"}
+    test["baseline"] = "outcome"
+    path.write_text(json.dumps(test))
     with pytest.raises(ValueError, match="arm 'process' must give credit_mode"):
+        repro.load_recipe(path)
+    test["arms"]["process"] = {"credit_mode": "process"}
+    test["void"] = {"kl_floor": 0.1}
+    path.write_text(json.dumps(test))
+    with pytest.raises(ValueError, match=r"void: unknown fields \['kl_floor'\]"):
         repro.load_recipe(path)
 
 
@@ -85,6 +100,27 @@ def test_overlapping_or_same_kind_task_sets_are_refused(tmp_path):
     extended = repro.with_eval_tasks(recipe, [str(tmp_path / "more.json")])
     assert repro.task_sets(extended, test) == ["in_family", "other", "file_more"]
     assert repro.check_task_sets(extended, test)["file_more"]["tasks"] == 1
+
+
+def test_held_out_problems_that_restate_training_ones_are_refused():
+    test = {"main_task_set": "in_family", "out_of_family_sets": []}
+    easy = {"kinds": ["word_one_step"], "difficulty": "easy", "secret": ""}
+    train = {"n": 512, "seed": 1, **easy}
+    recipe = {
+        "env": "MathChat-v0",
+        "env_options": {"tasks": train},
+        "eval_env_options": {"tasks": {"n": 32, "seed": 2, **easy}},
+    }
+    # No prompt is a training prompt, but 25 are training problems with other names.
+    with pytest.raises(SystemExit, match="25 of the 32 problems of held-out set 'in_family' "):
+        repro.check_task_sets(recipe, test)
+    recipe["eval_env_options"]["tasks"]["exclude"] = train
+    assert repro.check_task_sets(recipe, test)["in_family"]["tasks"] == 32
+    # A problem stated twice is one problem counted twice.
+    recipe["env_options"]["tasks"] = {"n": 8, "seed": 1, "kinds": ["expression"]}
+    recipe["eval_env_options"]["tasks"] = {"n": 64, "seed": 2, **easy}
+    with pytest.raises(SystemExit, match="held-out set 'in_family' states 5 of its problems twice"):
+        repro.check_task_sets(recipe, test)
 
 
 def test_runs_are_planned_per_seed_with_one_base_evaluation(tmp_path):
@@ -170,10 +206,12 @@ def test_each_saved_held_out_episode_becomes_one_record(tmp_path):
     ]
     path.write_text("\n".join(lines) + "\n{torn")
     records = repro_collect.episode_records(path, "process", 4, 10, "in_family")
-    assert [(r["task_id"], r["sample"], r["correct"]) for r in records] == [
-        ("a", 0, False),
-        ("b", 0, True),
-        ("a", 1, True),
+    # The aborted episode stays, wrong: its problem keeps every sample paired.
+    assert [(r["task_id"], r["sample"], r["correct"], r["aborted"]) for r in records] == [
+        ("a", 0, False, False),
+        ("b", 0, True, False),
+        ("a", 1, True, False),
+        ("b", 1, False, True),
     ]
     assert records[0]["scores"] == {"problem_solver": 3.0, "code_executor": 8.0}
     assert records[1]["scores"] == {"problem_solver": None}
@@ -182,7 +220,7 @@ def test_each_saved_held_out_episode_becomes_one_record(tmp_path):
     assert repro_collect.aborted_episodes(path) == 1
     from benchmarks.repro_stats import validate_records
 
-    assert len(validate_records(records)) == 3
+    assert len(validate_records(records)) == 4
 
 
 def test_saved_episodes_are_graded_again_with_the_current_grader(tmp_path):
@@ -237,7 +275,7 @@ def _records(arm: str, seeds, accuracy: float, step: int = 2, problems: int = 4)
     ]
 
 
-def _run(arm: str, seed: int, commit: str = "abc", steps=(1, 2), success: float = 0.25):
+def _run(arm: str, seed: int, commit: str = "abc", steps=(1, 2), spread: float = 0.2):
     return {
         "arm": arm,
         "seed": seed,
@@ -247,7 +285,8 @@ def _run(arm: str, seed: int, commit: str = "abc", steps=(1, 2), success: float 
             {
                 "step": s,
                 "rollout/episodes": 4,
-                "rollout/success_rate": success,
+                "rollout/success_rate": 0.0,
+                "process/reward_std": spread,
                 "process/kl": 0.1,
                 "process/grad_norm": 1.0,
             }
@@ -258,7 +297,13 @@ def _run(arm: str, seed: int, commit: str = "abc", steps=(1, 2), success: float 
 
 def test_the_decided_test_is_applied_and_voided_where_the_runs_cannot_carry_it():
     seeds = range(6)
-    test = {"treatment": "process", "compare_step": 2, "goal": {"resamples": 200}}
+    test = {
+        "treatment": "process",
+        "baseline": "outcome",
+        "compare_step": 2,
+        "goal": {"resamples": 200, "min_seeds": 6},
+        "void": {"through_step": 2, "min_steps": 1},
+    }
     records = _records("process", seeds, 0.75) + _records("outcome", seeds, 0.25)
     records += _records("base", seeds, 0.25, step=0)
     runs = [_run(arm, s) for arm in ("process", "outcome") for s in seeds]
@@ -269,6 +314,7 @@ def test_the_decided_test_is_applied_and_voided_where_the_runs_cannot_carry_it()
     assert entry["base"]["mean"] == pytest.approx(0.25)
     (pair,) = entry["comparison"]["pairs"]
     assert pair["interval"]["estimate"] == pytest.approx(0.5)
+    assert pair["test"]["p"] == pytest.approx(2**-6)
     assert pair["tests"]["sign_p"] == pytest.approx(2**-5)
     assert pair["verdict"]["met"], pair["verdict"]["why"]
     arm_rows, pair_rows = repro_report.table_rows(summary, "in_family")
@@ -282,11 +328,17 @@ def test_the_decided_test_is_applied_and_voided_where_the_runs_cannot_carry_it()
     assert pair["void"]
     assert not pair["verdict"]["met"]
     assert any("2 commits" in why for why in pair["verdict"]["why"])
-    # An arm that never succeeded in training is void, whatever its accuracy.
-    failed = [*runs[:6], *(_run("outcome", s, success=0.0) for s in seeds)]
+    # An arm whose rewards never varied is void, whatever its accuracy; the test file's
+    # floors decide (no success in training is not a reason: none above had one).
+    failed = [*runs[:6], *(_run("outcome", s, spread=0.0) for s in seeds)]
     void = repro_report.compare(failed, records, test, ["process", "outcome"], ["in_family"])
     (pair,) = void["task_sets"]["in_family"]["comparison"]["pairs"]
-    assert any("no training episode succeeded" in r for r in pair["void_reasons"])
+    assert pair["void_reasons"][0] == (
+        "outcome: rewards did not vary within an agent's step in every seed"
+    )
+    assert pair["void_reasons"][1] == (
+        "outcome seed 0: reward std >= 0.05 in 0 of 2 steps (1-2), fewer than 1"
+    )
     # Runs cut short are compared where they all got to, and say it is not the decided step.
     short = [_run(arm, s, steps=(1,)) for arm in ("process", "outcome") for s in seeds]
     ones = [{**r, "step": 1} for r in records if r["step"] == 2]
@@ -337,17 +389,19 @@ def test_end_to_end_runs_write_results_records_and_plots(tmp_path):
     }
     test = {
         "recipe": "recipe.yaml",
-        # Two arms keep the test short; the smoke check trains agent_oracle too.
+        # The decided pair keeps the test short; the smoke check trains process too.
         "arms": {
-            "process": {"credit_mode": "process"},
+            "process_blind": {"credit_mode": "process", "env_options": {"reveal": "last_agent"}},
             "outcome": {"credit_mode": "outcome"},
         },
         "seeds": [0],
-        "treatment": "process",
+        "treatment": "process_blind",
+        "baseline": "outcome",
         "compare_step": 2,
         "main_task_set": "in_family",
         "out_of_family_sets": ["out_of_family"],
         "goal": {"resamples": 100},
+        "void": {"through_step": 2, "min_steps": 1},
     }
     (tmp_path / "recipe.yaml").write_text(json.dumps(recipe))  # JSON is YAML
     config = tmp_path / "test.yaml"
@@ -363,7 +417,7 @@ def test_end_to_end_runs_write_results_records_and_plots(tmp_path):
     assert {r["launches"][0]["machine"]["cpus"] for r in data["runs"]} == {os.cpu_count()}
     assert set(data["task_sets"]) == {"train", "in_family", "out_of_family", "file_more"}
     by_arm = {r["arm"]: r for r in data["runs"]}
-    assert [p["step"] for p in by_arm["process"]["evals"]["out_of_family"]] == [0, 2]
+    assert [p["step"] for p in by_arm["process_blind"]["evals"]["out_of_family"]] == [0, 2]
     assert [p["step"] for p in by_arm["outcome"]["evals"]["file_more"]] == [2]
     run_config = json.loads((runs_dir / "outcome-s0" / "run_config.json").read_text())
     assert run_config["credit_mode"] == "outcome"
@@ -372,7 +426,7 @@ def test_end_to_end_runs_write_results_records_and_plots(tmp_path):
     episodes = [json.loads(x) for x in (out / "tiny_episodes.jsonl").read_text().splitlines()]
     assert len(episodes) == data["episodes"] == 2 * 3 * 3
     assert {(e["arm"], e["step"]) for e in episodes if e["step"] == 0} == {("base", 0)}
-    # The tiny model never succeeds: every comparison is void, and says why.
+    # The tiny model never succeeds: outcome rewards never vary, so every comparison is void.
     for entry in data["summary"]["task_sets"].values():
         for pair in entry["comparison"]["pairs"]:
             assert pair["void"]
@@ -392,7 +446,7 @@ def test_smoke_every_arm_trains_on_its_own_reward(tmp_path):
     assert run_smoke(tmp_path) == 0
     data = json.loads((tmp_path / "mathchat_smoke.json").read_text())
     assert all(data["checks"].values()), data["checks"]
-    assert set(data["results"]) == {"process", "outcome", "agent_oracle"}
+    assert set(data["results"]) == {"process_blind", "outcome", "process"}
     for arm, result in data["results"].items():
         assert result["rewards_checked"] > 0, arm
         assert result["rewards_wrong"] == [], arm

@@ -153,22 +153,32 @@ VERIFIER_ASKS = {
 }
 
 
-_GENERATOR_OPTIONS = ("n", "seed", "kinds", "difficulty", "secret")
+_GENERATOR_OPTIONS = ("n", "seed", "kinds", "difficulty", "secret", "exclude")
 
 
 def _generated_tasks(spec: Mapping[str, Any], seed: int) -> list[MathTask]:
     """Tasks of a generator spec such as ``{"n": 512, "kinds": ["expression"]}``.
 
     ``"secret"`` pins the generator's secret (a string; see ``generate_math_tasks``);
-    without it the user's secret is used.
+    without it the user's secret is used. ``"exclude"``, another generator spec (a
+    run's training set), keeps out every problem that states the same kind, template
+    and numbers as one of its tasks, and every repeat (``generate_unseen_tasks``):
+    held-out problems that are not paraphrases of training ones.
     """
-    from mappa_env.tasks import MAX_GENERATED_TASKS, generate_math_tasks
+    from mappa_env.tasks import MAX_GENERATED_TASKS, generate_math_tasks, generate_unseen_tasks
 
     unknown = sorted(set(spec) - set(_GENERATOR_OPTIONS))
     if unknown or "n" not in spec:
         raise ValueError(
             f"a generated task set is a mapping with 'n' and optionally 'seed', 'kinds', "
-            f"'difficulty', 'secret' (see generate_math_tasks); got keys {sorted(spec)}"
+            f"'difficulty', 'secret', 'exclude' (see generate_math_tasks); got keys "
+            f"{sorted(spec)}"
+        )
+    exclude = spec.get("exclude")
+    if exclude is not None and not isinstance(exclude, Mapping):
+        raise ValueError(
+            f"the task set's 'exclude' must be a generated task set (a mapping with 'n', "
+            f"...), got {type(exclude).__name__}"
         )
     secret = spec.get("secret")
     if secret is not None and not isinstance(secret, str):
@@ -181,6 +191,15 @@ def _generated_tasks(spec: Mapping[str, Any], seed: int) -> list[MathTask]:
     if isinstance(kinds, str):
         kinds = [k for k in kinds.split(",") if k]
     count = integer_option("tasks['n']", spec["n"], high=MAX_GENERATED_TASKS)
+    if exclude is not None:
+        return generate_unseen_tasks(
+            count,
+            _generated_tasks(exclude, seed),
+            seed=int(spec.get("seed", seed)),
+            kinds=kinds,
+            difficulty=spec.get("difficulty", "mixed"),
+            secret=secret,
+        )
     return generate_math_tasks(
         count,
         seed=int(spec.get("seed", seed)),

@@ -7,6 +7,8 @@ from mappa_env.tasks.generator import (
     KINDS,
     MAX_GENERATED_TASKS,
     generate_math_tasks,
+    generate_unseen_tasks,
+    problem_identity,
 )
 from mappa_env.tasks.math import (
     BENCH_DIR_ENV,
@@ -38,9 +40,11 @@ __all__ = [
     "bench_dir_candidates",
     "find_bench_dir",
     "generate_math_tasks",
+    "generate_unseen_tasks",
     "is_own_solution",
     "load_math_tasks",
     "normalize_answer_value",
+    "problem_identity",
     "task_secret_path",
     "user_task_secret",
 ]

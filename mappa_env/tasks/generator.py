@@ -52,10 +52,11 @@ rebuild a task, and read its answer, from the seed and this code. The empty secr
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -674,6 +675,14 @@ def generate_math_tasks(
             difficulty.
         TypeError: For an ``n`` that is not an integer, a ``secret`` that is not a string.
     """
+    n, chosen, fixed_level, secret = _checked(n, kinds, difficulty, secret)
+    return [_task(index, seed, chosen, fixed_level, secret) for index in range(n)]
+
+
+def _checked(
+    n: int, kinds: Sequence[str] | None, difficulty: str | int, secret: str | None
+) -> tuple[int, list[str], int | None, str]:
+    """``n``, the kinds, the fixed level and the secret of a call, checked."""
     n = integer_option(
         "n",
         n,
@@ -690,33 +699,103 @@ def generate_math_tasks(
         secret = user_task_secret()
     if not isinstance(secret, str):
         raise TypeError(f"secret must be a string or None, got {type(secret).__name__}")
-    tasks = []
-    for index in range(n):
-        kind = chosen[index % len(chosen)]
-        category, build = KINDS[kind]
-        # A string seed is hashed deterministically (not with PYTHONHASHSEED).
-        rng = random.Random(_stream_key(secret, seed, index))
-        level = fixed_level or rng.choice((1, 2, 3))
-        for _ in range(100):
-            problem = build(rng, level)
-            if not _leaks_answer(problem.prompt, problem.answer):
-                break
-        else:
-            raise RuntimeError(f"could not draw a {kind} problem that hides its answer")
-        tasks.append(
-            MathTask(
-                id=f"gen-s{seed}-{index:05d}",
-                prompt=problem.prompt,
-                answer=str(problem.answer),
-                metadata={
-                    "source": "generator",
-                    "seed": seed,
-                    "kind": kind,
-                    "category": category,
-                    "difficulty": level,
-                    "needs_code": level == 3,
-                    "params": problem.params,
-                },
-            )
+    return n, chosen, fixed_level, secret
+
+
+def _task(index: int, seed: int, kinds: Sequence[str], level: int | None, secret: str) -> MathTask:
+    """Task ``index`` of ``seed``: drawn from its own random stream."""
+    kind = kinds[index % len(kinds)]
+    category, build = KINDS[kind]
+    # A string seed is hashed deterministically (not with PYTHONHASHSEED).
+    rng = random.Random(_stream_key(secret, seed, index))
+    level = level or rng.choice((1, 2, 3))
+    for _ in range(100):
+        problem = build(rng, level)
+        if not _leaks_answer(problem.prompt, problem.answer):
+            break
+    else:
+        raise RuntimeError(f"could not draw a {kind} problem that hides its answer")
+    return MathTask(
+        id=f"gen-s{seed}-{index:05d}",
+        prompt=problem.prompt,
+        answer=str(problem.answer),
+        metadata={
+            "source": "generator",
+            "seed": seed,
+            "kind": kind,
+            "category": category,
+            "difficulty": level,
+            "needs_code": level == 3,
+            "params": problem.params,
+        },
+    )
+
+
+def problem_identity(task: MathTask) -> tuple[str, str] | None:
+    """What makes a generated problem the same problem: its kind, template and numbers.
+
+    Two tasks with one identity state the same arithmetic in the same template; only
+    the names and objects of the story may differ (a paraphrase, not an unseen
+    problem). Read from the generator's record of the draw (``metadata["kind"]`` and
+    ``metadata["params"]``, which holds the template and every number), not from the
+    text.
+
+    Returns:
+        ``(kind, params as sorted JSON)``; ``None`` for a task the generator did not make.
+    """
+    params = task.metadata.get("params")
+    if task.metadata.get("source") != "generator" or not isinstance(params, Mapping):
+        return None
+    return str(task.metadata.get("kind")), json.dumps(params, sort_keys=True)
+
+
+def generate_unseen_tasks(
+    n: int,
+    seen: Iterable[MathTask],
+    seed: int = 0,
+    kinds: Sequence[str] | None = None,
+    difficulty: str | int = "mixed",
+    secret: str | None = None,
+    max_draws: int = MAX_GENERATED_TASKS,
+) -> list[MathTask]:
+    """``n`` generated problems, none of them a problem of ``seen`` and none repeated.
+
+    Tasks of ``seed`` are drawn in order, as :func:`generate_math_tasks` draws them, and
+    a task is skipped when its :func:`problem_identity` (kind, template and numbers) is
+    one of ``seen``'s or of a task kept before it: held-out problems that are not
+    paraphrases of training ones. Task ids keep the index of the draw
+    (``gen-s<seed>-<index>``).
+
+    Args:
+        n: Number of tasks.
+        seen: Tasks none of the result may repeat, e.g. a run's training set.
+        seed: As :func:`generate_math_tasks`.
+        kinds: As :func:`generate_math_tasks`.
+        difficulty: As :func:`generate_math_tasks`.
+        secret: As :func:`generate_math_tasks`.
+        max_draws: Tasks drawn at most before giving up.
+
+    Raises:
+        ValueError: When ``max_draws`` draws do not give ``n`` unseen problems (the
+            family's space is nearly covered by ``seen``), and as
+            :func:`generate_math_tasks`.
+    """
+    n, chosen, fixed_level, secret = _checked(n, kinds, difficulty, secret)
+    taken = {identity for task in seen if (identity := problem_identity(task)) is not None}
+    tasks: list[MathTask] = []
+    draws = min(max_draws, MAX_GENERATED_TASKS)
+    for index in range(draws):
+        if len(tasks) == n:
+            break
+        task = _task(index, seed, chosen, fixed_level, secret)
+        identity = problem_identity(task)
+        if identity not in taken:
+            taken.add(identity)  # type: ignore[arg-type]  # generated tasks have one
+            tasks.append(task)
+    if len(tasks) < n:
+        raise ValueError(
+            f"only {len(tasks)} of the {n} problems asked for are unseen in "
+            f"{draws:,} draws of seed {seed}: ask for fewer, or draw them from another "
+            "difficulty or kinds"
         )
     return tasks
