@@ -100,6 +100,11 @@ gpu-wheels:
 	rm -f $(GPU_WHEELS)/*.whl
 	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
 		--implementation cp $(GPU_PLATFORMS) -d $(GPU_WHEELS) -r requirements/gpu.txt
+	# bubblewrap confines agents' code there too (the image has none); Debian's package,
+	# which gpu_install.sh unpacks. Without apt-get here the run there is unconfined.
+	rm -f $(GPU_WHEELS)/bubblewrap_*.deb
+	cd $(GPU_WHEELS) && apt-get download bubblewrap >/dev/null 2>&1 \
+		|| echo "apt-get download bubblewrap failed: agents' code will run unconfined there"
 	@echo "$$(ls $(GPU_WHEELS)/*.whl | wc -l) wheels for $$(grep -c '^[^#[:space:]]' requirements/gpu.txt) requirements, $$(du -ch $(GPU_WHEELS)/*.whl | tail -1 | cut -f1) in all, in $(GPU_WHEELS)/"
 
 clean:

@@ -86,6 +86,21 @@ done || true)
 [[ -z $conflicts ]] || printf 'gpu_install: version conflicts with the image:\n%s\n' "$conflicts"
 phase pip-check
 
+# bubblewrap from the Debian package `make gpu-wheels` saved, where the image has none:
+# unpacked beside the system (not over it) and linked onto the PATH.
+if ! command -v bwrap >/dev/null; then
+    debs=("$wheels"/bubblewrap_*.deb)
+    if ((${#debs[@]})); then
+        dpkg-deb -x "${debs[0]}" /opt/bubblewrap || fail "could not unpack ${debs[0]}"
+        ln -sf /opt/bubblewrap/usr/bin/bwrap /usr/local/bin/bwrap
+        bwrap --ro-bind / / true || echo "gpu_install: bwrap is installed but cannot confine here"
+        echo "gpu_install: bubblewrap $(bwrap --version | cut -d' ' -f2) from ${debs[0]##*/}"
+    else
+        echo "gpu_install: no bubblewrap package in $wheels: agents' code will run unconfined"
+    fi
+fi
+phase bwrap
+
 cd /
 "$py" -c "import mappa_env, mappa_agents, mappa_train, ipykernel, jupyter_client, math_verify, pettingzoo" ||
     fail "the installed packages do not import (see above)"
