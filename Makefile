@@ -58,7 +58,7 @@ wheel-check: $(STAMP)
 # pytest exits 5 when nothing was collected: not a failure of the project.
 # The docs build first, so a broken page fails CI (the tutorials run in tests/test_docs.py).
 test: lint docs wheel-check
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
 
 # VLLMPolicy against a real vLLM: the CPU build pins its own torch and transformers, so
 # it gets a venv of its own (a large download; not part of `make test`).

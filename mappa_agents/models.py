@@ -352,10 +352,11 @@ def load_policy(spec: str, **kwargs: Any) -> Policy:
         model, spec_options = parse_api_spec(spec)
         return LiteLLMPolicy(model, **{**spec_options, **kwargs})
     if separator and backend == "vllm":
-        from mappa_agents.vllm_policy import VLLMPolicy
+        from mappa_agents.vllm_policy import VLLMPolicy, require_vllm
 
         if not rest:
             raise ValueError("'vllm:' needs a model name or path")
+        require_vllm()  # a missing extra first: resolving the model may need the Hub
         _drop_option(kwargs, "device", spec, "vLLM places the model on its devices itself")
         _drop_option(kwargs, "compile_decode", spec, "vLLM captures CUDA graphs itself")
         if "dtype" in kwargs:

@@ -67,6 +67,11 @@ def sampling_kwargs(params: SamplingParams, index: int = 0) -> dict[str, Any]:
     return kwargs
 
 
+def require_vllm() -> Any:
+    """The ``vllm`` module, or ``MissingExtraError`` naming the extra to install."""
+    return require("vllm", "vllm", purpose="the in-process vLLM policy (VLLMPolicy)")
+
+
 class VLLMPolicy:
     """An in-process ``vllm.LLM`` as a :class:`~mappa_agents.policy.Policy`.
 
@@ -90,7 +95,7 @@ class VLLMPolicy:
         chat_template_kwargs: Mapping[str, Any] | None = None,
         **llm_kwargs: Any,
     ) -> None:
-        self._vllm = require("vllm", "vllm", purpose="the in-process vLLM policy (VLLMPolicy)")
+        self._vllm = require_vllm()
         self.name = name or str(model)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.llm = self._vllm.LLM(model=str(model), **llm_kwargs)

@@ -331,6 +331,7 @@ def test_padding_split_cells_and_reruns_never_out_earn_handing_over(env):
     assert padded == [9.0, 0.0, 0.0, 0.0]
     assert rerun == [9.0, 0.0, 8.0]
     # Split into cells, the work earns over the slot what it earns in one.
-    assert split[0] == 4.0 and split[1] == 0.0
+    assert split[0] == 4.0
+    assert split[1] == 0.0
     assert sum(split) <= sum(handed)
     assert max(map(sum, (padded, rerun, split))) <= sum(handed)

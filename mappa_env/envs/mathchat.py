@@ -678,7 +678,6 @@ class MathChatEnv(PipelineEnv):
             metadata["earlier_code"] = (earlier[-1].code or "") if earlier else ""
             # Every earlier run of its slot: a later turn is paid what it adds over them.
             metadata["earlier_runs"] = [
-                {"code": tool.code or "", "tool_result": tool.result.to_dict()}
-                for tool in earlier
+                {"code": tool.code or "", "tool_result": tool.result.to_dict()} for tool in earlier
             ]
         return metadata
