@@ -21,11 +21,14 @@ from mappa_env.audit import (
     FAMILIES,
     AuditActions,
     AuditConfig,
+    AuditReport,
+    CaseResult,
     audit_coach,
     build_battery,
     verdict_of,
 )
 from mappa_env.audit.battery import HONEST, add_code, one_line
+from mappa_env.audit.report import family_stats
 from mappa_env.dsbench import BuiltinTaskSet
 from tests.fakes import InProcessSandbox
 
@@ -86,6 +89,46 @@ def test_verdicts(false_positives, lift, invalid, expected):
     assert verdict_of(false_positives, lift, invalid, 0.0, moved_points=1.0) == expected
 
 
+def case_of(family: str, name: str, score: float, fails_job: bool = True) -> CaseResult:
+    return CaseResult(
+        task_id="t", agent="problem_solver", family=family, name=name, fails_job=fails_job,
+        control=None, channel=None, payload=None, score=score, valid=True, error=None,
+        capped_from=None, attempts=1, rules_score=None, leaked=None, action_chars=1,
+        latency_s=0.0,
+    )  # fmt: skip
+
+
+def test_a_verdict_over_some_families_names_those_it_does_not_cover():
+    # A "held" over two families must not read as a pass of the whole battery.
+    cases = [
+        case_of("honest", "honest", 10.0, fails_job=False),
+        case_of("null", "empty", 0.0),
+        case_of("master_key", "colon", 0.0),
+    ]
+    report = AuditReport(
+        env_id="MathChat-v0", coach="rules", reveal="always", task_ids=["t"],
+        agents=["problem_solver"], settings={"families": ["null", "master_key", "later_turn"]},
+        cases=cases, stats=family_stats(cases, moved_points=1.0), wall_time_s=0.0,
+    )  # fmt: skip
+    assert report.verdict == "held"
+    assert report.summary() == f"held on 2 of {len(FAMILIES)} families"
+    line = report.coverage_line()
+    assert line.startswith("held on: null, master_key; not covered: ")
+    not_asked = [f for f in FAMILIES if f not in ("null", "master_key", "later_turn")]
+    assert f"{', '.join(not_asked)} (not asked for)" in line
+    # Asked for, but the agent has no later turn: named apart.
+    assert line.endswith("later_turn (no such action or channel here)")
+    data = report.to_dict()
+    assert data["not_covered"] == [f for f in FAMILIES if f not in ("null", "master_key")]
+    assert data["all_families"] == list(FAMILIES)
+    assert data["coverage"] == line
+    markdown = report.to_markdown()
+    assert f"Overall: **held on 2 of {len(FAMILIES)} families**" in markdown
+    assert line in markdown
+    # A report written earlier renders again from its audit.json.
+    assert AuditReport.from_dict(json.loads(json.dumps(data))).to_markdown() == markdown
+
+
 # ------------------------------------------------------------------------- whole audits
 
 
@@ -112,6 +155,10 @@ def test_the_mathchat_rules_coach_holds_on_every_family():
         "inject_file_content",
         "inject_submission",
     }
+    assert report.coverage_line().endswith(
+        "not covered: inject_file_name, inject_file_content, inject_submission "
+        "(no such action or channel here)"
+    )
     # Regenerate with: mappa coach audit --env MathChat-v0 --coach rules --out <that dir>
     assert docs_verdicts("rules-mathchat") == report.families
 
@@ -257,7 +304,7 @@ def test_a_judge_that_gives_everything_the_same_score_is_caught():
     assert all(s.false_positive_rate == 1.0 for s in report.stats if s.family != "honest")
 
 
-def test_mappa_coach_audit_writes_the_report(tmp_path):
+def test_mappa_coach_audit_writes_the_report(tmp_path, capsys):
     from mappa_train.command import main
 
     out = tmp_path / "audit"
@@ -276,6 +323,103 @@ def test_mappa_coach_audit_writes_the_report(tmp_path):
     assert data["families"] == dict.fromkeys(families, "held")
     assert (out / "audit.png").stat().st_size > 1000
     assert "| inject_action | problem_solver |" in (out / "audit.md").read_text()
+    # The summary says the verdict covers 4 families, and names the others.
+    printed = capsys.readouterr().out
+    assert f"(reveal=always): held on 4 of {len(FAMILIES)} families\n" in printed
+    assert "  held on: null, master_key, confident_wrong, inject_action; not covered: " in printed
+    assert data["not_covered"] == [f for f in FAMILIES if f not in families]
+
+
+# ------------------------------------------------------- the tasks of a training run
+
+RUN_TASKS = {"n": 6, "kinds": ["word_one_step"], "difficulty": "easy", "secret": "audit-run"}
+
+
+@pytest.fixture
+def run_config(tmp_path):
+    import yaml
+
+    path = tmp_path / "run.yaml"
+    options = {"tasks": RUN_TASKS, "reveal": "last_agent", "strict_boxed": False}
+    run = {"env": "MathChat-v0", "coach": "rules", "credit_mode": "process", "env_options": options}
+    path.write_text(yaml.safe_dump(run))
+    return path
+
+
+def test_mappa_coach_audit_audits_the_tasks_of_a_training_config(tmp_path, run_config):
+    # By default the audit's own expression problems; with --config, the run's word
+    # problems under the run's reveal policy (the same tasks given again are accepted).
+    from mappa_env.envs.mathchat import _resolve_tasks
+    from mappa_train.command import main
+
+    out = tmp_path / "audit"
+    status = main(
+        [
+            "coach", "audit", "--config", str(run_config), "--out", str(out),
+            "--env-options", json.dumps({"tasks": RUN_TASKS}),
+            "--agents", "problem_solver", "--families", "null",
+        ]
+    )  # fmt: skip
+    assert status == 0
+    data = json.loads((out / "audit.json").read_text())
+    run_ids = [task.id for task in _resolve_tasks(RUN_TASKS, seed=0)]
+    assert data["task_ids"] == run_ids[:1]
+    assert data["reveal"] == "last_agent"
+    assert data["settings"]["config"] == str(run_config)
+    assert "training run --config" in data["notes"][0]
+
+
+def test_mappa_coach_audit_audits_a_recipe_by_name(tmp_path):
+    # The credit test's treatment arm: the recipe's word problems, the answer shown only
+    # to the last agent's coach.
+    from mappa_train.command import main
+
+    out = tmp_path / "audit"
+    status = main(
+        [
+            "coach", "audit", "--config", "mathchat-credit-test", "--out", str(out),
+            "--agents", "problem_solver", "--families", "null",
+        ]
+    )  # fmt: skip
+    assert status == 0
+    data = json.loads((out / "audit.json").read_text())
+    assert data["reveal"] == "last_agent"
+    assert data["settings"]["arm"] == "process_blind"
+    assert data["task_ids"][0].startswith("word")
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--env-options", json.dumps({"tasks": {**RUN_TASKS, "n": 7}})], "tasks={"),
+        (["--tasks", "gen:4"], "tasks='gen:4' is not the tasks setting of --config"),
+        (["--env-option", "tasks=gen:4"], "tasks='gen:4' is not the tasks setting"),
+        (["--reveal", "always"], "--reveal always is not the reveal policy of --config"),
+        (["--env", "DSBench-v0"], "--env DSBench-v0 is not the environment of --config"),
+    ],
+)
+def test_mappa_coach_audit_refuses_other_tasks_than_the_configs(
+    tmp_path, capsys, run_config, flags, words
+):
+    from mappa_train.command import main
+
+    status = main(["coach", "audit", "--config", str(run_config), "--out", str(tmp_path), *flags])
+    assert status == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("mappa coach: ")
+    assert words in err
+
+
+def test_a_run_whose_coach_pays_nothing_is_not_audited(tmp_path):
+    from mappa_env.errors import SettingsError
+    from mappa_train.audit_run import audited_run
+
+    path = tmp_path / "outcome.yaml"
+    path.write_text("env: MathChat-v0\ncredit_mode: outcome\n")
+    with pytest.raises(SettingsError, match="credit_mode='outcome': its coach pays no reward"):
+        audited_run(str(path))
+    assert audited_run("mathchat-smollm2").env_options["tasks"]["kinds"] == ["word_one_step"]
 
 
 @pytest.mark.parametrize(

@@ -152,6 +152,7 @@ def audit_coach(
     env_options: Mapping[str, Any] | None = None,
     config: AuditConfig | None = None,
     on_case: Callable[[int, int], None] | None = None,
+    audit_defaults: bool = True,
 ) -> AuditReport:
     """Audit ``coach`` on ``env``: score honest actions and attacks, report what moved it.
 
@@ -166,6 +167,9 @@ def audit_coach(
             ``reveal`` and ``credit_mode`` are the audit's.
         config: The audit's settings.
         on_case: Called with ``(cases done, cases in all)`` after each scored case.
+        audit_defaults: Lay ``env_options`` over the environment's
+            ``audit_env_options()``; ``False``: over its constructor's defaults, as a
+            training run given those options makes it (``mappa coach audit --config``).
 
     Returns:
         The :class:`~mappa_env.audit.report.AuditReport`.
@@ -178,7 +182,9 @@ def audit_coach(
     owned = isinstance(coach, str)
     judge = make_coach(coach)
     try:
-        return run_sync(_audit(env, judge, dict(env_options or {}), config, on_case))
+        return run_sync(
+            _audit(env, judge, dict(env_options or {}), config, on_case, audit_defaults)
+        )
     finally:
         close = getattr(judge, "close", None)
         if owned and callable(close):
@@ -191,6 +197,7 @@ async def _audit(
     env_options: dict[str, Any],
     config: AuditConfig,
     on_case: Callable[[int, int], None] | None,
+    audit_defaults: bool = True,
 ) -> AuditReport:
     from mappa_env.registry import env_class
 
@@ -202,7 +209,7 @@ async def _audit(
             f"env_options {reserved} are the audit's: pass the coach to audit_coach, "
             "the reveal policy in AuditConfig; it scores under process credit"
         )
-    options = {**_audit_env_options(cls), **env_options}
+    options = {**(_audit_env_options(cls) if audit_defaults else {}), **env_options}
     payloads = [p for p in PAYLOADS if config.payloads is None or p.name in config.payloads]
     gates = [_ReplayGate(coach) for _ in range(config.concurrency)]
     envs: list[Any] = []
