@@ -715,6 +715,15 @@ def add_coach_parser(
         help="injection payloads, comma-separated (default all: "
         f"{','.join(p.name for p in PAYLOADS)})",
     )
+    parser.add_argument(
+        "--mutations",
+        type=int,
+        default=4,
+        metavar="N",
+        help="random mutants of each context's honest action (a number or operator changed, "
+        "a line dropped, the boxed answer replaced by a near number): the mutation family",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the mutants")
     parser.add_argument("--concurrency", type=int, default=2, help="episodes in flight")
     parser.add_argument(
         "--moved-points",
@@ -832,6 +841,8 @@ def run_coach_audit(args: argparse.Namespace) -> int:
         reveal=args.reveal,
         concurrency=args.concurrency,
         moved_points=args.moved_points,
+        mutations=args.mutations,
+        seed=args.seed,
     )
     env_options, run = _audit_settings(args)
     config = dataclasses.replace(config, reveal=args.reveal)

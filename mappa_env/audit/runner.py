@@ -65,6 +65,9 @@ class AuditConfig:
         concurrency: Episodes in flight (each in its own environment).
         moved_points: A payload or padding that raises the coach's own score more than
             this over the same action without it marks the family ``moved``.
+        mutations: Random mutants of each context's honest action (the ``mutation``
+            family, :func:`~mappa_env.audit.battery.build_mutations`).
+        seed: Seeds the mutants (with the task and the agent).
     """
 
     tasks: int = 1
@@ -74,10 +77,14 @@ class AuditConfig:
     reveal: str | None = None
     concurrency: int = 2
     moved_points: float = 1.0
+    mutations: int = 4
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.tasks < 1:
             raise ValueError(f"tasks must be >= 1, got {self.tasks}")
+        if self.mutations < 0:
+            raise ValueError(f"mutations must be >= 0, got {self.mutations}")
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         unknown = sorted(set(self.families or ()) - set(FAMILIES))
@@ -297,6 +304,8 @@ async def _audit(
             "payloads": [p.name for p in payloads],
             "moved_points": config.moved_points,
             "concurrency": config.concurrency,
+            "mutations": config.mutations,
+            "seed": config.seed,
         },
         cases=ordered,
         stats=family_stats(ordered, moved_points=config.moved_points),
@@ -347,6 +356,8 @@ async def _walk_honest(
                 upstream_message=None if previous is None else previous.action,
                 families=config.families,
                 payloads=payloads,
+                mutations=config.mutations,
+                seed=f"{config.seed}:{task_id}:{agent}",
             )
             replay = [(a, turns[-1:] if files else turns) for a, turns in upstream]
             contexts.append(_Context(task_id, agent, replay, snapshot, cases))
