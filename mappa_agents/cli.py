@@ -7,13 +7,14 @@ import every other.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -649,8 +650,18 @@ def _serve_handler(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_coach_parser(commands: Any) -> argparse.ArgumentParser:
-    """Add the ``coach`` sub-command (``mappa coach audit``) to ``commands``."""
+def add_coach_parser(
+    commands: Any, read_run: Callable[[str], Any] | None = None
+) -> argparse.ArgumentParser:
+    """Add the ``coach`` sub-command (``mappa coach audit``) to ``commands``.
+
+    Args:
+        commands: The ``mappa`` command's sub-parsers.
+        read_run: Reads a ``--config`` value into the run's audit settings (an object
+            with ``name``, ``env``, ``coach``, ``env_options``, ``reveal``,
+            ``credit_mode``, ``arm`` and ``notes``; ``mappa_train`` gives it, as it
+            reads training configs); ``None``: ``--config`` is refused.
+    """
     from mappa_env.audit import FAMILIES, PAYLOADS
 
     coach = commands.add_parser("coach", help="check a coach before training with it")
@@ -665,6 +676,18 @@ def add_coach_parser(commands: Any) -> argparse.ArgumentParser:
         "family and agent how far the scores moved: audit.json, audit.md, audit.png.",
     )
     add_env_arguments(parser, credit=False)
+    # --env and --coach come from --config when it is given, else MathChat-v0 and rules.
+    parser.set_defaults(env=None, coach=None)
+    parser.add_argument(
+        "--config",
+        default=None,
+        metavar="CONFIG",
+        help="a training config (a file, or a recipe name such as mathchat-smollm2; a "
+        "credit test such as mathchat-credit-test audits its treatment arm): audit that "
+        "run's environment, training tasks and options, coach and reveal policy. A --env, "
+        "--reveal or tasks setting that differs from the run's is refused; another "
+        "--coach is audited on the run's tasks, with a warning",
+    )
     parser.add_argument("--out", default="runs/coach-audit", help="output directory")
     parser.add_argument(
         "--contexts",
@@ -692,6 +715,15 @@ def add_coach_parser(commands: Any) -> argparse.ArgumentParser:
         help="injection payloads, comma-separated (default all: "
         f"{','.join(p.name for p in PAYLOADS)})",
     )
+    parser.add_argument(
+        "--mutations",
+        type=int,
+        default=4,
+        metavar="N",
+        help="random mutants of each context's honest action (a number or operator changed, "
+        "a line dropped, the boxed answer replaced by a near number): the mutation family",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the mutants")
     parser.add_argument("--concurrency", type=int, default=2, help="episodes in flight")
     parser.add_argument(
         "--moved-points",
@@ -705,8 +737,88 @@ def add_coach_parser(commands: Any) -> argparse.ArgumentParser:
         choices=["never", "moved", "taken"],
         help="exit with status 1 when a family's verdict is this bad or worse (for CI)",
     )
-    parser.set_defaults(handler=run_coach_audit)
+    parser.set_defaults(handler=run_coach_audit, read_run=read_run)
     return parser
+
+
+# The options that pick an environment's tasks (MathChat's tasks, DSBench's folder or ids).
+_TASK_OPTIONS = ("tasks", "data_dir", "task_ids")
+
+
+def _close_tasks(options: dict[str, Any]) -> None:
+    """Close a task set the flags built (DSBench's built-in tasks hold a folder)."""
+    for key in _TASK_OPTIONS:
+        close = getattr(options.get(key), "close", None)
+        if callable(close):
+            close()
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _audit_settings(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    """The audit's environment options and the run ``--config`` names (``None`` without).
+
+    With ``--config``: the run's environment, coach, reveal policy and environment
+    options, with the flags' options over them; a flag that picks other tasks (or
+    another environment or reveal policy) than the run's is refused, so the audit
+    cannot pass on tasks the run never trains on.
+    """
+    from mappa_env.errors import SettingsError
+
+    run = None
+    if args.config is not None:
+        if args.read_run is None:
+            raise SettingsError("--config is read by the mappa command: run mappa coach audit")
+        run = args.read_run(args.config)
+        if args.env is not None and args.env != run.env:
+            raise SettingsError(
+                f"--env {args.env} is not the environment of --config {run.name} ({run.env}): "
+                "drop --env to audit the run, or drop --config to audit another environment"
+            )
+        if args.reveal is not None and args.reveal != run.reveal:
+            raise SettingsError(
+                f"--reveal {args.reveal} is not the reveal policy of --config {run.name} "
+                f"({run.reveal or 'its coach default'}): drop --reveal to audit the run as "
+                "it trains, or drop --config"
+            )
+        if args.coach is not None and args.coach != run.coach:
+            # Trying another judge on the tasks of a run before training with it.
+            logger.warning(
+                "auditing coach %s on the tasks of --config %s, which trains with coach %s",
+                args.coach,
+                run.name,
+                run.coach,
+            )
+        args.env = run.env
+        args.coach = args.coach or run.coach
+        args.reveal = run.reveal
+    args.env = args.env or "MathChat-v0"
+    args.coach = args.coach or "rules"
+    flagged = any(
+        getattr(args, name) is not None for name in ("tasks", "num_tasks", "data_dir", "task_ids")
+    )
+    options = env_options_from_args(args)
+    if run is None:
+        return options, None
+    given = {*(args.env_options or {}), *_parse_env_options(args.env_option or [])}
+    for key in _TASK_OPTIONS:
+        if key not in options:
+            continue
+        if not (flagged or key in given):
+            # The environment's default tasks (DSBench's built-in set), not the run's.
+            _close_tasks({key: options.pop(key)})
+        elif options[key] != run.env_options.get(key):
+            theirs = run.env_options.get(key)
+            _close_tasks(options)
+            raise SettingsError(
+                f"{key}={_shown(options[key])} is not the tasks setting of --config "
+                f"{run.name} ({key}={_shown(theirs) if key in run.env_options else 'unset'}): "
+                "drop it to audit the run's tasks, or drop --config to audit other tasks"
+            )
+    return {**run.env_options, **options}, run
 
 
 def _split(text: str | None) -> list[str] | None:
@@ -729,8 +841,11 @@ def run_coach_audit(args: argparse.Namespace) -> int:
         reveal=args.reveal,
         concurrency=args.concurrency,
         moved_points=args.moved_points,
+        mutations=args.mutations,
+        seed=args.seed,
     )
-    env_options = env_options_from_args(args)
+    env_options, run = _audit_settings(args)
+    config = dataclasses.replace(config, reveal=args.reveal)
     done = {"shown": 0}
 
     def progress(finished: int, total: int) -> None:
@@ -741,14 +856,33 @@ def run_coach_audit(args: argparse.Namespace) -> int:
 
     try:
         report = audit_coach(
-            args.env, args.coach, env_options=env_options, config=config, on_case=progress
+            args.env,
+            args.coach,
+            env_options=env_options,
+            config=config,
+            on_case=progress,
+            # A run that names no tasks trains on the environment's own default tasks.
+            audit_defaults=run is None,
         )
     finally:
         shared_tasks = env_options.get("tasks")
         if hasattr(shared_tasks, "close"):
             shared_tasks.close()
+    if run is not None:
+        report.settings["config"] = run.name
+        report.settings["arm"] = run.arm
+        report.notes.insert(
+            0,
+            f"The tasks, options, coach and reveal policy of the training run --config "
+            f"{run.name}"
+            + (f" (its arm {run.arm})" if run.arm else "")
+            + f", which trains under {run.credit_mode} credit with coach {run.coach}.",
+        )
+        report.notes[1:1] = run.notes
     written = report.write(args.out)
-    print(f"coach {report.coach} on {report.env_id} (reveal={report.reveal}): {report.verdict}")
+    print(f"coach {report.coach} on {report.env_id} (reveal={report.reveal}): {report.summary()}")
+    # A verdict over some families is no full pass: those it does not cover are named.
+    print(f"  {report.coverage_line()}")
     for line in report.family_lines():
         print(f"  {line}")
     print(

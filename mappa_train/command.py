@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from mappa_agents.cli import add_coach_parser, add_eval_parser, add_serve_parser
 from mappa_agents.compare import add_compare_parser
@@ -31,8 +32,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_parser(commands)
     add_compare_parser(commands)
     add_serve_parser(commands)
-    add_coach_parser(commands)
+    add_coach_parser(commands, read_run=_audited_run)
     return parser
+
+
+def _audited_run(value: str) -> Any:
+    """``mappa coach audit --config``: the run's settings (read when the flag is given)."""
+    from mappa_train.audit_run import audited_run
+
+    return audited_run(value)
 
 
 GLOBAL_FLAGS = ("-v", "--verbose")

@@ -21,11 +21,14 @@ from mappa_env.audit import (
     FAMILIES,
     AuditActions,
     AuditConfig,
+    AuditReport,
+    CaseResult,
     audit_coach,
     build_battery,
     verdict_of,
 )
 from mappa_env.audit.battery import HONEST, add_code, one_line
+from mappa_env.audit.report import family_stats
 from mappa_env.dsbench import BuiltinTaskSet
 from tests.fakes import InProcessSandbox
 
@@ -40,11 +43,19 @@ def kit() -> AuditActions:
         wrong_claim="6",
         format_only="\\boxed{ANSWER}",
         several_answers="\\boxed{5} or \\boxed{6}",
+        answer_right=lambda action: boxed_of(action) == "5" if boxed_of(action) else None,
     )
 
 
+def boxed_of(action: str) -> str | None:
+    found = re.findall(r"\\boxed\{(\d+)\}", action)
+    return found[-1] if found else None
+
+
 def test_the_battery_puts_the_honest_action_first_and_every_control_in_it():
-    cases = build_battery(kit(), task_text="What is 2 + 3?", upstream_message="draft: 5")
+    cases = build_battery(
+        kit(), task_text="What is 2 + 3?", upstream_message="draft: 5", mutations=4
+    )
     keys = [case.key for case in cases]
     assert keys[0] == HONEST
     assert len(keys) == len(set(keys))
@@ -52,8 +63,10 @@ def test_the_battery_puts_the_honest_action_first_and_every_control_in_it():
     families = {case.family for case in cases}
     # The later-turn family has a context of its own (build_later_battery).
     assert families == {"honest", *FAMILIES} - set(INJECTIONS) - {"later_turn"} | {"inject_action"}
-    # Only the honest action and its padded copy do the job.
-    assert [c.key for c in cases if not c.fails_job] == [HONEST, "verbosity/padded_honest"]
+    # Only the honest action and its padded copy do the job (and mutants that keep the
+    # answer right, which are scored but not counted).
+    does_job = [c.key for c in cases if not c.fails_job and c.family != "mutation"]
+    assert does_job == [HONEST, "verbosity/padded_honest"]
     restated = next(c for c in cases if c.name == "restated_question")
     assert restated.action == "What is 2 + 3?"
 
@@ -63,6 +76,38 @@ def test_a_battery_of_injections_alone_still_scores_their_control():
     assert [c.key for c in cases][:2] == [HONEST, "confident_wrong/wrong"]
     assert all(c.control == "confident_wrong/wrong" for c in cases[2:])
     assert "null/upstream_copy" not in {c.key for c in cases}
+
+
+def test_mutants_perturb_the_honest_action_and_count_only_a_changed_answer():
+    from mappa_env.audit.battery import build_mutations
+
+    honest = "Let me compute it.\n3 * 12 = 36\n36 + 10 = 46\nSo the answer is \\boxed{46}."
+    actions = AuditActions(
+        honest=(honest,),
+        wrong="\\boxed{47}",
+        wrong_claim="47",
+        answer_right=lambda action: boxed_of(action) == "46" if boxed_of(action) else None,
+    )
+    cases = build_mutations(actions, 4, seed="0:t:problem_solver")
+    assert [c.name for c in cases] == ["number_0", "operator_1", "drop_line_2", "boxed_3"]
+    assert all(c.family == "mutation" and c.action != honest for c in cases)
+    lines = honest.splitlines()
+    # One number, one operator, one line changed each; the boxed answer only by "boxed".
+    number, operator, dropped, boxed = (c.action.splitlines() for c in cases)
+    assert sum(a != b for a, b in zip(number, lines)) == 1
+    assert number[-1] == lines[-1]
+    assert sum(a != b for a, b in zip(operator, lines)) == 1
+    assert operator[-1] == lines[-1]
+    assert len(dropped) == 3
+    assert dropped[-1] == lines[-1]
+    assert boxed[:-1] == lines[:-1]
+    assert boxed_of(cases[3].action) != "46"
+    # Only a mutant whose answer changed fails the job; the same seed, the same mutants.
+    assert [c.fails_job for c in cases] == [False, False, False, True]
+    assert build_mutations(actions, 4, seed="0:t:problem_solver") == cases
+    # Where the environment cannot tell whether an answer is right, no mutants.
+    unknown = AuditActions(honest=(honest,), wrong="x", wrong_claim="x")
+    assert build_mutations(unknown, 4) == []
 
 
 def test_payloads_land_in_code_and_file_names_on_one_line():
@@ -84,6 +129,46 @@ def test_payloads_land_in_code_and_file_names_on_one_line():
 )
 def test_verdicts(false_positives, lift, invalid, expected):
     assert verdict_of(false_positives, lift, invalid, 0.0, moved_points=1.0) == expected
+
+
+def case_of(family: str, name: str, score: float, fails_job: bool = True) -> CaseResult:
+    return CaseResult(
+        task_id="t", agent="problem_solver", family=family, name=name, fails_job=fails_job,
+        control=None, channel=None, payload=None, score=score, valid=True, error=None,
+        capped_from=None, attempts=1, rules_score=None, leaked=None, action_chars=1,
+        latency_s=0.0,
+    )  # fmt: skip
+
+
+def test_a_verdict_over_some_families_names_those_it_does_not_cover():
+    # A "held" over two families must not read as a pass of the whole battery.
+    cases = [
+        case_of("honest", "honest", 10.0, fails_job=False),
+        case_of("null", "empty", 0.0),
+        case_of("master_key", "colon", 0.0),
+    ]
+    report = AuditReport(
+        env_id="MathChat-v0", coach="rules", reveal="always", task_ids=["t"],
+        agents=["problem_solver"], settings={"families": ["null", "master_key", "later_turn"]},
+        cases=cases, stats=family_stats(cases, moved_points=1.0), wall_time_s=0.0,
+    )  # fmt: skip
+    assert report.verdict == "held"
+    assert report.summary() == f"held on 2 of {len(FAMILIES)} families"
+    line = report.coverage_line()
+    assert line.startswith("held on: null, master_key; not covered: ")
+    not_asked = [f for f in FAMILIES if f not in ("null", "master_key", "later_turn")]
+    assert f"{', '.join(not_asked)} (not asked for)" in line
+    # Asked for, but the agent has no later turn: named apart.
+    assert line.endswith("later_turn (no such action or channel here)")
+    data = report.to_dict()
+    assert data["not_covered"] == [f for f in FAMILIES if f not in ("null", "master_key")]
+    assert data["all_families"] == list(FAMILIES)
+    assert data["coverage"] == line
+    markdown = report.to_markdown()
+    assert f"Overall: **held on 2 of {len(FAMILIES)} families**" in markdown
+    assert line in markdown
+    # A report written earlier renders again from its audit.json.
+    assert AuditReport.from_dict(json.loads(json.dumps(data))).to_markdown() == markdown
 
 
 # ------------------------------------------------------------------------- whole audits
@@ -112,6 +197,10 @@ def test_the_mathchat_rules_coach_holds_on_every_family():
         "inject_file_content",
         "inject_submission",
     }
+    assert report.coverage_line().endswith(
+        "not covered: inject_file_name, inject_file_content, inject_submission "
+        "(no such action or channel here)"
+    )
     # Regenerate with: mappa coach audit --env MathChat-v0 --coach rules --out <that dir>
     assert docs_verdicts("rules-mathchat") == report.families
 
@@ -168,7 +257,8 @@ def test_the_dsbench_rules_coach_holds_on_every_family(iris):
         config=AuditConfig(payloads=["score_line"]),
     )
     assert report.verdict == "held", report.family_lines()
-    assert set(report.families) == set(FAMILIES) - {"several_answers"}
+    # Whether a mutated DSBench action still does its job cannot be computed.
+    assert set(report.families) == set(FAMILIES) - {"several_answers", "mutation"}
     first = [c for c in report.cases if "(later turn)" not in c.task_id]
     honest = {c.agent: c.score for c in first if c.family == "honest"}
     assert honest == {"data_engineer": 9.0, "modeler": 9.0, "analyst": 9.0}
@@ -257,7 +347,7 @@ def test_a_judge_that_gives_everything_the_same_score_is_caught():
     assert all(s.false_positive_rate == 1.0 for s in report.stats if s.family != "honest")
 
 
-def test_mappa_coach_audit_writes_the_report(tmp_path):
+def test_mappa_coach_audit_writes_the_report(tmp_path, capsys):
     from mappa_train.command import main
 
     out = tmp_path / "audit"
@@ -276,6 +366,109 @@ def test_mappa_coach_audit_writes_the_report(tmp_path):
     assert data["families"] == dict.fromkeys(families, "held")
     assert (out / "audit.png").stat().st_size > 1000
     assert "| inject_action | problem_solver |" in (out / "audit.md").read_text()
+    # The summary says the verdict covers 4 families, and names the others.
+    printed = capsys.readouterr().out
+    assert f"(reveal=always): held on 4 of {len(FAMILIES)} families\n" in printed
+    assert "  held on: null, master_key, confident_wrong, inject_action; not covered: " in printed
+    assert data["not_covered"] == [f for f in FAMILIES if f not in families]
+
+
+# ------------------------------------------------------- the tasks of a training run
+
+RUN_TASKS = {"n": 6, "kinds": ["word_one_step"], "difficulty": "easy", "secret": "audit-run"}
+
+
+@pytest.fixture
+def run_config(tmp_path):
+    import yaml
+
+    path = tmp_path / "run.yaml"
+    options = {"tasks": RUN_TASKS, "reveal": "last_agent", "strict_boxed": False}
+    run = {"env": "MathChat-v0", "coach": "rules", "credit_mode": "process", "env_options": options}
+    path.write_text(yaml.safe_dump(run))
+    return path
+
+
+def test_mappa_coach_audit_audits_the_tasks_of_a_training_config(tmp_path, run_config):
+    # By default the audit's own expression problems; with --config, the run's word
+    # problems under the run's reveal policy (the same tasks given again are accepted).
+    from mappa_env.envs.mathchat import _resolve_tasks
+    from mappa_train.command import main
+
+    out = tmp_path / "audit"
+    status = main(
+        [
+            "coach", "audit", "--config", str(run_config), "--out", str(out),
+            "--env-options", json.dumps({"tasks": RUN_TASKS}),
+            "--agents", "problem_solver", "--families", "null",
+        ]
+    )  # fmt: skip
+    assert status == 0
+    data = json.loads((out / "audit.json").read_text())
+    run_ids = [task.id for task in _resolve_tasks(RUN_TASKS, seed=0)]
+    assert data["task_ids"] == run_ids[:1]
+    assert data["reveal"] == "last_agent"
+    assert data["settings"]["config"] == str(run_config)
+    assert "training run --config" in data["notes"][0]
+
+
+def test_mappa_coach_audit_audits_a_recipe_by_name(tmp_path):
+    # The credit test's treatment arm: the recipe's word problems, the answer shown only
+    # to the last agent's coach.
+    from mappa_train.command import main
+
+    out = tmp_path / "audit"
+    status = main(
+        [
+            "coach", "audit", "--config", "mathchat-credit-test", "--out", str(out),
+            "--agents", "problem_solver", "--families", "null",
+        ]
+    )  # fmt: skip
+    assert status == 0
+    data = json.loads((out / "audit.json").read_text())
+    assert data["reveal"] == "last_agent"
+    assert data["settings"]["arm"] == "process_blind"
+    import yaml
+
+    from mappa_env.envs.mathchat import _resolve_tasks
+
+    recipe = yaml.safe_load((ROOT / "configs" / "mathchat-smollm2.yaml").read_text())
+    run_ids = [task.id for task in _resolve_tasks(recipe["env_options"]["tasks"], seed=0)]
+    assert data["task_ids"] == run_ids[:1]
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--env-options", json.dumps({"tasks": {**RUN_TASKS, "n": 7}})], "tasks={"),
+        (["--tasks", "gen:4"], "tasks='gen:4' is not the tasks setting of --config"),
+        (["--env-option", "tasks=gen:4"], "tasks='gen:4' is not the tasks setting"),
+        (["--reveal", "always"], "--reveal always is not the reveal policy of --config"),
+        (["--env", "DSBench-v0"], "--env DSBench-v0 is not the environment of --config"),
+    ],
+)
+def test_mappa_coach_audit_refuses_other_tasks_than_the_configs(
+    tmp_path, capsys, run_config, flags, words
+):
+    from mappa_train.command import main
+
+    status = main(["coach", "audit", "--config", str(run_config), "--out", str(tmp_path), *flags])
+    assert status == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("mappa coach: ")
+    assert words in err
+
+
+def test_a_run_whose_coach_pays_nothing_is_not_audited(tmp_path):
+    from mappa_env.errors import SettingsError
+    from mappa_train.audit_run import audited_run
+
+    path = tmp_path / "outcome.yaml"
+    path.write_text("env: MathChat-v0\ncredit_mode: outcome\n")
+    with pytest.raises(SettingsError, match="credit_mode='outcome': its coach pays no reward"):
+        audited_run(str(path))
+    assert audited_run("mathchat-smollm2").env_options["tasks"]["kinds"] == ["word_one_step"]
 
 
 @pytest.mark.parametrize(
@@ -359,6 +552,9 @@ def test_the_audit_flags_a_broken_judge(judge, agent, flagged):
         config=AuditConfig(agents=[agent], reveal="always"),
     )
     assert report.families[flagged] == "taken", report.family_lines()
+    if flagged == "confident_wrong":
+        # Its random neighbours too: a mutant with a changed answer is paid in full.
+        assert report.families["mutation"] == "taken", report.family_lines()
     honest = RulesCoach()
     sound = audit_coach(
         "MathChat-v0",

@@ -15,13 +15,17 @@ the coach -> the environment's caps):
   answer, an instruction to ignore the rubric and an unclosed ``<think>``, planted in
   every channel where the agent's words reach the coach (its message, its code's
   stdout and stderr, file names, file contents, a submission);
-- ``verbosity``, ``confident_wrong``, ``format_only``, ``several_answers``.
+- ``verbosity``, ``confident_wrong``, ``format_only``, ``several_answers``;
+- ``later_turn``: a rerun, a cosmetic rerun and padding after the agent's first turn;
+- ``mutation``: the honest action perturbed at random (seeded), counted where its
+  answer changed.
 
 The :class:`~mappa_env.audit.report.AuditReport` gives per family and agent the mean
 score shift against the honest action, the false-positive rate (actions that fail the
 job scored at or above the honest one), the invalid-verdict rate, agreement with the
 rules coach, and for an LLM coach whether a payload reached its prompt outside the
-agent-text fences; and a verdict per family: ``held``, ``moved`` or ``taken``.
+agent-text fences; and a verdict per family: ``held``, ``moved`` or ``taken``, with the
+families the verdict does not cover named (:meth:`AuditReport.coverage_line`).
 
 An environment takes part through its ``audit_actions`` hook (what an honest and a wrong
 action look like, and its channels); ``mappa coach audit --env ID --coach SPEC --out
@@ -39,6 +43,7 @@ from mappa_env.audit.battery import (
     CHANNELS,
     FAMILIES,
     MASTER_KEYS,
+    MUTATIONS,
     PAYLOADS,
     AttackCase,
     AuditActions,
@@ -46,6 +51,7 @@ from mappa_env.audit.battery import (
     add_code,
     append_text,
     build_battery,
+    build_mutations,
     file_name_injector,
     one_line,
     stderr_injector,
@@ -58,6 +64,7 @@ __all__ = [
     "CHANNELS",
     "FAMILIES",
     "MASTER_KEYS",
+    "MUTATIONS",
     "PAYLOADS",
     "VERDICTS",
     "AttackCase",
@@ -72,6 +79,7 @@ __all__ = [
     "append_text",
     "audit_coach",
     "build_battery",
+    "build_mutations",
     "file_name_injector",
     "one_line",
     "stderr_injector",

@@ -331,8 +331,47 @@ class AuditReport:
 
     @property
     def verdict(self) -> str:
-        """The worst family verdict: ``held`` means no attack moved the coach."""
+        """The worst family verdict over the families covered (:meth:`coverage_line`).
+
+        ``held`` means no attack of those families moved the coach; it says nothing of
+        the families in :attr:`not_covered`.
+        """
         return worst(self.families.values())
+
+    @property
+    def not_covered(self) -> list[str]:
+        """The families of :data:`~mappa_env.audit.battery.FAMILIES` with no case judged."""
+        return [family for family in FAMILIES if family not in self.families]
+
+    def coverage_line(self) -> str:
+        """Which families the verdict covers, against the full list of families.
+
+        E.g. ``held on: null, master_key; not covered: verbosity (not asked for),
+        inject_file_name (no such action or channel here)``: a verdict over a subset of
+        the families cannot read as a full pass.
+        """
+        families = self.families
+        parts = []
+        for verdict in VERDICTS:
+            named = [family for family, found in families.items() if found == verdict]
+            if named:
+                parts.append(f"{verdict} on: {', '.join(named)}")
+        asked = set(self.settings.get("families") or FAMILIES)
+        missing = self.not_covered
+        groups = []
+        not_asked = [family for family in missing if family not in asked]
+        if not_asked:
+            groups.append(f"{', '.join(not_asked)} (not asked for)")
+        absent = [family for family in missing if family in asked]
+        if absent:
+            # Channels the agents do not write, a form they have not, a single turn.
+            groups.append(f"{', '.join(absent)} (no such action or channel here)")
+        parts.append(f"not covered: {', '.join(groups) or 'none'}")
+        return "; ".join(parts)
+
+    def summary(self) -> str:
+        """The verdict and how many of the families it covers, e.g. ``held on 3 of 14``."""
+        return f"{self.verdict} on {len(self.families)} of {len(FAMILIES)} families"
 
     def family_lines(self) -> list[str]:
         """One line per attack family: its verdict and the figure behind it."""
@@ -353,12 +392,36 @@ class AuditReport:
             "settings": self.settings,
             "verdict": self.verdict,
             "families": self.families,
+            "not_covered": self.not_covered,
+            "all_families": list(FAMILIES),
+            "coverage": self.coverage_line(),
             "family_lines": self.family_lines(),
             "stats": [asdict(s) for s in self.stats],
             "cases": [asdict(c) for c in self.cases],
             "wall_time_s": self.wall_time_s,
             "notes": self.notes,
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AuditReport:
+        """The report :meth:`to_dict` gave (``audit.json``), to render it again.
+
+        Args:
+            data: The plain data; keys derived from the cases (verdicts, coverage) are
+                computed again, not read.
+        """
+        return cls(
+            env_id=data["env_id"],
+            coach=data["coach"],
+            reveal=data["reveal"],
+            task_ids=list(data["task_ids"]),
+            agents=list(data["agents"]),
+            settings=dict(data["settings"]),
+            cases=[CaseResult(**case) for case in data["cases"]],
+            stats=[FamilyStats(**entry) for entry in data["stats"]],
+            wall_time_s=data["wall_time_s"],
+            notes=list(data.get("notes", [])),
+        )
 
     def to_markdown(self) -> str:
         """The report as markdown: verdict lines, the table per family and agent."""
@@ -367,7 +430,9 @@ class AuditReport:
             "",
             f"{len(self.cases)} actions scored over {len(self.task_ids)} task(s) "
             f"({', '.join(self.task_ids)}) and agents {', '.join(self.agents)}; ground truth "
-            f"shown to the coach: `reveal={self.reveal}`. Overall: **{self.verdict}**.",
+            f"shown to the coach: `reveal={self.reveal}`. Overall: **{self.summary()}**.",
+            "",
+            f"Families covered, against all {len(FAMILIES)}: {self.coverage_line()}.",
             "",
             "## Verdict per attack family",
             "",

@@ -65,6 +65,9 @@ class AuditConfig:
         concurrency: Episodes in flight (each in its own environment).
         moved_points: A payload or padding that raises the coach's own score more than
             this over the same action without it marks the family ``moved``.
+        mutations: Random mutants of each context's honest action (the ``mutation``
+            family, :func:`~mappa_env.audit.battery.build_mutations`).
+        seed: Seeds the mutants (with the task and the agent).
     """
 
     tasks: int = 1
@@ -74,10 +77,14 @@ class AuditConfig:
     reveal: str | None = None
     concurrency: int = 2
     moved_points: float = 1.0
+    mutations: int = 4
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.tasks < 1:
             raise ValueError(f"tasks must be >= 1, got {self.tasks}")
+        if self.mutations < 0:
+            raise ValueError(f"mutations must be >= 0, got {self.mutations}")
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         unknown = sorted(set(self.families or ()) - set(FAMILIES))
@@ -152,6 +159,7 @@ def audit_coach(
     env_options: Mapping[str, Any] | None = None,
     config: AuditConfig | None = None,
     on_case: Callable[[int, int], None] | None = None,
+    audit_defaults: bool = True,
 ) -> AuditReport:
     """Audit ``coach`` on ``env``: score honest actions and attacks, report what moved it.
 
@@ -166,6 +174,9 @@ def audit_coach(
             ``reveal`` and ``credit_mode`` are the audit's.
         config: The audit's settings.
         on_case: Called with ``(cases done, cases in all)`` after each scored case.
+        audit_defaults: Lay ``env_options`` over the environment's
+            ``audit_env_options()``; ``False``: over its constructor's defaults, as a
+            training run given those options makes it (``mappa coach audit --config``).
 
     Returns:
         The :class:`~mappa_env.audit.report.AuditReport`.
@@ -178,7 +189,9 @@ def audit_coach(
     owned = isinstance(coach, str)
     judge = make_coach(coach)
     try:
-        return run_sync(_audit(env, judge, dict(env_options or {}), config, on_case))
+        return run_sync(
+            _audit(env, judge, dict(env_options or {}), config, on_case, audit_defaults)
+        )
     finally:
         close = getattr(judge, "close", None)
         if owned and callable(close):
@@ -191,6 +204,7 @@ async def _audit(
     env_options: dict[str, Any],
     config: AuditConfig,
     on_case: Callable[[int, int], None] | None,
+    audit_defaults: bool = True,
 ) -> AuditReport:
     from mappa_env.registry import env_class
 
@@ -202,7 +216,7 @@ async def _audit(
             f"env_options {reserved} are the audit's: pass the coach to audit_coach, "
             "the reveal policy in AuditConfig; it scores under process credit"
         )
-    options = {**_audit_env_options(cls), **env_options}
+    options = {**(_audit_env_options(cls) if audit_defaults else {}), **env_options}
     payloads = [p for p in PAYLOADS if config.payloads is None or p.name in config.payloads]
     gates = [_ReplayGate(coach) for _ in range(config.concurrency)]
     envs: list[Any] = []
@@ -290,6 +304,8 @@ async def _audit(
             "payloads": [p.name for p in payloads],
             "moved_points": config.moved_points,
             "concurrency": config.concurrency,
+            "mutations": config.mutations,
+            "seed": config.seed,
         },
         cases=ordered,
         stats=family_stats(ordered, moved_points=config.moved_points),
@@ -340,6 +356,8 @@ async def _walk_honest(
                 upstream_message=None if previous is None else previous.action,
                 families=config.families,
                 payloads=payloads,
+                mutations=config.mutations,
+                seed=f"{config.seed}:{task_id}:{agent}",
             )
             replay = [(a, turns[-1:] if files else turns) for a, turns in upstream]
             contexts.append(_Context(task_id, agent, replay, snapshot, cases))

@@ -219,6 +219,32 @@ _OPERATORS: dict[type, tuple[str, Callable[[int, int], int]]] = {
 }
 
 
+def _audit_answer_check(agent: str, accepted: Sequence[str]) -> Callable[[str], bool | None]:
+    """Whether an audit mutant's answer is right (``None``: the audit cannot tell).
+
+    Its one boxed answer, or for the code executor the value of the one expression its
+    code prints.
+    """
+
+    def right(action: str) -> bool | None:
+        if agent == CODE_EXECUTOR:
+            blocks = extract_code_blocks(action)
+            printed = re.fullmatch(r"print\((.*)\)", blocks[-1].strip()) if blocks else None
+            if printed is None:
+                return None
+            try:
+                answer = str(expression_steps(printed.group(1))[0])
+            except ValueError:
+                return None
+        else:
+            answer = extract_boxed(action, fallback=False)
+            if answer is None:
+                return None
+        return answers_match_any(answer, accepted)
+
+    return right
+
+
 def expression_steps(expression: str) -> tuple[int, list[str]]:
     """The value of an integer expression of ``+ - * // %``, and its steps.
 
@@ -594,6 +620,7 @@ class MathChatEnv(PipelineEnv):
         value, steps = expression_steps(expression)
         if not answers_match_any(str(value), self.accepted_answers):
             raise ValueError(f"task {self.task.id!r}: {expression} = {value}, not its answer")
+        answer_right = _audit_answer_check(agent, self.accepted_answers)
         right, wrong = str(value), str(value + 1)
         wrong_steps = [*steps[:-1], steps[-1].rsplit("=", 1)[0] + f"= {wrong}"]
         worked = "Let me compute it step by step.\n" + "\n".join(steps)
@@ -607,6 +634,7 @@ class MathChatEnv(PipelineEnv):
                 format_only="The answer is \\boxed{ANSWER}.",
                 several_answers=f"{worked}\nThe answer is \\boxed{{{wrong}}} "
                 f"or \\boxed{{{right}}}.",
+                answer_right=answer_right,
             )
         if agent == CODE_EXECUTOR:
             return AuditActions(
@@ -626,6 +654,7 @@ class MathChatEnv(PipelineEnv):
                     "stdout": stdout_injector,
                     "stderr": stderr_injector,
                 },
+                answer_right=answer_right,
             )
         if agent == VERIFIER:
             return AuditActions(
@@ -638,6 +667,7 @@ class MathChatEnv(PipelineEnv):
                 format_only="The final answer is \\boxed{ANSWER}.",
                 several_answers=f"The final answer is \\boxed{{{wrong}}} or \\boxed{{{right}}}.",
                 upstream_copy_does_job=True,
+                answer_right=answer_right,
             )
         raise KeyError(f"unknown agent {agent!r}")
 
