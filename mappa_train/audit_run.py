@@ -11,13 +11,12 @@ audited (its env options and credit laid over the recipe, as the test's runs are
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from mappa_env.credit import COACH_MODES
 from mappa_env.errors import SettingsError
 from mappa_train.bundled import resolve_config
-from mappa_train.config import TrainConfig, _yaml_loader
+from mappa_train.config import TrainConfig, read_config_file
 
 # Options the audit sets itself: it passes the coach, the reveal policy and process credit.
 _AUDIT_OWNED = ("coach", "reveal", "credit_mode", "outcome_weight", "backprop_decay")
@@ -49,26 +48,6 @@ class AuditedRun:
     notes: list[str] = field(default_factory=list)
 
 
-def _read(path: Path) -> dict[str, Any]:
-    """A YAML or JSON file's mapping, or a one-line error."""
-    import json
-
-    import yaml
-
-    try:
-        text = path.read_text()
-        if path.suffix in (".yaml", ".yml"):
-            data = yaml.load(text, Loader=_yaml_loader()) or {}  # a SafeLoader subclass
-        else:
-            data = json.loads(text)
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise SettingsError(f"--config {path.name}: cannot read it ({first})") from None
-    if not isinstance(data, dict):
-        raise SettingsError(f"--config {path.name} must hold a mapping of config fields")
-    return data
-
-
 def audited_run(value: str) -> AuditedRun:
     """The run a ``mappa coach audit --config`` value names.
 
@@ -84,7 +63,7 @@ def audited_run(value: str) -> AuditedRun:
             coach score (nothing of its coach reaches training).
     """
     path = resolve_config(value)
-    data = _read(path)
+    data = read_config_file(path)
     arm_name = None
     if "recipe" in data and "arms" in data:
         test = data
@@ -95,7 +74,7 @@ def audited_run(value: str) -> AuditedRun:
                 f"--config {value}: its treatment {arm_name!r} is not one of its arms "
                 f"{sorted(test.get('arms') or {})}"
             )
-        data = _read(path.parent / str(test["recipe"]))
+        data = read_config_file(path.parent / str(test["recipe"]))
         # As the credit test makes its runs: the arm's options over the recipe's.
         data["env_options"] = {**(data.get("env_options") or {}), **(arm.get("env_options") or {})}
         data["credit_mode"] = arm.get("credit_mode", data.get("credit_mode", "process"))

@@ -506,36 +506,7 @@ class TrainConfig:
             SettingsError: Naming unknown fields, a file that does not exist, or where
                 a file is not valid YAML/JSON.
         """
-        try:
-            text = Path(path).read_text()
-        except FileNotFoundError:
-            raise SettingsError(
-                f"config file {path} does not exist: pass an existing .yaml or .json "
-                "file to --config"
-            ) from None
-        if str(path).endswith((".yaml", ".yml")):
-            import yaml
-
-            try:
-                data = yaml.load(text, Loader=_yaml_loader()) or {}  # a SafeLoader subclass
-            except yaml.YAMLError as exc:
-                raise SettingsError(
-                    f"{path} is not valid YAML ({_yaml_problem(exc)}): fix that line; "
-                    "each line is 'field: value'"
-                ) from None
-        else:
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise SettingsError(
-                    f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}, column "
-                    f"{exc.colno}): fix it, or write the config as YAML (.yaml)"
-                ) from None
-        if not isinstance(data, dict):
-            raise SettingsError(
-                f"{path} must hold a mapping of config fields (field: value lines), got "
-                f"{type(data).__name__}"
-            )
+        data = read_config_file(path)
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_dict(data)
 
@@ -553,6 +524,45 @@ class TrainConfig:
         data = dataclasses.asdict(self)
         data["adam_betas"] = list(self.adam_betas)
         return data
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The mapping a YAML or JSON config file holds (YAML read as 1.2 reads numbers).
+
+    Raises:
+        SettingsError: For a file that does not exist, is not valid YAML/JSON (naming the
+            line), or does not hold a mapping.
+    """
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise SettingsError(
+            f"config file {path} does not exist: pass an existing .yaml or .json file to --config"
+        ) from None
+    if str(path).endswith((".yaml", ".yml")):
+        import yaml
+
+        try:
+            data = yaml.load(text, Loader=_yaml_loader()) or {}  # a SafeLoader subclass
+        except yaml.YAMLError as exc:
+            raise SettingsError(
+                f"{path} is not valid YAML ({_yaml_problem(exc)}): fix that line; "
+                "each line is 'field: value'"
+            ) from None
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SettingsError(
+                f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}, column "
+                f"{exc.colno}): fix it, or write the config as YAML (.yaml)"
+            ) from None
+    if not isinstance(data, dict):
+        raise SettingsError(
+            f"{path} must hold a mapping of config fields (field: value lines), got "
+            f"{type(data).__name__}"
+        )
+    return data
 
 
 def _yaml_problem(exc: Exception) -> str:
