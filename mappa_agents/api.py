@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -47,7 +46,7 @@ from mappa_agents.policy import (
 from mappa_env._async import BackgroundLoop
 from mappa_env._optional import require
 from mappa_env.api_errors import ApiSetupError, setup_error, setup_error_message
-from mappa_env.coach.llm import is_transient_error, retry_after_s
+from mappa_env.coach.llm import backoff_s, is_transient_error
 
 logger = logging.getLogger(__name__)
 
@@ -286,11 +285,8 @@ class LiteLLMPolicy:
                     if attempt >= self.num_retries or not is_transient_error(exc):
                         raise
                     failure = exc
-            # Doubling delay plus jitter, outside the semaphore; a server's
-            # retry-after (429/503) is waited for.
-            delay = min(self.backoff_initial_s * 2.0**attempt, self.backoff_max_s)
-            delay += random.uniform(0.0, self.backoff_initial_s)
-            delay = max(delay, retry_after_s(failure) or 0.0)
+            # Outside the semaphore: a waiting retry holds no slot.
+            delay = backoff_s(attempt, self.backoff_initial_s, self.backoff_max_s, failure)
             attempt += 1
             logger.warning(
                 "%s: transient error on call %d, retrying in %.2fs: %s",

@@ -258,3 +258,32 @@ class Coach(Protocol):
     async def ascore(self, request: CoachRequest) -> CoachVerdict:
         """Judge one action without blocking the event loop."""
         ...
+
+
+def pay_what_it_adds(
+    score: float, analysis: str, earlier_scores: Sequence[float], over: str
+) -> tuple[float, str]:
+    """A later turn's pay: what it adds over the best earlier turn of its slot.
+
+    ``paid = max(score - max(earlier_scores, 0), 0)``. Summed over a slot, turns pay no
+    more than its best turn alone would: a rerun or padding earns 0, splitting the work
+    never out-earns doing it and handing over, a turn that fixes an error earns the
+    difference.
+
+    Args:
+        score: The turn's score judged as a first turn.
+        analysis: That score's analysis.
+        earlier_scores: The slot's earlier turns, each judged as a first turn.
+        over: What the earlier turns were, for the analysis, with ``{best}`` where the
+            best earlier score goes (e.g. ``"its earlier cells (the best scored {best})"``).
+
+    Returns:
+        ``(score, analysis)`` unchanged where the turn earns its full score, else the
+        paid score and an analysis that says so.
+    """
+    best = max([0.0, *earlier_scores])
+    paid = max(score - best, 0.0)
+    if paid >= score:
+        return score, analysis
+    earlier = over.format(best=f"{best:g}")
+    return paid, f"{analysis} A later turn: paid what it adds over {earlier}, {paid:g}."

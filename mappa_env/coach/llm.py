@@ -148,6 +148,19 @@ def retry_after_s(exc: BaseException | None) -> float | None:
     return None
 
 
+def backoff_s(
+    retry: int, initial_s: float, max_s: float, failure: BaseException | None = None
+) -> float:
+    """Seconds to wait before retry number ``retry`` (0 for the first).
+
+    ``min(initial_s * 2**retry, max_s) + U(0, initial_s)``: a doubling delay, capped,
+    plus jitter that spreads out the retries of many episodes; at least the delay the
+    server asked for in ``failure`` (429/503 ``retry-after``, :func:`retry_after_s`).
+    """
+    delay = min(initial_s * 2.0**retry, max_s) + random.uniform(0.0, initial_s)
+    return max(delay, retry_after_s(failure) or 0.0)
+
+
 def is_transient_error(exc: BaseException) -> bool:
     """Whether an API error is worth retrying.
 
@@ -719,16 +732,14 @@ class LLMCoach:
         tenacity = require("tenacity", "llm", purpose="the LLM coach's retries")
 
         def wait(retry_state: Any) -> float:
-            # Doubling delay plus random jitter (spreads out retries of many episodes),
-            # never sleeping past the deadline.
-            exponent = max(retry_state.attempt_number - 1, 0)
-            delay = min(self.backoff_initial_s * 2.0**exponent, self.backoff_max_s)
-            delay += random.uniform(0.0, self.backoff_initial_s)
-            # A server that says when to come back (429/503 retry-after) is waited for.
+            # Never sleeping past the deadline.
             outcome = retry_state.outcome
-            asked = retry_after_s(outcome.exception() if outcome is not None else None)
-            if asked is not None:
-                delay = max(delay, asked)
+            delay = backoff_s(
+                max(retry_state.attempt_number - 1, 0),
+                self.backoff_initial_s,
+                self.backoff_max_s,
+                outcome.exception() if outcome is not None else None,
+            )
             return max(0.0, min(delay, bill.remaining_s()))
 
         def log_retry(retry_state: Any) -> None:

@@ -130,6 +130,7 @@ from mappa_env.coach.base import (
     RevealPolicy,
     Rubric,
     VersionedRubric,
+    pay_what_it_adds,
 )
 from mappa_env.grading.answers import last_number, numbers_in, stated_answer
 from mappa_env.grading.math import answers_match, answers_match_any, boxed_answers
@@ -665,18 +666,14 @@ def _progress(
     runs = earlier_runs(request.metadata)
     if not runs:
         return score, analysis
-    best = 0.0
-    for code, tool in runs:
-        first = dataclasses.replace(
-            request, action=_fenced(code), tool_result=dict(tool), metadata={}
-        )
-        best = max(best, judge(first)[0])
-    paid = max(score - best, 0.0)
-    if paid >= score:
-        return score, analysis
-    return paid, (
-        f"{analysis} A later turn: paid what it adds over its earlier code (scored "
-        f"{best:g} as a first turn), {paid:g}."
+    earlier = [
+        judge(
+            dataclasses.replace(request, action=_fenced(code), tool_result=dict(tool), metadata={})
+        )[0]
+        for code, tool in runs
+    ]
+    return pay_what_it_adds(
+        score, analysis, earlier, "its earlier code (scored {best} as a first turn)"
     )
 
 

@@ -92,7 +92,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mappa_env.coach.base import CoachRequest
+from mappa_env.coach.base import CoachRequest, pay_what_it_adds
 from mappa_env.coach.rules import repeats_code
 from mappa_env.text import extract_code_blocks, ipython_as_python
 
@@ -398,22 +398,18 @@ def dsbench_rubric(request: CoachRequest) -> tuple[float, str]:
     ]
     if request.tool_result is None or not earlier or not request.action.strip():
         return score, analysis
-    best = 0.0
-    for turn in earlier:
-        again = dataclasses.replace(
-            request,
-            action=str(turn.get("action") or ""),
-            tool_result=turn.get("tool_result"),
-            metadata=dict(turn.get("metadata") or {}),
-        )
-        best = max(best, _first_turn_score(again)[0])
-    paid = max(score - best, 0.0)
-    if paid >= score:
-        return score, analysis
-    return paid, (
-        f"{analysis} A later turn: paid what it adds over its earlier cells (the best "
-        f"scored {best:g}), {paid:g}."
-    )
+    scores = [
+        _first_turn_score(
+            dataclasses.replace(
+                request,
+                action=str(turn.get("action") or ""),
+                tool_result=turn.get("tool_result"),
+                metadata=dict(turn.get("metadata") or {}),
+            )
+        )[0]
+        for turn in earlier
+    ]
+    return pay_what_it_adds(score, analysis, scores, "its earlier cells (the best scored {best})")
 
 
 def _first_turn_score(request: CoachRequest) -> tuple[float, str]:
