@@ -389,7 +389,7 @@ def test_planted_modules_cannot_forge_the_artifact_report(env, monkeypatch):
     # only the target check still fails it (the forged report lists no rows of y_train).
     monkeypatch.setattr(
         DSBenchEnv,
-        "_inspector_command",
+        "_inspector_argv",
         lambda self: [sys.executable, "-c", dsbench_env._INSPECT_CODE],
     )
     env.reset(options={"task_id": "iris"})

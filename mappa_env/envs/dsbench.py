@@ -57,6 +57,7 @@ from mappa_env.coach.base import FileInfo
 from mappa_env.coach.rules_dsbench import dsbench_rubric
 from mappa_env.dsbench.audit import audit_actions as dsbench_audit_actions
 from mappa_env.dsbench.builtin import BuiltinTaskSet
+from mappa_env.dsbench.inspections import SHARED_INSPECTIONS, inspection_key
 from mappa_env.dsbench.tasks import DSBenchTask
 from mappa_env.envs.pipeline import (
     ActionRecord,
@@ -906,6 +907,10 @@ class DSBenchEnv(PipelineEnv):
             names.append("X_test.pkl")
         return names
 
+    def _inspector_argv(self) -> list[str]:
+        """The inspector's interpreter, its flags and its code, before any confinement."""
+        return [sys.executable, "-I", "-c", _INSPECT_CODE]
+
     def _inspector_command(self) -> list[str]:
         """The inspector's command line (its parameters come on stdin).
 
@@ -917,7 +922,7 @@ class DSBenchEnv(PipelineEnv):
         from mappa_env.sandbox.limits import SandboxLimits, inherited_import_paths
 
         return self.helper_confinement.command(
-            [sys.executable, "-I", "-c", _INSPECT_CODE],
+            self._inspector_argv(),
             workdir=self.workdir,
             workdir_writable=False,
             read_only=[Path(p) for p in inherited_import_paths()],
@@ -932,15 +937,13 @@ class DSBenchEnv(PipelineEnv):
         whether ``predict(X_test)`` runs, how many rows and distinct values it returns,
         and how well it fits its own training rows. The rows the environment wrote to
         train.csv and test.csv are added as ``rows_expected`` / ``predictions_expected``.
+        Pickles inspected before, byte for byte, get that report again
+        (:mod:`mappa_env.dsbench.inspections`).
         """
         names = self._inspected_names(agent)
         if not names:
             return {}
-        from mappa_env.sandbox.limits import (
-            SandboxLimits,
-            inherited_import_paths,
-            kernel_environment,
-        )
+        from mappa_env.sandbox.limits import SandboxLimits, inherited_import_paths
 
         limits = SandboxLimits()
         parameters = {
@@ -953,8 +956,39 @@ class DSBenchEnv(PipelineEnv):
             "skill_rows": SKILL_ROWS,
             "reference_model": agent == DATA_ENGINEER,
         }
+        # What a report depends on besides the files: the inspector's code and flags and
+        # the confinement's mode (the whole command line names this workspace's path).
+        identity = f"{self.helper_confinement.mode} {self._inspector_argv()}"
         try:
             self.workdir.mkdir(parents=True, exist_ok=True)  # agent code may have deleted it
+        except OSError as exc:  # e.g. replaced by a file: the inspector says what it finds
+            logger.warning("the workspace could not be made again: %s", exc)
+        key = await asyncio.to_thread(inspection_key, self.workdir, names, parameters, identity)
+        report = SHARED_INSPECTIONS.get(key)
+        if report is None:
+            report = await self._run_inspector(parameters)
+            if isinstance(report, dict):
+                # Kept only if the files are still the bytes that were hashed.
+                after = await asyncio.to_thread(
+                    inspection_key, self.workdir, names, parameters, identity
+                )
+                if after == key:
+                    SHARED_INSPECTIONS.put(key, report)
+        if isinstance(report, str):
+            return self._uninspected(names, report)
+        checked = {n: report[n] for n in names if isinstance(report.get(n), dict)}
+        self._add_expected_rows(checked)
+        self._check_target(checked)
+        # Scored here, on answers the sandbox never sees; reading them blocks.
+        await asyncio.to_thread(self._score_test_predictions, checked)
+        return checked
+
+    async def _run_inspector(self, parameters: dict[str, Any]) -> dict[str, Any] | str:
+        """Run the inspector once: its report, or why there is none."""
+        from mappa_env.sandbox.limits import SandboxLimits, kernel_environment
+
+        limits = SandboxLimits()
+        try:
             process = await asyncio.create_subprocess_exec(
                 *self._inspector_command(),
                 cwd=self.workdir,
@@ -965,34 +999,27 @@ class DSBenchEnv(PipelineEnv):
             )
         except OSError as exc:  # e.g. the workspace replaced by a file, no process slots
             logger.warning("the artifact inspector could not start: %s", exc)
-            return self._uninspected(names, f"inspection could not start: {exc}")
+            return f"inspection could not start: {exc}"
         request = json.dumps(parameters).encode()
         try:
             stdout, stderr = await asyncio.wait_for(_exchange(process, request), INSPECT_TIMEOUT_S)
         except asyncio.TimeoutError:
             process.kill()
             await process.wait()
-            why = f"inspection timed out after {INSPECT_TIMEOUT_S:g} s"
-            return self._uninspected(names, why)
+            return f"inspection timed out after {INSPECT_TIMEOUT_S:g} s"
         if process.returncode != 0:
             # Only a report of a run that finished counts (a crash, a kill, an exit from
             # inside a loaded object); the cause is the last line of its stderr.
             tail = stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
-            why = f"the inspector exited with status {process.returncode}: {tail[0]}"
-            return self._uninspected(names, why[:300])
+            return f"the inspector exited with status {process.returncode}: {tail[0]}"[:300]
         try:
             report = json.loads(stdout.decode("utf-8", "replace").strip().splitlines()[-1])
         except (IndexError, json.JSONDecodeError):
             tail = stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no report"]
-            return self._uninspected(names, tail[0][:300])
+            return tail[0][:300]
         if not isinstance(report, dict):
-            return self._uninspected(names, "the inspection report is not a mapping")
-        checked = {n: report[n] for n in names if isinstance(report.get(n), dict)}
-        self._add_expected_rows(checked)
-        self._check_target(checked)
-        # Scored here, on answers the sandbox never sees; reading them blocks.
-        await asyncio.to_thread(self._score_test_predictions, checked)
-        return checked
+            return "the inspection report is not a mapping"
+        return report
 
     def _score_test_predictions(self, entries: dict[str, dict[str, Any]]) -> None:
         """Replace predictions on the first test rows by their skill on the answers.
