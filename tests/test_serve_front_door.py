@@ -282,3 +282,82 @@ def test_a_well_behaved_client_finishes_an_episode_during_a_flood():
             stop.set()
             for thread in flood:
                 thread.join(timeout=30)
+
+
+# ---------------------------------------------------------------------- the command
+
+
+@pytest.fixture
+def served(monkeypatch, tmp_path):
+    """Runs ``mappa serve`` up to the point it would serve; what it would serve with."""
+    import mappa_agents.openenv_server as server
+
+    calls: list[dict] = []
+    monkeypatch.setattr(
+        server, "serve", lambda config, **kw: calls.append({"config": config, **kw})
+    )
+    monkeypatch.delenv("MAPPA_SERVE_TOKEN", raising=False)
+    tasks = tmp_path / "tasks.json"
+    tasks.write_text('[{"id": "product", "prompt": "What is 2 times 3?", "answer": "6"}]')
+
+    def run(*flags: str) -> int:
+        from mappa_train.command import main
+
+        base = ("serve", "--env", "MathChat-v0", "--tasks", str(tasks), "--mode", "multiplexed")
+        return main([*base, *flags])
+
+    run.calls = calls
+    return run
+
+
+def test_auto_isolation_confines_or_refuses_to_start(served, monkeypatch, capsys):
+    import mappa_env.sandbox.isolation as isolation
+
+    monkeypatch.setattr(isolation, "unconfined_reason", lambda mode: "bwrap is not installed.")
+    assert served("--isolation", "auto") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "cannot be confined here (bwrap is not installed)" in err[0]
+    assert "install bubblewrap, or pass --isolation none" in err[0]
+    assert served.calls == []
+
+
+def test_no_isolation_is_named_unsafe_first(served, caplog):
+    assert served("--isolation", "none") == 0
+    first = next(r for r in caplog.records if r.name == "mappa")
+    assert "--isolation none is UNSAFE" in first.getMessage()
+    assert served.calls[0]["config"].reveal_answers is False
+
+
+def test_a_token_is_made_on_loopback_and_required_elsewhere(served, caplog, capsys):
+    assert served("--sandbox", "none") == 0
+    made = served.calls[-1]["token"]
+    assert len(made) >= 32
+    assert any(made in r.getMessage() for r in caplog.records)
+    assert served("--sandbox", "none", "--token", "given") == 0
+    assert served.calls[-1]["token"] == "given"
+    capsys.readouterr()
+    assert served("--sandbox", "none", "--host", "0.0.0.0") == 2
+    err = capsys.readouterr().err
+    assert "--host 0.0.0.0 lets other machines connect" in err
+    assert "--token or $MAPPA_SERVE_TOKEN" in err
+    assert len(served.calls) == 2
+
+
+def test_the_limits_are_flags_with_their_defaults_in_help(served, capsys):
+    from mappa_train.command import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for flag in ("--idle-timeout", "--max-connections", "--max-body-bytes", "--keep-alive"):
+        assert flag in shown
+    assert "(default: 300.0)" in shown
+    assert "none = UNSAFE" in shown
+    flags = ("--sandbox", "none", "--idle-timeout", "2", "--resets-per-minute", "0")
+    assert served(*flags, "--reveal-answers", "--allow-task-ids") == 0
+    call = served.calls[-1]
+    assert call["limits"] == ServeLimits(idle_timeout_s=2.0, resets_per_minute=0)
+    assert (call["config"].reveal_answers, call["config"].allow_task_ids) == (True, True)
+    assert served("--sandbox", "none", "--max-connections", "0") == 2
+    assert "--max-connections must be > 0, got 0" in capsys.readouterr().err
