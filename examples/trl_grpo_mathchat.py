@@ -66,6 +66,8 @@ def serve_config(tasks: Sequence[MathTask]) -> ServeConfig:
             "problem_solver": ScriptedPolicy(problem_solver, name="script:problem_solver"),
             "code_executor": ScriptedPolicy(code_executor, name="script:code_executor"),
         },
+        # Each rollout names the prompt's task: a server for this process only.
+        allow_task_ids=True,
     )
 
 

@@ -37,13 +37,18 @@ openenv-core 0.3 leaves ``metadata`` out of what it sends, so clients read ``inf
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import functools
+import hmac
+import json
 import logging
 import math
+import os
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -66,6 +71,7 @@ from pydantic import Field  # noqa: E402
 
 import mappa_env  # noqa: E402
 from mappa_agents.policy import Policy, SamplingParams  # noqa: E402
+from mappa_agents.serving import TOKEN_ENV, ServeLimits  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +80,21 @@ MODES: tuple[str, ...] = ("ego", "multiplexed")
 
 RESET_OPTIONS: tuple[str, ...] = ("task_id",)
 """Keyword arguments of ``reset`` besides ``seed`` and ``episode_id``."""
+
+WITHHELD_FIELDS: frozenset[str] = frozenset(
+    {
+        "answer",
+        "accepted_answers",
+        "expected_answer",
+        "final_answer",
+        "reference",
+        "reference_answer",
+        "reference_solution",
+        "solution",
+    }
+)
+"""Outcome fields that hold the task's answer, left out of what a client receives
+unless :attr:`ServeConfig.reveal_answers` is set."""
 
 
 class MappaAction(Action):
@@ -150,6 +171,10 @@ class ServeConfig:
             Policies are shared by all sessions.
         sampling: How the other agents' policies sample.
         max_sessions: Most concurrent sessions (each holds an environment and sandbox).
+        reveal_answers: Send the task's answer fields (:data:`WITHHELD_FIELDS`) in the
+            outcome. Off by default: a client that sees them can harvest the answers.
+        allow_task_ids: Let a ``reset`` name its task (``task_id``) or a seed, which
+            replays a task the client has seen. Off by default: such a reset is refused.
     """
 
     env_id: str
@@ -159,6 +184,8 @@ class ServeConfig:
     others: Mapping[str, Policy] = dataclasses.field(default_factory=dict)
     sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
     max_sessions: int = 4
+    reveal_answers: bool = False
+    allow_task_ids: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -213,10 +240,19 @@ class MappaOpenEnv(Environment[MappaAction, MappaObservation, MappaState]):
 
         Raises:
             ValueError: For an option other than :data:`RESET_OPTIONS`.
+            PermissionError: For a ``task_id`` or a seed, unless
+                :attr:`ServeConfig.allow_task_ids` is set: either replays a known task.
         """
         unknown = sorted(set(options) - set(RESET_OPTIONS))
         if unknown:
             raise ValueError(f"unknown reset options {unknown}; reset takes {RESET_OPTIONS}")
+        if not self.config.allow_task_ids and (options or seed is not None):
+            named = "a task id" if options else "a seed"
+            raise PermissionError(
+                f"refused: this reset names {named}, which replays a task, and the server "
+                "does not allow it (its operator can pass --allow-task-ids); reset "
+                "without task_id and seed for the next task"
+            )
         self.env.reset(seed=seed, options=options or None)
         self._episode_id = episode_id or uuid.uuid4().hex
         self._step_count = 0
@@ -353,7 +389,7 @@ class MappaOpenEnv(Environment[MappaAction, MappaObservation, MappaState]):
         done = self._done()
         agent = None if done else self.env.agent_selection
         if done:
-            info["outcome"] = _json_safe(self.env.outcome)
+            info["outcome"] = self._shown_outcome(self.env.outcome)
             final = {
                 a: [r.reward if r.reward_valid else None for r in self.env.records_of(a)]
                 for a in self.env.possible_agents
@@ -387,9 +423,15 @@ class MappaOpenEnv(Environment[MappaAction, MappaObservation, MappaState]):
             agent=snapshot.get("agent_selection"),
             task_id=snapshot.get("task_id"),
             actions=_json_safe(snapshot.get("actions", [])),
-            outcome=_json_safe(snapshot.get("outcome")),
+            outcome=self._shown_outcome(snapshot.get("outcome")),
             done=bool(snapshot) and self._done(),
         )
+
+    def _shown_outcome(self, outcome: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """The outcome as a client may see it: without the answer fields unless revealed."""
+        if outcome is None or self.config.reveal_answers:
+            return _json_safe(outcome)
+        return _json_safe({k: v for k, v in outcome.items() if k not in WITHHELD_FIELDS})
 
     def _started_episode(self) -> bool:
         return getattr(self, "_started", False)
@@ -397,44 +439,113 @@ class MappaOpenEnv(Environment[MappaAction, MappaObservation, MappaState]):
 
 # ---------------------------------------------------------------------- the server
 
+ROUTES: tuple[str, ...] = ("/ws", "/health", "/schema", "/metadata")
+"""The routes served: OpenEnv's session route and three that describe the server.
 
-def create_app(config: ServeConfig) -> Any:
-    """The FastAPI app serving ``config`` (OpenEnv's routes: ``/ws``, ``/reset``, ...).
+openenv-core's stateless ``/reset``, ``/step`` and ``/state`` (a fresh environment per
+request, so no episode to act in), its MCP routes (a mappa environment has no MCP tools,
+and each MCP session held a slot of its own) and the API docs are not served.
+"""
+
+
+def create_app(
+    config: ServeConfig, *, token: str | None = None, limits: ServeLimits | None = None
+) -> Any:
+    """The ASGI app serving ``config``: OpenEnv's ``/ws`` sessions behind a gate.
 
     Sessions use the WebSocket route (``/ws``), as OpenEnv's clients do; each gets its
-    own environment. OpenEnv's stateless HTTP ``/reset`` and ``/step`` make a fresh
-    environment per request, so a ``/step`` there has no episode to act in.
+    own environment. Only :data:`ROUTES` are served. The gate checks the token on every
+    route, bounds request bodies, closes idle sessions and, in ego mode, limits resets
+    per token (see :class:`ServeLimits`).
 
     Args:
         config: What to serve.
+        token: The token every request must carry (``Authorization: Bearer <token>``,
+            or a ``token`` query parameter); ``None`` serves without one, for a server
+            only this process talks to (:func:`running_server` in tests and examples).
+        limits: Bounds on what clients hold (default: :class:`ServeLimits`'s).
 
     Returns:
-        A ``fastapi.FastAPI`` application (run it with uvicorn).
+        An ASGI application (run it with uvicorn: :func:`serve` sets its limits).
     """
-    # One environment made now checks the options and agents before the first client.
-    MappaOpenEnv(config).close()
+    limits = limits or ServeLimits()
+    # One environment made now checks the options and agents before the first client;
+    # its metadata is served from then on, so /metadata makes no environment.
+    probe = MappaOpenEnv(config)
+    try:
+        metadata = probe.get_metadata()
+    finally:
+        probe.close()
     factory = functools.partial(MappaOpenEnv, config)
-    return create_fastapi_app(
+    app = create_fastapi_app(
         factory, MappaAction, MappaObservation, max_concurrent_envs=config.max_sessions
+    )
+    app.router.routes[:] = [
+        route
+        for route in app.router.routes
+        if getattr(route, "path", None) in ROUTES and route.path != "/metadata"
+    ]
+    app.add_api_route(
+        "/metadata", lambda: metadata, methods=["GET"], response_model=EnvironmentMetadata
+    )
+    return _Gate(app, token=token, limits=limits, ego=config.mode == "ego")
+
+
+def uvicorn_config(
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    limits: ServeLimits | None = None,
+    log_level: str = "info",
+) -> Any:
+    """The ``uvicorn.Config`` that runs ``app`` within ``limits``.
+
+    Bodies and WebSocket messages are bounded by ``max_body_bytes``, keep-alive by
+    ``keep_alive_s``; connections over ``max_connections`` and ones that send no
+    whole request head within ``keep_alive_s`` are closed. uvicorn's access log is off:
+    it would write query-parameter tokens into the log.
+    """
+    import uvicorn
+
+    limits = limits or ServeLimits()
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        http=_guarded_http_protocol(limits),
+        ws_max_size=limits.max_body_bytes,
+        timeout_keep_alive=limits.keep_alive_s,
+        limit_concurrency=limits.max_connections,
     )
 
 
 @contextlib.contextmanager
-def running_server(config: ServeConfig, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+def running_server(
+    config: ServeConfig,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    token: str | None = None,
+    limits: ServeLimits | None = None,
+) -> Iterator[str]:
     """Serve ``config`` from a background thread for the duration of a ``with`` block.
 
     Args:
         config: What to serve.
         host: Interface to listen on.
         port: Port (``0``: a free one).
+        token: The token clients must send (see :func:`create_app`); ``None``: none.
+        limits: Bounds on what clients hold (default: :class:`ServeLimits`'s).
 
     Yields:
         The server's base URL, e.g. ``"http://127.0.0.1:40123"``.
     """
     import uvicorn
 
-    app = create_app(config)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    app = create_app(config, token=token, limits=limits)
+    server = uvicorn.Server(uvicorn_config(app, host, port, limits, log_level="warning"))
     thread = threading.Thread(target=server.run, name="mappa-openenv-server", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30.0
@@ -450,11 +561,228 @@ def running_server(config: ServeConfig, host: str = "127.0.0.1", port: int = 0) 
         thread.join(timeout=30.0)
 
 
-def serve(config: ServeConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
+def serve(
+    config: ServeConfig,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    token: str | None = None,
+    limits: ServeLimits | None = None,
+) -> None:
     """Serve ``config`` until interrupted (what ``mappa serve`` runs)."""
     import uvicorn
 
-    uvicorn.run(create_app(config), host=host, port=port, log_level="info")
+    app = create_app(config, token=token, limits=limits)
+    uvicorn.Server(uvicorn_config(app, host, port, limits)).run()
+
+
+class _Gate:
+    """ASGI middleware in front of OpenEnv's app: token, body size, idle sessions, resets."""
+
+    def __init__(self, app: Any, *, token: str | None, limits: ServeLimits, ego: bool) -> None:
+        self.app = app
+        self.token = token
+        self.limits = limits
+        per_minute = limits.resets_per_minute
+        # Per token: a server without one serves only its own process (tests, examples).
+        limited = ego and per_minute and token is not None
+        self.resets = _RateLimit(per_minute, 60.0) if limited else None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        kind = scope["type"]
+        if kind not in ("http", "websocket"):  # lifespan: starts OpenEnv's session reaper
+            await self.app(scope, receive, send)
+            return
+        given = _given_token(scope)
+        if self.token is not None and not (
+            given is not None and hmac.compare_digest(given.encode(), self.token.encode())
+        ):
+            logger.info("refused %s %s from %s: no valid token", kind, scope["path"], _peer(scope))
+            await _refuse(
+                scope,
+                send,
+                401,
+                "a valid token is required: send the header 'Authorization: Bearer <token>' "
+                "(WebSocket clients that cannot may add ?token=<token> to the URL)",
+            )
+            return
+        if kind == "http":
+            await self._http(scope, receive, send)
+        else:
+            await self._websocket(scope, receive, send, key=given or "")
+
+    async def _http(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        limit = self.limits.max_body_bytes
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            await _refuse(scope, send, 413, f"the request body is over {limit} bytes")
+            return
+        received = 0
+
+        async def limited() -> dict[str, Any]:
+            nonlocal received
+            if received > limit:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > limit:  # a chunked body with no length: stop reading it
+                logger.info("request body from %s over %d bytes: dropped", _peer(scope), limit)
+                return {"type": "http.disconnect"}
+            return message
+
+        await self.app(scope, limited, send)
+
+    async def _websocket(self, scope: dict[str, Any], receive: Any, send: Any, key: str) -> None:
+        idle = self.limits.idle_timeout_s
+
+        async def guarded() -> dict[str, Any]:
+            while True:
+                try:
+                    message = await asyncio.wait_for(receive(), timeout=idle)
+                except asyncio.TimeoutError:
+                    # OpenEnv's handler takes it as the client leaving: it closes the
+                    # session's environment, frees its slot and closes the connection.
+                    logger.info("closing the session of %s: idle for %gs", _peer(scope), idle)
+                    return {"type": "websocket.disconnect", "code": 1001}
+                if self.resets is not None and _is_reset(message):
+                    wait_s = self.resets.take(key)
+                    if wait_s is not None:
+                        await send({"type": "websocket.send", "text": _reset_refusal(wait_s)})
+                        continue
+                return message
+
+        await self.app(scope, guarded, send)
+
+
+class _RateLimit:
+    """At most ``count`` events per key in any ``per_s`` seconds."""
+
+    def __init__(self, count: int, per_s: float) -> None:
+        self.count = count
+        self.per_s = per_s
+        self._times: dict[str, collections.deque[float]] = {}
+
+    def take(self, key: str) -> float | None:
+        """Count one event; ``None`` when allowed, else the seconds until one would be."""
+        now = time.monotonic()
+        times = self._times.setdefault(key, collections.deque())
+        while times and now - times[0] >= self.per_s:
+            times.popleft()
+        if len(times) >= self.count:
+            return self.per_s - (now - times[0])
+        times.append(now)
+        return None
+
+
+def _reset_refusal(wait_s: float) -> str:
+    return json.dumps(
+        {
+            "type": "error",
+            "data": {
+                "message": "refused: too many resets with this token (each makes the "
+                f"server's policies generate); retry in {math.ceil(wait_s)} s",
+                "code": "RATE_LIMITED",
+            },
+        }
+    )
+
+
+def _is_reset(message: Mapping[str, Any]) -> bool:
+    if message.get("type") != "websocket.receive":
+        return False
+    raw = message.get("text") or message.get("bytes") or ""
+    try:
+        parsed = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False  # OpenEnv's handler answers it
+    return isinstance(parsed, dict) and parsed.get("type") == "reset"
+
+
+def _given_token(scope: Mapping[str, Any]) -> str | None:
+    """The token a request carries: its bearer header, else its ``token`` query parameter."""
+    header = dict(scope.get("headers", ())).get(b"authorization", b"").decode("latin-1")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    query = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    values = query.get("token")
+    return values[0] if values else None
+
+
+def _peer(scope: Mapping[str, Any]) -> str:
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else "a client"
+
+
+async def _refuse(scope: Mapping[str, Any], send: Any, status: int, reason: str) -> None:
+    """Refuse a request before the app sees it, with ``status`` and ``reason``."""
+    if scope["type"] == "websocket":
+        # Before the handshake is accepted, uvicorn answers a close with HTTP 403.
+        await send({"type": "websocket.close", "code": 1008, "reason": reason[:120]})
+        return
+    body = json.dumps({"detail": reason}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        # The unread body (or the rest of a flood) goes with the connection.
+        (b"connection", b"close"),
+    ]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+_last_refusal_warning = [0.0]
+
+
+def _guarded_http_protocol(limits: ServeLimits) -> type:
+    """The h11 protocol of uvicorn with a connection cap and a deadline for the request head."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class GuardedH11Protocol(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > limits.max_connections:
+                # Closed at once, so a flood of slow clients cannot use up the server's fds.
+                now = time.monotonic()
+                if now - _last_refusal_warning[0] > 60.0:
+                    _last_refusal_warning[0] = now
+                    logger.warning(
+                        "over %d open connections: closing new ones (max_connections)",
+                        limits.max_connections,
+                    )
+                transport.close()
+                return
+            self._arm_head_timer()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm_head_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            super().connection_lost(exc)
+
+        def _arm_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            self._head_timer = self.loop.call_later(
+                limits.keep_alive_s, self._head_overdue, self.cycle
+            )
+
+        def _head_overdue(self, cycle: Any) -> None:
+            # A new request head since the timer was armed makes a new cycle; an
+            # upgraded connection belongs to the WebSocket protocol now.
+            transport = self.transport
+            mine = transport.get_protocol() is self
+            if self.cycle is cycle and mine and not transport.is_closing():
+                transport.close()
+
+    return GuardedH11Protocol
 
 
 # ---------------------------------------------------------------------- the client
@@ -465,12 +793,43 @@ class MappaEnvClient(EnvClient[MappaAction, MappaObservation, MappaState]):
 
     Async like every ``EnvClient``; ``.sync()`` gives the blocking wrapper::
 
-        with MappaEnvClient(base_url="http://127.0.0.1:8000").sync() as env:
-            result = env.reset(task_id="gen-s0-00001")
+        with MappaEnvClient("http://127.0.0.1:8000", token=token).sync() as env:
+            result = env.reset()
             while not result.done:
                 reply = my_model(result.observation.messages)
                 result = env.step(MappaAction(text=reply, agent=result.observation.agent))
+
+    Args:
+        base_url: The server's URL, e.g. ``"http://127.0.0.1:8000"``.
+        token: The server's token, sent as ``Authorization: Bearer <token>``; by
+            default the :data:`TOKEN_ENV` variable's value, if set.
+        **kwargs: ``EnvClient``'s other arguments (timeouts, message size).
     """
+
+    def __init__(self, base_url: str, token: str | None = None, **kwargs: Any) -> None:
+        super().__init__(base_url, **kwargs)
+        self._token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+
+    async def connect(self) -> MappaEnvClient:
+        """Open the session's WebSocket, sending the token in a header where there is one."""
+        if self._ws is not None or self._token is None:
+            await super().connect()
+            return self
+        from websockets.asyncio.client import connect as ws_connect
+
+        host = urllib.parse.urlsplit(self._ws_url).hostname
+        try:
+            self._ws = await ws_connect(
+                self._ws_url,
+                open_timeout=self._connect_timeout,
+                max_size=self._max_message_size,
+                additional_headers={"Authorization": f"Bearer {self._token}"},
+                # As openenv-core's client does: no proxy for a server on this machine.
+                proxy=None if host in ("127.0.0.1", "localhost", "::1") else True,
+            )
+        except Exception as exc:
+            raise ConnectionError(f"Failed to connect to {self._ws_url}: {exc}") from exc
+        return self
 
     async def disconnect(self) -> None:
         """End the session: ask the server to close, and wait until it has.

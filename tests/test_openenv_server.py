@@ -42,7 +42,12 @@ def scripted(agent: str) -> ScriptedPolicy:
 def ego_config(ego: str, **env_options) -> ServeConfig:
     others = {a: scripted(a) for a in ("problem_solver", "code_executor", "verifier") if a != ego}
     return ServeConfig(
-        "MathChat-v0", {**ENV_OPTIONS, **env_options}, mode="ego", ego_agent=ego, others=others
+        "MathChat-v0",
+        {**ENV_OPTIONS, **env_options},
+        mode="ego",
+        ego_agent=ego,
+        others=others,
+        allow_task_ids=True,
     )
 
 
@@ -105,7 +110,12 @@ def test_ego_rewards_settle_at_the_end_even_when_others_end_the_episode():
 
 
 def test_multiplexed_mode_refuses_the_wrong_agent_and_pays_each_agent_its_own_reward():
-    config = ServeConfig("MathChat-v0", {**ENV_OPTIONS, "credit_mode": "mixed"}, mode="multiplexed")
+    config = ServeConfig(
+        "MathChat-v0",
+        {**ENV_OPTIONS, "credit_mode": "mixed"},
+        mode="multiplexed",
+        allow_task_ids=True,
+    )
     with running_server(config) as url, MappaEnvClient(url).sync() as env:
         result = env.reset(task_id="product")
         received: dict[str, list[float]] = {}
@@ -145,7 +155,9 @@ def _workspace(info: dict) -> Path:
 
 
 def test_concurrent_sessions_have_their_own_workspace_closed_with_the_session():
-    config = ServeConfig("MathChat-v0", ENV_OPTIONS, mode="multiplexed", max_sessions=2)
+    config = ServeConfig(
+        "MathChat-v0", ENV_OPTIONS, mode="multiplexed", max_sessions=2, allow_task_ids=True
+    )
     code = "```python\nimport os\nprint(os.getcwd())\n```"
     with running_server(config) as url:
         first, second = MappaEnvClient(url).sync(), MappaEnvClient(url).sync()
@@ -233,12 +245,12 @@ def test_the_mappa_serve_command_serves_an_episode(tmp_path):
     server = subprocess.Popen(
         command,
         cwd=ROOT / "examples",
-        env={**os.environ, "PYTHONPATH": path},
+        env={**os.environ, "PYTHONPATH": path, "MAPPA_SERVE_TOKEN": "a-shared-token"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
     try:
-        env = MappaEnvClient(f"http://127.0.0.1:{port}").sync()
+        env = MappaEnvClient(f"http://127.0.0.1:{port}", token="a-shared-token").sync()
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -268,7 +280,12 @@ def test_a_failing_server_side_policy_is_named_to_the_client_and_logged(caplog):
         "code_executor": scripted("code_executor"),
     }
     config = ServeConfig(
-        "MathChat-v0", ENV_OPTIONS, mode="ego", ego_agent="verifier", others=others
+        "MathChat-v0",
+        ENV_OPTIONS,
+        mode="ego",
+        ego_agent="verifier",
+        others=others,
+        allow_task_ids=True,
     )
     with (
         running_server(config) as url,
