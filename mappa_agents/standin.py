@@ -224,9 +224,14 @@ class StandInEngine:
         return generation
 
     async def _decode(self) -> None:
-        """Decode ticks while any request is active; requests join at tick boundaries."""
+        """Decode ticks while any request is active; requests join at tick boundaries.
+
+        Tick ``k`` of a busy spell ends ``k * token_latency_s`` after the spell began, as
+        an engine in its own process would keep time.
+        """
         active: list[_Job] = []
         loop = asyncio.get_running_loop()
+        deadline = loop.time()
         try:
             while True:
                 active += self._joining
@@ -236,7 +241,10 @@ class StandInEngine:
                 self._active = len(active)
                 if not active:
                     return
-                await asyncio.sleep(self.token_latency_s)
+                # Ticks keep to the engine's own clock: an event loop busy with other
+                # work (environment steps) delays when a tick is seen, not how many run.
+                deadline += self.token_latency_s
+                await asyncio.sleep(max(0.0, deadline - loop.time()))
                 self.decode_ticks += 1
                 self.tokens += len(active)
                 self.most_in_flight = max(self.most_in_flight, len(active))
