@@ -15,9 +15,16 @@ if TYPE_CHECKING:
     from mappa_agents.api import LiteLLMPolicy
     from mappa_agents.hf import HFPolicy
     from mappa_agents.models import load_policy, resolve_model
-    from mappa_agents.policy import Generation, GenerationError, Policy, SamplingParams
+    from mappa_agents.policy import (
+        Generation,
+        GenerationError,
+        Policy,
+        RequestPolicy,
+        SamplingParams,
+    )
     from mappa_agents.runner import RolloutRunner
     from mappa_agents.scripted import ScriptedPolicy
+    from mappa_agents.standin import StandInEngine
     from mappa_agents.system import AgentSystem
     from mappa_agents.trajectory import ActionSample, EpisodeResult, load_jsonl, save_jsonl
     from mappa_agents.vllm_policy import VLLMPolicy
@@ -30,9 +37,11 @@ _EXPORTS = {
     "Generation": "mappa_agents.policy",
     "GenerationError": "mappa_agents.policy",
     "Policy": "mappa_agents.policy",
+    "RequestPolicy": "mappa_agents.policy",
     "SamplingParams": "mappa_agents.policy",
     "RolloutRunner": "mappa_agents.runner",
     "ScriptedPolicy": "mappa_agents.scripted",
+    "StandInEngine": "mappa_agents.standin",
     "AgentSystem": "mappa_agents.system",
     "ActionSample": "mappa_agents.trajectory",
     "EpisodeResult": "mappa_agents.trajectory",
@@ -50,9 +59,11 @@ __all__ = [
     "HFPolicy",
     "LiteLLMPolicy",
     "Policy",
+    "RequestPolicy",
     "RolloutRunner",
     "SamplingParams",
     "ScriptedPolicy",
+    "StandInEngine",
     "VLLMPolicy",
     "load_jsonl",
     "load_policy",

@@ -278,10 +278,11 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--schedule",
         default="ticks",
-        choices=["ticks", "continuous"],
-        help="how generation is batched: ticks (deterministic: a seed repeats a run) or "
+        choices=["ticks", "continuous", "episodes"],
+        help="how generation is batched: ticks (deterministic: a seed repeats a run), "
         "continuous (each policy serves requests as they arrive: faster when steps take "
-        "uneven time, not reproducible)",
+        "uneven time, not reproducible) or episodes (one unseeded request per turn, for "
+        "engines that batch continuously)",
     )
     parser.add_argument(
         "--no-progress",

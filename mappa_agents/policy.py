@@ -5,6 +5,9 @@ VLLMPolicy`, :class:`~mappa_agents.api.LiteLLMPolicy`) returns :class:`Generatio
 records. A trainer trains on ``prompt_ids`` + ``response_ids`` exactly as sampled and
 never re-tokenises ``text`` (re-tokenised text is not what the model produced).
 
+A backend whose engine batches requests as they arrive also implements
+:class:`RequestPolicy` (one prompt per call, see :func:`batches_requests`).
+
 Which backends give token ids:
 
 - ``HFPolicy`` and ``VLLMPolicy``: always (prompt ids, response ids, logprobs);
@@ -219,6 +222,52 @@ class Policy(Protocol):
     def close(self) -> None:
         """Release the model, threads and connections."""
         ...
+
+
+@runtime_checkable
+class RequestPolicy(Policy, Protocol):
+    """A :class:`Policy` whose engine batches requests continuously, as they arrive.
+
+    Such an engine (vLLM's async engine, an inference server, the stand-in
+    :class:`~mappa_agents.standin.StandInEngine`) adds a request to the running batch at
+    the next decode step and hands it back as soon as its own reply ends, so one prompt
+    per call costs no batching: the runner's ``"episodes"`` schedule sends each turn of
+    each episode on its own through :meth:`agenerate_one`. :func:`batches_requests`
+    tells such a policy from one that only takes whole batches.
+
+    Attributes:
+        continuous_batching: True when :meth:`agenerate_one` joins a continuously
+            batching engine (a policy can have the method and still say False, e.g. one
+            that falls back to a one-prompt batch).
+    """
+
+    continuous_batching: bool
+
+    async def agenerate_one(self, messages: ChatMessages, params: SamplingParams) -> Generation:
+        """Generate one response to one prompt, batched by the engine with other requests.
+
+        Args:
+            messages: The prompt's chat messages.
+            params: Sampling settings of this request.
+
+        Returns:
+            The generation.
+        """
+        ...
+
+
+def batches_requests(policy: Any) -> bool:
+    """Whether ``policy`` serves single requests through a continuously batching engine.
+
+    Args:
+        policy: Any policy.
+
+    Returns:
+        True when it declares ``continuous_batching`` and has an ``agenerate_one``.
+    """
+    return bool(getattr(policy, "continuous_batching", False)) and callable(
+        getattr(policy, "agenerate_one", None)
+    )
 
 
 async def generate_in_thread(

@@ -1,6 +1,6 @@
 """The batched rollout runner: many episodes at once, batched generation per policy.
 
-Two schedules (``schedule=``):
+Three schedules (``schedule=``):
 
 - ``"ticks"`` (default): the runner advances episodes in ticks. At each tick it collects
   the pending generation request of every live episode, sends one batch per policy
@@ -16,6 +16,17 @@ Two schedules (``schedule=``):
   coach work of other episodes, and a slow step holds up only its own episode. Which
   requests share a batch depends on timing, so seeded runs are not reproducible in this
   mode (batch seeds derive from the run seed, the policy and the batch number).
+- ``"episodes"``: every episode is a coroutine of its own, and each of its turns sends
+  one request to its agent's policy and awaits it. A policy whose engine batches
+  continuously (a :class:`~mappa_agents.policy.RequestPolicy`: vLLM's async engine, the
+  stand-in :class:`~mappa_agents.standin.StandInEngine`) adds the request to its running
+  batch and answers it when its own reply ends, so an episode never waits for another
+  episode's longer reply, the agents' policies decode at the same time, and one episode's
+  sandbox and coach work overlaps the others' decoding. Other policies get the
+  ``continuous`` schedule's coalesced batches. No seed goes with any request (a seeded
+  request takes a slower sampling path in vLLM, and which requests share a decode step
+  depends on timing anyway): such a run is reproduced from its saved token ids and
+  log-probs, not by running it again.
 
 Finished episodes free their slot for the next one.
 """
@@ -33,7 +44,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from mappa_agents.policy import Generation, GenerationError, Policy, SamplingParams
+from mappa_agents.policy import (
+    Generation,
+    GenerationError,
+    Policy,
+    SamplingParams,
+    batches_requests,
+)
 from mappa_agents.seeds import derive_seed
 from mappa_agents.system import AgentSystem
 from mappa_agents.trajectory import ActionSample, EpisodeResult
@@ -49,7 +66,8 @@ logger = logging.getLogger(__name__)
 _RUN_STOPPERS = (CoachStop, SettingsError)
 
 EnvFactory = Callable[[], PipelineEnv]
-SCHEDULES: tuple[str, ...] = ("ticks", "continuous")
+SCHEDULES: tuple[str, ...] = ("ticks", "continuous", "episodes")
+Schedule = Literal["ticks", "continuous", "episodes"]
 
 
 @dataclass
@@ -215,9 +233,10 @@ class RolloutRunner:
         keep_envs: Keep the environments between :meth:`run` calls (a trainer running
             many steps); then call :meth:`close` when done. By default each run closes
             the environments it made.
-        schedule: ``"ticks"`` (deterministic batches: reproducible seeded runs) or
+        schedule: ``"ticks"`` (deterministic batches: reproducible seeded runs),
             ``"continuous"`` (requests served as they arrive: more of the engine busy,
-            not reproducible); see the module docstring.
+            not reproducible) or ``"episodes"`` (one request per turn into engines
+            that batch continuously, unseeded); see the module docstring.
         on_episode: Called with each episode as soon as it finishes (in finishing
             order), e.g. to write it out at once.
 
@@ -237,7 +256,7 @@ class RolloutRunner:
         seed: int | None = 0,
         progress: bool = True,
         keep_envs: bool = False,
-        schedule: Literal["ticks", "continuous"] = "ticks",
+        schedule: Schedule = "ticks",
         on_episode: Callable[[EpisodeResult], None] | None = None,
     ) -> None:
         if concurrency < 1:
@@ -409,6 +428,9 @@ class RolloutRunner:
             if self.schedule == "continuous":
                 await self._run_continuous(live, refill, results, run_seed)
                 live = []
+            elif self.schedule == "episodes":
+                await self._run_episodes(live, refill, results)
+                live = []
             tick = 0
             while live:
                 requests = [self._request(episode) for episode in live]
@@ -527,32 +549,107 @@ class RolloutRunner:
         """Drive every slot on its own; each policy batches what is pending when free."""
         batchers: dict[tuple[int, SamplingParams], _Batcher] = {}
 
-        def batcher_for(agent: str) -> _Batcher:
-            policy = self.system.policy_for(agent)
-            params = self.sampling_for(agent)
+        async def generate(request: _Request) -> Generation | str:
+            policy = self.system.policy_for(request.agent)
+            params = self.sampling_for(request.agent)
             key = (id(policy), params)
             if key not in batchers:
                 slot = self._policy_index[id(policy)]
                 batchers[key] = _Batcher(self, policy, params, run_seed, slot)
-            return batchers[key]
+            return await batchers[key].submit(request.messages)
+
+        try:
+            await self._drive_slots(live, refill, results, generate)
+        finally:
+            for batcher in batchers.values():
+                await batcher.close()
+
+    async def _run_episodes(
+        self,
+        live: list[_Live],
+        refill: Callable[[PipelineEnv], Any],
+        results: dict[int, EpisodeResult],
+    ) -> None:
+        """Drive every episode on its own; each turn is one unseeded request.
+
+        A policy that batches requests continuously gets each request as it comes; any
+        other policy gets coalesced batches, as in the ``continuous`` schedule.
+        """
+        batchers: dict[tuple[int, SamplingParams], _Batcher] = {}
+        sampling = self.sampling
+        settings = [sampling] if isinstance(sampling, SamplingParams) else list(sampling.values())
+        if any(params.seed is not None for params in settings):
+            logger.warning("the episodes schedule sends no sampling seeds: the seed set is ignored")
+
+        async def generate(request: _Request) -> Generation | str:
+            policy = self.system.policy_for(request.agent)
+            params = dataclasses.replace(self.sampling_for(request.agent), seed=None)
+            if batches_requests(policy):
+                return await self._generate_one(policy, params, request.messages)
+            key = (id(policy), params)
+            if key not in batchers:
+                slot = self._policy_index[id(policy)]
+                batchers[key] = _Batcher(self, policy, params, None, slot)
+            return await batchers[key].submit(request.messages)
+
+        try:
+            await self._drive_slots(live, refill, results, generate)
+        finally:
+            for batcher in batchers.values():
+                await batcher.close()
+
+    async def _generate_one(
+        self, policy: Any, params: SamplingParams, messages: list[dict[str, str]]
+    ) -> Generation | str:
+        """One request through a continuously batching policy, or why it failed."""
+        try:
+            output = await policy.agenerate_one(messages, params)
+        except _RUN_STOPPERS:
+            raise
+        except Exception as exc:  # a failed request ends its episode, not the run
+            logger.exception("policy %r failed on a request", policy.name)
+            return f"generation failed: {type(exc).__name__}: {exc}"
+        if not isinstance(output, Generation):
+            raise RuntimeError(
+                f"policy {policy.name!r} returned {type(output).__name__} for one request, "
+                "not a Generation"
+            )
+        return output
+
+    async def _drive_slots(
+        self,
+        live: list[_Live],
+        refill: Callable[[PipelineEnv], Any],
+        results: dict[int, EpisodeResult],
+        generate: Callable[[_Request], Any],
+    ) -> None:
+        """Run each slot's episodes one after another, every episode in a task of its own.
+
+        ``generate`` answers one request of one episode (a generation, or why none came).
+        A task per episode, named ``episode-<index>``, lets an engine tell the waits of
+        one episode from another's.
+        """
+
+        async def play(episode: _Live) -> None:
+            error: str | None = None
+            while error is None and not self._finished(episode.env):
+                request = self._request(episode)
+                gen = await generate(request)
+                if not isinstance(gen, Generation):
+                    error = gen
+                    break
+                try:
+                    await self._step(request, gen)
+                except _RUN_STOPPERS:
+                    raise
+                except Exception as exc:  # ends this episode, not the run
+                    logger.exception("episode %d failed", episode.index)
+                    error = f"environment step failed: {exc!r}"
+            self._finish(results, episode.index, await self._collect(episode, error))
 
         async def drive(episode: _Live | None) -> None:
             while episode is not None:
-                error: str | None = None
-                while error is None and not self._finished(episode.env):
-                    request = self._request(episode)
-                    gen = await batcher_for(request.agent).submit(request.messages)
-                    if not isinstance(gen, Generation):
-                        error = gen
-                        break
-                    try:
-                        await self._step(request, gen)
-                    except _RUN_STOPPERS:
-                        raise
-                    except Exception as exc:  # ends this episode, not the run
-                        logger.exception("episode %d failed", episode.index)
-                        error = f"environment step failed: {exc!r}"
-                self._finish(results, episode.index, await self._collect(episode, error))
+                await asyncio.create_task(play(episode), name=f"episode-{episode.index}")
                 episode = await refill(episode.env)
 
         drivers = [asyncio.ensure_future(drive(episode)) for episode in live]
@@ -564,8 +661,6 @@ class RolloutRunner:
             for driver in drivers:
                 driver.cancel()
             await asyncio.gather(*drivers, return_exceptions=True)
-            for batcher in batchers.values():
-                await batcher.close()
 
     async def _step(self, request: _Request, gen: Generation) -> None:
         episode = request.live

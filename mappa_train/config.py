@@ -82,9 +82,12 @@ class TrainConfig:
     rollout_schedule: str = "ticks"
     """How the rollout runner batches generation (see :mod:`mappa_agents.runner`):
     ``"ticks"`` (deterministic batches, so a seeded run and a resumed one give the same
-    rollouts) or ``"continuous"`` (each policy serves requests as they arrive and a slow
+    rollouts), ``"continuous"`` (each policy serves requests as they arrive and a slow
     episode holds up only itself; rollouts then depend on timing, so a resumed run no
-    longer repeats the original one exactly)."""
+    longer repeats the original one exactly) or ``"episodes"`` (every episode on its own,
+    one unseeded request per turn into policies that batch continuously, the others
+    served as in ``"continuous"``; not repeatable either). Weights change only between
+    steps, so every schedule's rollouts are on-policy."""
 
     rollout_engine: str = "hf"
     """What the trained agents generate with: ``"hf"`` (the very modules being trained,
@@ -396,7 +399,7 @@ class TrainConfig:
             "normalize_scope": ("agent", "all"),
             "kl_estimator": ("k1", "k2", "k3"),
             "isolation": ("auto", "namespaces", "none"),
-            "rollout_schedule": ("ticks", "continuous"),
+            "rollout_schedule": ("ticks", "continuous", "episodes"),
             "rollout_engine": ("hf", "vllm"),
             "distributed": ("none", "ray"),
             "weight_sync": WEIGHT_SYNC_MODES,

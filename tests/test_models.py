@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import logging
@@ -407,6 +408,97 @@ def test_vllm_generate_renders_each_distinct_prompt_once_and_seeds_each_request(
     # Unseeded, one set of settings serves the whole batch.
     policy.generate(batch, SamplingParams(max_new_tokens=2))
     assert sent[-1][1] == sampling_kwargs(SamplingParams(max_new_tokens=2))
+
+
+def test_vllm_async_engine_takes_requests_one_by_one_and_all_at_once(fake_vllm, monkeypatch):
+    # Agents of one process, each with its own async engine: requests go out as they
+    # come, with no process-wide lock and no seed, and meet in the engines at once.
+    from mappa_agents.policy import batches_requests
+    from mappa_agents.vllm_policy import VLLMPolicy
+
+    active, most, calls = [0], [0], []
+
+    def output(ids, tokens):
+        completion = types.SimpleNamespace(
+            token_ids=tokens, text="x" * len(tokens), finish_reason="stop", stop_reason=None,
+            logprobs=[{t: types.SimpleNamespace(logprob=-0.5 * t)} for t in tokens],
+        )  # fmt: skip
+        return types.SimpleNamespace(outputs=[completion], prompt_token_ids=ids)
+
+    class AsyncEngine:
+        def __init__(self, args):
+            self.args = args
+
+        @classmethod
+        def from_engine_args(cls, args):
+            return cls(args)
+
+        async def get_tokenizer(self):
+            return "tokenizer"
+
+        async def generate(self, prompt, sampling, request_id):
+            calls.append(("generate", sampling, request_id))
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+            yield output(prompt["prompt_token_ids"], [7])  # a partial output first
+            await asyncio.sleep(0.05)
+            active[0] -= 1
+            yield output(prompt["prompt_token_ids"], [7, 8])
+
+        async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+            calls.append((method, kwargs))
+
+        async def reset_prefix_cache(self):
+            calls.append(("reset_prefix_cache", None))
+
+        def shutdown(self):
+            calls.append(("shutdown", None))
+
+    fake_vllm.AsyncEngineArgs = lambda **kwargs: kwargs
+    fake_vllm.AsyncLLMEngine = AsyncEngine
+    fake_vllm.SamplingParams = lambda **kwargs: kwargs
+    monkeypatch.setattr(
+        "mappa_agents.vllm_policy.VLLMPolicy.prompt_ids", lambda self, messages: [1, 2]
+    )
+    policies = [VLLMPolicy(f"agent/{i}", async_engine=True, max_model_len=64) for i in range(3)]
+    assert policies[0].llm.args == {"model": "agent/0", "max_model_len": 64}
+    assert policies[0].tokenizer == "tokenizer"
+    assert all(batches_requests(p) for p in policies)
+    assert not batches_requests(VLLMPolicy("agent/0"))  # the in-process engine
+
+    async def one_each():
+        prompt = [{"role": "user", "content": "hi"}]
+        params = SamplingParams(max_new_tokens=2)
+        return await asyncio.gather(
+            *(p.agenerate_one(prompt, params) for p in policies for _ in range(2))
+        )
+
+    generations = asyncio.run(one_each())
+    assert most[0] == 6
+    assert [g.response_ids for g in generations] == [[7, 8]] * 6
+    assert generations[0].logprobs == [-3.5, -4.0]
+    assert generations[0].prompt_ids == [1, 2]
+    sent = [c[1] for c in calls if c[0] == "generate"]
+    assert all("seed" not in sampling for sampling in sent)
+    assert sent[0] == sampling_kwargs(SamplingParams(max_new_tokens=2))
+    # The blocking batch call goes through the same engine (a seeded batch: seed + i).
+    calls.clear()
+    batch = policies[0].generate([[{"role": "user", "content": "hi"}]] * 2, SamplingParams(seed=5))
+    assert [g.response_ids for g in batch] == [[7, 8], [7, 8]]
+    assert [c[1]["seed"] for c in calls] == [5, 6]
+    calls.clear()
+    policies[0].load_weights(iter([("w", 1.0)]))
+    assert calls == [
+        ("reload_weights", {"weights_iterator": [("w", 1.0)]}),
+        ("reset_prefix_cache", None),
+    ]
+    for policy in policies:
+        policy.close()
+    assert calls.count(("shutdown", None)) == 3
+    with pytest.raises(RuntimeError, match="is closed"):
+        asyncio.run(
+            policies[0].agenerate_one([{"role": "user", "content": "hi"}], SamplingParams())
+        )
 
 
 def test_load_policy_local_directory(tmp_path):

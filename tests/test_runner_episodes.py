@@ -1,0 +1,297 @@
+"""The runner's episodes schedule over the stand-in engine: one request per turn, no lock-step."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+import mappa_env
+from mappa_agents.policy import RequestPolicy, SamplingParams, batches_requests
+from mappa_agents.runner import RolloutRunner
+from mappa_agents.scripted import ScriptedPolicy
+from mappa_agents.standin import StandInEngine
+from mappa_agents.system import AgentSystem
+from tests.fakes import InProcessSandbox
+from tests.test_runner import AGENTS, TASKS, solver_script
+
+
+def task_number(prompt_ids) -> int:
+    """The ``i`` of the task ``What is i * 7?`` a stand-in prompt (UTF-8 bytes) is about."""
+    return int(bytes(prompt_ids).decode().split("What is ")[1].split(" ")[0])
+
+
+def longer_for_earlier_tasks(prompt_ids) -> int:
+    """Task i's replies take 3 + 8 (5 - i) tokens: episodes end in the reverse of their order."""
+    return 3 + 8 * (5 - task_number(prompt_ids))
+
+
+def failing_on(task_id):
+    """A MathChat-v0 factory whose environments' steps raise on ``task_id`` (a bug)."""
+
+    def make():
+        env = mappa_env.make("MathChat-v0", tasks=TASKS, sandbox=InProcessSandbox)
+        step = env.astep
+
+        async def astep(action):
+            if env.task_facts()[0] == task_id:
+                raise RuntimeError(f"env bug on {task_id}")
+            return await step(action)
+
+        env.astep = astep
+        return env
+
+    return make
+
+
+def runner_for(system, schedule, coach="rules", concurrency=6, on_episode=None, factory=None):
+    return RolloutRunner(
+        factory
+        or (
+            lambda: mappa_env.make(
+                "MathChat-v0", tasks=TASKS, sandbox=InProcessSandbox, coach=coach
+            )
+        ),
+        system,
+        SamplingParams(max_new_tokens=64),
+        concurrency=concurrency,
+        progress=False,
+        schedule=schedule,
+        on_episode=on_episode,
+    )
+
+
+def test_the_stand_in_is_a_request_policy_with_deterministic_replies():
+    engine = StandInEngine(reply_tokens=(2, 9), seed=3)
+    assert isinstance(engine, RequestPolicy)
+    assert batches_requests(engine)
+    assert not batches_requests(ScriptedPolicy(solver_script))
+    prompt = [{"role": "user", "content": "hi"}]
+    params = SamplingParams(max_new_tokens=5)
+    first = asyncio.run(engine.agenerate_one(prompt, params))
+    again = engine.generate([prompt], params)[0]
+    assert (first.response_ids, first.logprobs) == (again.response_ids, again.logprobs)
+    assert first.trainable
+    assert len(first.response_ids) <= 5
+    assert first.prompt_ids == list(b"user\nhi\n")
+    other_seed = StandInEngine(reply_tokens=(2, 9), seed=4).generate([prompt], params)[0]
+    assert other_seed.response_ids != first.response_ids
+    engine.load_weights([])
+    assert engine.generate([prompt], params)[0].response_ids != first.response_ids
+    cut = StandInEngine(reply_tokens=8).generate([prompt], SamplingParams(max_new_tokens=3))[0]
+    assert (len(cut.response_ids), cut.finish_reason) == (3, "length")
+
+
+def test_requests_join_the_running_batch_at_tick_boundaries():
+    engine = StandInEngine(token_latency_s=0.001, reply_tokens=lambda ids: len(ids))
+
+    async def staggered():
+        params = SamplingParams(max_new_tokens=64)
+        long = asyncio.create_task(
+            engine.agenerate_one([{"role": "u", "content": "x" * 20}], params)
+        )
+        await asyncio.sleep(0.005)  # a few ticks in
+        short = await engine.agenerate_one([{"role": "u", "content": "y"}], params)
+        return await long, short
+
+    long, short = asyncio.run(staggered())
+    # 23 and 4 tokens ("u\n" + text + "\n") decoded together: the short request joined
+    # the long one's batch and never waited for it to end.
+    assert len(long.response_ids) == 23
+    assert len(short.response_ids) == 4
+    assert engine.decode_ticks == 23
+    assert engine.tokens == 27
+    assert engine.most_in_flight == 2
+
+
+def one_long_turn(prompt_ids) -> int:
+    """13 tokens for agent ``i % 3``'s reply in task i's episode, 3 for the others."""
+    text = bytes(prompt_ids).decode()
+    roles = ("problem solver", "code executor", "verifier")
+    agent = next(k for k, role in enumerate(roles) if f"You are the {role}" in text)
+    return 13 if agent == task_number(prompt_ids) % 3 else 3
+
+
+def test_sequential_waits_follow_the_longest_episode_not_the_sum_of_batches():
+    engines = {}
+    for schedule in ("ticks", "episodes"):
+        engines[schedule] = engine = StandInEngine(
+            token_latency_s=0.003, reply_tokens=one_long_turn
+        )
+        episodes = runner_for(AgentSystem.shared(engine, AGENTS), schedule).run(6)
+        actions = [len(e.actions) for e in episodes]
+        assert all(not e.aborted for e in episodes)
+        assert actions == [3] * 6
+    ticks, per_episode = engines["ticks"], engines["episodes"]
+    # Ticks: one batch per turn, each as long as its longest reply (some episode's long
+    # turn falls in every tick): 3 waits of 13 decode ticks.
+    assert ticks.batch_calls == ticks.sequential_waits == 3
+    assert ticks.decode_ticks == 3 * 13
+    # Episodes: each episode waited once per action, in a task of its own, never on a
+    # batch, and the engine decoded for about as long as one episode's replies (13 + 3 +
+    # 3 tokens, plus the ticks others decode while an episode steps and rejoins).
+    assert per_episode.waits == {f"episode-{i}": 3 for i in range(6)}
+    assert per_episode.batch_calls == 0
+    assert per_episode.sequential_waits == 3
+    assert 19 <= per_episode.decode_ticks < ticks.decode_ticks
+    assert per_episode.most_in_flight == 6
+
+
+class TrackedEngine(StandInEngine):
+    """A stand-in engine that records which engines have a request in flight at once."""
+
+    def __init__(self, in_flight: Counter, most: list[int], **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.in_flight, self.most = in_flight, most
+
+    async def agenerate_one(self, messages, params):
+        self.in_flight[self.name] += 1
+        busy = sum(1 for count in self.in_flight.values() if count)
+        self.most[0] = max(self.most[0], busy)
+        try:
+            return await super().agenerate_one(messages, params)
+        finally:
+            self.in_flight[self.name] -= 1
+
+
+def test_the_three_agents_decode_at_the_same_time():
+    in_flight: Counter = Counter()
+    most = [0]
+    engines = {
+        agent: TrackedEngine(
+            in_flight,
+            most,
+            name=agent,
+            token_latency_s=0.0005,
+            reply_tokens=longer_for_earlier_tasks,
+        )
+        for agent in AGENTS
+    }
+    episodes = runner_for(AgentSystem(engines), "episodes").run(6)
+    assert all(not e.aborted for e in episodes)
+    assert most[0] == 3
+    # Each engine decoded requests of several episodes at once.
+    assert all(engine.most_in_flight >= 2 for engine in engines.values())
+
+
+def test_results_come_back_in_episode_order_whatever_order_they_end_in():
+    engine = StandInEngine(token_latency_s=0.0005, reply_tokens=longer_for_earlier_tasks)
+    finished = []
+    episodes = runner_for(
+        AgentSystem.shared(engine, AGENTS),
+        "episodes",
+        on_episode=lambda e: finished.append(e.episode_id),
+    ).run(6)
+    assert [e.episode_id for e in episodes] == [f"ep-{i:05d}" for i in range(6)]
+    assert [e.task_id for e in episodes] == [t.id for t in TASKS]
+    assert finished == [f"ep-{i:05d}" for i in reversed(range(6))]
+
+
+def test_an_episode_whose_step_raises_ends_alone():
+    engine = StandInEngine(token_latency_s=0.0005, reply_tokens=(2, 12))
+    system = AgentSystem.shared(engine, AGENTS)
+    episodes = runner_for(system, "episodes", factory=failing_on("t2")).run(6)
+    assert [e.aborted for e in episodes] == [i == 2 for i in range(6)]
+    assert "env bug on t2" in episodes[2].outcome["error"]
+    assert all(len(e.actions) >= 3 for i, e in enumerate(episodes) if i != 2)
+
+
+def test_a_failed_request_ends_only_its_episode():
+    class FailsOnTask3(StandInEngine):
+        async def agenerate_one(self, messages, params):
+            if "What is 3 *" in messages[1]["content"]:
+                raise ConnectionError("engine gone")
+            return await super().agenerate_one(messages, params)
+
+    engine = FailsOnTask3(token_latency_s=0.0005)
+    episodes = runner_for(AgentSystem.shared(engine, AGENTS), "episodes").run(6)
+    assert [e.aborted for e in episodes] == [i == 3 for i in range(6)]
+    assert "ConnectionError: engine gone" in episodes[3].outcome["error"]
+
+
+def test_no_seed_goes_with_any_request_and_weights_stay_fixed_during_a_run(caplog):
+    seen = []
+
+    class Recording(StandInEngine):
+        async def agenerate_one(self, messages, params):
+            generation = await super().agenerate_one(messages, params)
+            seen.append((params.seed, generation.info["weights_version"]))
+            return generation
+
+    engine = Recording(token_latency_s=0.0005)
+    runner = runner_for(AgentSystem.shared(engine, AGENTS), "episodes")
+    runner.sampling = SamplingParams(max_new_tokens=16, seed=7)
+    runner.run(6, seed=0)
+    assert "sends no sampling seeds" in caplog.text
+    assert {seed for seed, _ in seen} == {None}
+    assert {version for _, version in seen} == {0}
+    engine.load_weights([])
+    seen.clear()
+    runner.run(6, seed=0)
+    assert {version for _, version in seen} == {1}
+
+
+def test_new_weights_while_requests_decode_are_refused():
+    engine = StandInEngine(token_latency_s=0.001, reply_tokens=50)
+
+    async def swap_mid_request():
+        request = asyncio.create_task(
+            engine.agenerate_one([{"role": "u", "content": "x"}], SamplingParams())
+        )
+        await asyncio.sleep(0.005)
+        with pytest.raises(RuntimeError, match="load weights between rollout steps"):
+            engine.load_weights([])
+        request.cancel()
+
+    asyncio.run(swap_mid_request())
+    assert engine.weights_version == 0
+
+
+def test_a_policy_without_a_request_path_gets_coalesced_unseeded_batches():
+    seeds, sizes = [], []
+
+    class Recording(ScriptedPolicy):
+        async def agenerate(self, batch, params):
+            seeds.append(params.seed)
+            sizes.append(len(batch))
+            await asyncio.sleep(0.01)
+            return self.generate(batch, params)
+
+    policy = Recording(solver_script)
+    episodes = runner_for(AgentSystem.shared(policy, AGENTS), "episodes").run(6, seed=0)
+    assert [e.succeeded for e in episodes] == [i % 2 == 0 for i in range(6)]
+    assert sum(sizes) == 24
+    assert sizes[0] == 6
+    assert set(seeds) == {None}
+
+
+def test_the_trainer_and_mappa_eval_take_the_episodes_schedule(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from mappa_agents.tiny_models import tiny_model_dir
+    from mappa_train.command import main
+    from mappa_train.config import TrainConfig
+    from mappa_train.trainer import Trainer
+    from tests.toy_env import LetterEnv
+
+    model_dir = tiny_model_dir(tmp_path / "model")
+    config = TrainConfig(
+        env="Letter-v0", system=str(model_dir), steps=1, prompts_per_step=4,
+        samples_per_prompt=2, concurrency=8, max_new_tokens=8, mask_truncated=False,
+        train_batch_size=8, save_every=0, tensorboard=False, progress=False,
+        gradient_checkpointing=False, output_dir=str(tmp_path / "run"),
+        rollout_schedule="episodes",
+    )  # fmt: skip
+    trainer = Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
+    (metrics,) = trainer.train()
+    trainer.close()
+    assert metrics["rollout/episodes"] == 8
+    code = main(
+        [
+            "eval", "--system", str(model_dir), "--episodes", "2", "--num-tasks", "2",
+            "--max-new-tokens", "4", "--sandbox", "none", "--schedule", "episodes",
+            "--out", str(tmp_path / "eval"), "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == 0
