@@ -123,7 +123,14 @@ class Sweep:
             configs: Run name -> its config.
             **options: :class:`Sweep`'s keyword arguments.
         """
-        return cls({name: make_trainer(config) for name, config in configs.items()}, **options)
+        trainers = {}
+        for name, config in configs.items():
+            try:
+                trainers[name] = make_trainer(config)
+            except SettingsError as exc:
+                # Before anything trains: a run that cannot be built stops the whole sweep.
+                raise SettingsError(f"run {name}: {exc}") from None
+        return cls(trainers, **options)
 
     @property
     def failed(self) -> list[str]:

@@ -187,3 +187,53 @@ def test_an_interrupted_sweep_resumes_each_run_exactly(tmp_path, alone, model_di
     assert all(o.ok for o in outcomes.values()), outcomes
     assert sweep.order == [("outcome-s2", 1)]
     assert_same_runs(tmp_path, alone, model_dir)
+
+
+def test_mappa_train_sweep_trains_each_run_and_exits_1_naming_a_failed_one(
+    tmp_path, model_dir, monkeypatch, capsys
+):
+    from mappa_train.command import main
+
+    recipe = {
+        "env": "MathChat-v0",
+        "system": str(model_dir),
+        "coach": "rules",
+        "env_options": {"sandbox": None, "tasks": "gen:4"},
+        "steps": 1,
+        "prompts_per_step": 1,
+        "samples_per_prompt": 2,
+        "max_new_tokens": 8,
+        "train_batch_size": 2,
+        "micro_batch_size": 2,
+        "tensorboard": False,
+        "progress": False,
+        "gradient_checkpointing": False,
+    }
+    (tmp_path / "recipe.json").write_text(json.dumps(recipe))
+    sweep_file = tmp_path / "sweep.yaml"
+    sweep_file.write_text(
+        "recipe: recipe.json\narms:\n  outcome: {credit_mode: outcome}\n"
+        "  process: {credit_mode: process}\nseeds: [3]\n"
+    )
+    learn = Trainer.learn
+
+    def failing_learn(self, episodes):
+        if self.config.credit_mode == "process":
+            raise RuntimeError("out of memory")
+        return learn(self, episodes)
+
+    monkeypatch.setattr(Trainer, "learn", failing_learn)
+    out = tmp_path / "runs"
+    code = main(["train", "--sweep", str(sweep_file), "--output-dir", str(out), "--lr", "1e-3"])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "1 of 2 runs failed: process-s3" in captured.err
+    summary = json.loads((out / "sweep.json").read_text())
+    assert summary["outcome-s3"]["ok"]
+    assert summary["process-s3"]["error"] == "RuntimeError: out of memory"
+    saved = json.loads((out / "outcome-s3" / "config.json").read_text())
+    assert (saved["seed"], saved["lr"], saved["credit_mode"]) == (3, 1e-3, "outcome")
+    # A file that is not a sweep file: one line saying what it must hold.
+    sweep_file.write_text("recipe: recipe.json\nseed: [3]\n")
+    assert main(["train", "--sweep", str(sweep_file)]) == 2
+    assert "unknown keys ['seed']" in capsys.readouterr().err
