@@ -13,6 +13,7 @@ import shlex
 import sys
 import typing
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from mappa_agents.cli import add_require_isolation_argument
@@ -88,7 +89,7 @@ def add_train_parser(commands: Any) -> argparse.ArgumentParser:
     parser = commands.add_parser(
         "train",
         help="train a multiagent system with per-action coach rewards (REINFORCE++)",
-        usage="mappa train [--config FILE] [--FIELD VALUE ...]",
+        usage="mappa train [--config FILE | --sweep FILE] [--FIELD VALUE ...]",
         description="Fields of TrainConfig as flags; --config reads a YAML/JSON file first.",
         epilog="Each flag shows the first sentence of its field's description; "
         "docs/training.md and help(mappa_train.TrainConfig) have the whole of each.",
@@ -98,6 +99,14 @@ def add_train_parser(commands: Any) -> argparse.ArgumentParser:
         default=None,
         help="YAML or JSON file of config fields, or the name of a bundled recipe such as "
         "mathchat-smollm2 (python -m mappa_train.bundled lists them)",
+    )
+    parser.add_argument(
+        "--sweep",
+        default=None,
+        metavar="FILE",
+        help="train several runs in one process, round-robin by step: a YAML/JSON file of "
+        "recipe (a --config file), arms (name: fields over it) and seeds; flags apply to "
+        "every run, each writes to <output-dir>/<arm>-s<seed> (docs/training.md)",
     )
     # The same task and sandbox flags as `mappa eval`: shorthands for env_options entries.
     parser.add_argument(
@@ -211,6 +220,8 @@ def run_train(args: argparse.Namespace) -> int:
     from mappa_agents.report import describe_isolation
     from mappa_train.trainer import make_trainer
 
+    if getattr(args, "sweep", None):
+        return run_sweep(args)
     config = config_from_args(args)
     announce_unconfined(
         "train", config.isolation, code_runs=config.env_options.get("sandbox", "") is not None
@@ -242,6 +253,65 @@ def run_train(args: argparse.Namespace) -> int:
     nothing = nothing_trained(history)
     if nothing:
         print(f"mappa train: warning: {nothing}", file=sys.stderr)
+    return 0
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    """Run ``mappa train --sweep``: every run of the file in this process; 1 if any failed."""
+    from mappa_agents.progress import library_progress_bars
+    from mappa_train.sweep import Sweep, read_sweep_file, sweep_configs
+
+    if args.config:
+        raise SettingsError(
+            "--sweep names its recipe in the sweep file: leave out --config (or use --config "
+            "alone for one run)"
+        )
+    if getattr(args, "env_tasks", None) is not None or getattr(args, "env_sandbox", None):
+        raise SettingsError(
+            "--tasks and --sandbox are not read with --sweep: set env_options in the recipe "
+            "or in an arm"
+        )
+    sweep_file = read_sweep_file(args.sweep)
+    overrides = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(TrainConfig)
+        if getattr(args, f.name, None) is not None
+    }
+    recipe = TrainConfig.from_file(sweep_file["recipe"]).to_dict()
+    root = overrides.pop("output_dir", None) or recipe["output_dir"]
+    configs = sweep_configs(
+        recipe, sweep_file["arms"], sweep_file["seeds"], root, overrides=overrides
+    )
+    for config in configs.values():
+        check_config_env_options(config)
+    progress = all(c.progress for c in configs.values())
+    print(
+        f"mappa train: a sweep of {len(configs)} runs in {root}: {', '.join(configs)}", flush=True
+    )
+    with library_progress_bars(progress):
+        sweep = Sweep.from_configs(configs, progress=progress)
+        try:
+            outcomes = sweep.run()
+        except KeyboardInterrupt:
+            command = getattr(args, "command_line", None) or resume_command()
+            print(
+                f"mappa train: sweep interrupted; `{command}` resumes every run from its "
+                "newest checkpoint",
+                file=sys.stderr,
+            )
+            return INTERRUPTED
+    summary = {name: dataclasses.asdict(o) | {"ok": o.ok} for name, o in outcomes.items()}
+    Path(root).mkdir(parents=True, exist_ok=True)
+    (Path(root) / "sweep.json").write_text(json.dumps(summary, indent=2) + "\n")
+    for outcome in outcomes.values():
+        print(outcome.describe())
+    if sweep.failed:
+        print(
+            f"mappa train: {len(sweep.failed)} of {len(outcomes)} runs failed: "
+            f"{', '.join(sweep.failed)} (the others trained; {Path(root) / 'sweep.json'})",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

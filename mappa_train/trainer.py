@@ -33,6 +33,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,15 @@ from mappa_train.update import PreparedRows, needs_old_logprobs
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AgentLearner", "EnvFactory", "Rollout", "Trainer", "make_trainer", "warmup_cosine"]
+__all__ = [
+    "AgentLearner",
+    "EnvFactory",
+    "Rollout",
+    "StepRollouts",
+    "Trainer",
+    "make_trainer",
+    "warmup_cosine",
+]
 
 AgentLearner = LocalLearner
 """The in-process learner under its former name."""
@@ -80,6 +89,18 @@ Rollout = Callable[["Trainer", int], Sequence[EpisodeResult]]
 """Makes step ``step``'s episodes in place of :meth:`Trainer.rollout`: ``f(trainer, step)``.
 
 Its actions must carry the exact prompt and response ids of the agents' tokenizers."""
+
+
+@dataclass(frozen=True)
+class StepRollouts:
+    """One step's episodes, made by :meth:`Trainer.rollout_step` for its update."""
+
+    step: int
+    """The step they were made in (with the weights of that step)."""
+    episodes: list[EpisodeResult]
+    """The episodes."""
+    seconds: float
+    """Wall-clock seconds the rollouts took."""
 
 
 def make_backend(config: TrainConfig) -> Backend:
@@ -301,50 +322,87 @@ class Trainer:
             until: Stop after this step instead (the schedule still spans
                 ``config.steps``), e.g. to train in stages; a later call resumes.
         """
+        last = self.begin_training()
+        last = last if until is None else min(until, last)
+        bar = self._progress(self.config.steps, self.step)
+        try:
+            while self.step < last:
+                metrics = self.train_step()
+                self.end_step(metrics, last, bar)
+        finally:
+            self.end_training(bar)
+        self.plot()
+        return self.history
+
+    def begin_training(self) -> int:
+        """Set up (if not yet), open the metrics and evaluate the untrained system if asked.
+
+        The first part of :meth:`train`, for loops that drive the steps themselves
+        (:class:`~mappa_train.sweep.Sweep`); :meth:`end_training` is the last.
+
+        Returns:
+            The step to train to (``config.steps``).
+        """
         config = self.config
-        last = config.steps if until is None else min(until, config.steps)
         if not self.learners:
             self.setup()
         self._metrics.open()
-        bar = self._progress(config.steps, self.step)
-        try:
-            if (
-                config.eval_at_start
-                and self.step == 0
-                and not any(m.get("step") == 0 for m in self.history)
-            ):
+        if (
+            config.eval_at_start
+            and self.step == 0
+            and not any(m.get("step") == 0 for m in self.history)
+        ):
+            try:
                 self._log({"step": 0, **self.evaluate()})
-            while self.step < last:
-                metrics = self.train_step()
-                if config.eval_every and (
-                    self.step % config.eval_every == 0 or self.step == config.steps
-                ):
-                    metrics.update(self.evaluate())
-                self._log(metrics)
-                self.stop_rule.stop_if_due()  # raises RunStoppedError: nothing to learn from
-                if (config.save_every and self.step % config.save_every == 0) or (
-                    self.step == last
-                ):
-                    self.save()
-                if bar is not None:
-                    bar.set_postfix(
-                        reward=f"{metrics.get('rollout/mean_reward', float('nan')):.3f}",
-                        success=f"{metrics.get('rollout/success_rate', 0.0):.2f}",
-                        refresh=False,
-                    )
-                    bar.update(1)
-        finally:
-            if bar is not None:
-                bar.close()
-            self._metrics.close()
-            # A staged run (``until``) keeps its coach for the next call; the runners'
-            # environments (and their kernels) are released either way.
-            if self.step >= config.steps:
-                self.close()
-            else:
-                self._close_runners()
+            except BaseException:
+                self.end_training()  # the metrics file and environments, as train() would
+                raise
+        return config.steps
+
+    def end_step(self, metrics: dict[str, Any], last: int, bar: Any = None) -> None:
+        """After a step's update: evaluation when due, the metrics line, stop rule, checkpoint.
+
+        Args:
+            metrics: The step's metrics (:meth:`train_step`); evaluation adds to them.
+            last: The step training stops after (a checkpoint is always saved there).
+            bar: The run's progress bar, or ``None``.
+
+        Raises:
+            mappa_env.errors.RunStoppedError: When the stop rule ends the run.
+        """
+        config = self.config
+        if config.eval_every and (self.step % config.eval_every == 0 or self.step == config.steps):
+            metrics.update(self.evaluate())
+        self._log(metrics)
+        self.stop_rule.stop_if_due()  # raises RunStoppedError: nothing to learn from
+        if (config.save_every and self.step % config.save_every == 0) or (self.step == last):
+            self.save()
+        if bar is not None:
+            bar.set_postfix(
+                reward=f"{metrics.get('rollout/mean_reward', float('nan')):.3f}",
+                success=f"{metrics.get('rollout/success_rate', 0.0):.2f}",
+                refresh=False,
+            )
+            bar.update(1)
+
+    def end_training(self, bar: Any = None) -> None:
+        """Close the bar and the metrics, and release the environments.
+
+        A run that reached ``config.steps`` is closed (learners, coach); one stopped
+        earlier (``until``) keeps its coach for the next call.
+        """
+        if bar is not None:
+            bar.close()
+        self._metrics.close()
+        # The runners' environments (and their kernels) are released either way.
+        if self.step >= self.config.steps:
+            self.close()
+        else:
+            self._close_runners()
+
+    def plot(self) -> None:
+        """Draw the metric history to ``training.png`` in the output folder."""
         plot_history(self.history, self.agents, self.out / "training.png")
-        return self.history
 
     def _close_runners(self) -> None:
         runners, self._runners = self._runners, {}
@@ -440,6 +498,17 @@ class Trainer:
 
     def train_step(self) -> dict[str, Any]:
         """One rollout + update step; returns its metrics."""
+        return self.update_step(self.rollout_step())
+
+    def rollout_step(self) -> StepRollouts:
+        """The first half of :meth:`train_step`: the step's episodes with the current weights.
+
+        Saved to ``rollouts/step-N.jsonl``. The weights must not change until
+        :meth:`update_step` trains on them (every action is on-policy).
+
+        Raises:
+            RuntimeError: When every episode failed (nothing to train on).
+        """
         started = time.perf_counter()
         episodes = self.rollout(self.step)
         rollout_s = time.perf_counter() - started
@@ -451,10 +520,31 @@ class Trainer:
                 f"every episode of step {self.step} failed, so there is nothing to train on; "
                 f"the first error: {episodes[0].outcome.get('error')}"
             )
+        return StepRollouts(self.step, list(episodes), rollout_s)
+
+    def update_step(self, rollouts: StepRollouts) -> dict[str, Any]:
+        """The second half of :meth:`train_step`: update on ``rollouts``, sync, advance.
+
+        Args:
+            rollouts: This step's episodes (:meth:`rollout_step` of the current step).
+
+        Returns:
+            The step's metrics.
+        """
+        if rollouts.step != self.step:
+            raise ValueError(
+                f"episodes of step {rollouts.step} cannot train step {self.step} (off-policy)"
+            )
+        episodes = rollouts.episodes
         metrics = self.learn(episodes)
-        metrics.update(self.stop_rule.observe(s for s in samples if s.agent in self.learners))
+        metrics.update(
+            self.stop_rule.observe(
+                a for e in episodes for a in e.actions if a.agent in self.learners
+            )
+        )
         self.after_update()
         response_tokens = metrics["rollout/response_tokens"]
+        rollout_s = rollouts.seconds
         metrics["rollout/seconds"] = rollout_s
         metrics["rollout/tokens_per_s"] = response_tokens / rollout_s if rollout_s > 0 else None
         self.step += 1
@@ -677,13 +767,20 @@ class Trainer:
         self.history.append(clean)
         self._metrics.write(clean)
 
-    def _progress(self, total: int, initial: int) -> Any:
+    def _progress(
+        self, total: int, initial: int, desc: str = "train steps", position: int | None = None
+    ) -> Any:
         if not self.config.progress:
             return None
         from tqdm.auto import tqdm
 
         return tqdm(
-            total=total, initial=initial, desc="train steps", unit="step", dynamic_ncols=True
+            total=total,
+            initial=initial,
+            desc=desc,
+            position=position,
+            unit="step",
+            dynamic_ncols=True,
         )
 
 
