@@ -15,8 +15,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from mappa_agents.cli import add_coach_parser, add_eval_parser, add_serve_parser
+from mappa_agents.cli import add_coach_parser, add_eval_parser
 from mappa_agents.compare import add_compare_parser
+from mappa_agents.serve_command import add_serve_parser
 from mappa_train.cli import add_train_parser, resume_command
 
 
