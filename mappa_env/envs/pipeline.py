@@ -18,6 +18,7 @@ import asyncio
 import functools
 import logging
 import math
+import reprlib
 import shutil
 import warnings
 from abc import abstractmethod
@@ -49,7 +50,7 @@ from mappa_env.credit import (
     episode_action_rewards,
     provisional_reward,
 )
-from mappa_env.options import integer_option, number_option
+from mappa_env.options import integer_option, number_option, seed_option
 from mappa_env.sandbox.base import ExecError, ExecResult, Sandbox, SandboxFactory, check_sandbox
 from mappa_env.sandbox.isolation import (
     Confinement,
@@ -72,6 +73,10 @@ REVEAL_POLICIES: tuple[str, ...] = ("never", "last_agent", "always")
 
 #: Largest ``max_new_tokens`` accepted (a budget stated in prompts, not a buffer size).
 MAX_NEW_TOKENS = 1_048_576
+#: Smallest ``code_timeout_s`` accepted. A kernel round trip alone takes milliseconds and
+#: a timed-out run is interrupted (or its kernel restarted) before the next: below this
+#: every code action would time out, whatever it does.
+MIN_CODE_TIMEOUT_S = 0.1
 #: Largest ``code_timeout_s`` accepted: a day; an infinite wait is never meant.
 MAX_CODE_TIMEOUT_S = 86_400.0
 #: Largest turn limit of one agent.
@@ -231,7 +236,7 @@ class PipelineEnv(AECEnv):
             is False either way.
         render_mode: ``None``, ``"ansi"`` (``render()`` returns the transcript) or
             ``"human"`` (``render()`` prints it).
-        seed: Seeds task order (an integer >= 0, or ``None``).
+        seed: Seeds task order (an integer from 0 to ``2**64 - 1``, or ``None``).
         shuffle: Visit tasks in a seeded random order.
         sandbox: ``"jupyter"``, a callable ``workdir -> Sandbox``, or ``None`` (no code).
         isolation: How agents' code is confined (see
@@ -242,8 +247,8 @@ class PipelineEnv(AECEnv):
             ``{"code_executor": 3}`` (integers from 1 to :data:`MAX_TURNS`).
         max_new_tokens: Token budget per action, stated in the prompts (an integer from
             1 to :data:`MAX_NEW_TOKENS`).
-        code_timeout_s: Wall-clock limit of one code run, in seconds (finite, above 0, at
-            most :data:`MAX_CODE_TIMEOUT_S`; ``None``: the class's
+        code_timeout_s: Wall-clock limit of one code run, in seconds (finite, from
+            :data:`MIN_CODE_TIMEOUT_S` to :data:`MAX_CODE_TIMEOUT_S`; ``None``: the class's
             :attr:`default_code_timeout_s`).
         tool_output_chars: Code output longer than this is cut from the middle.
 
@@ -324,10 +329,9 @@ class PipelineEnv(AECEnv):
         self.code_timeout_s = number_option(
             "code_timeout_s",
             code_timeout_s,
-            low=0.0,
-            low_open=True,
+            low=MIN_CODE_TIMEOUT_S,
             high=MAX_CODE_TIMEOUT_S,
-            hint="seconds one code run may take, e.g. 30",
+            hint="seconds one code run may take, e.g. 30 (below 0.1 every run would time out)",
         )
         self.tool_output_chars = integer_option(
             "tool_output_chars", tool_output_chars, high=MAX_OBSERVATION_CHARS
@@ -353,6 +357,13 @@ class PipelineEnv(AECEnv):
         # A coach built here from a spec string belongs to this env and is closed with it;
         # a coach object passed in is shared (e.g. by every env of a runner) and is not.
         self._owns_coach = isinstance(coach, str)
+        if coach is not None and not isinstance(coach, (str, Coach)):
+            # Taken as is, it failed at the first reset with an AttributeError.
+            raise TypeError(
+                f"coach={reprlib.repr(coach)}: coach must be a Coach object (with name, "
+                "score() and ascore()), a spec string ('rules' or 'llm:<model>') or None, "
+                f"got {type(coach).__name__}"
+            )
         if isinstance(coach, str):
             from mappa_env.coach import make_coach
 
@@ -390,8 +401,7 @@ class PipelineEnv(AECEnv):
                 "max_cycles", max_cycles, hint="or None to bound episodes by turns only"
             )
         invalid_reward = check_invalid_reward(invalid_reward)
-        if seed is not None:
-            seed = integer_option("seed", seed, low=0, hint="or None for a random one")
+        seed = seed_option(seed)
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(
                 f"render_mode must be one of {self.metadata['render_modes']} or None, "
@@ -580,6 +590,10 @@ class PipelineEnv(AECEnv):
             seed: Reseeds task order (and anything else random) when given.
             options: Environment-specific choices, e.g. ``{"task_id": "..."}`` or
                 ``{"task": <task object>}`` to pick the task.
+
+        Raises:
+            TypeError: For a seed that is not an integer.
+            ValueError: For a seed below 0 or above ``2**64 - 1``.
         """
         self._sync.run(self.areset(seed=seed, options=options))
 
@@ -602,6 +616,7 @@ class PipelineEnv(AECEnv):
     ) -> None:
         """Start a new episode (async core of :meth:`reset`)."""
         self._check_open()
+        seed = seed_option(seed)
         if seed is not None:
             self.np_random, _ = gymnasium.utils.seeding.np_random(seed)
             self._order, self._cursor = [], 0  # a new seed restarts the task order
