@@ -20,6 +20,7 @@ import logging
 import math
 import reprlib
 import shutil
+import time
 import warnings
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
@@ -61,6 +62,7 @@ from mappa_env.sandbox.isolation import (
     isolation_required,
     resolve_confinement,
 )
+from mappa_env.sandbox.quota import QUOTA_ERROR, quota_error, trim_workspace, workspace_usage
 from mappa_env.spaces import UnicodeText, make_observation, text_observation_space
 from mappa_env.tempdirs import make_temp_dir
 
@@ -77,6 +79,8 @@ MAX_NEW_TOKENS = 1_048_576
 #: a timed-out run is interrupted (or its kernel restarted) before the next: below this
 #: every code action would time out, whatever it does.
 MIN_CODE_TIMEOUT_S = 0.1
+#: Default ``workspace_quota_mb``: 1 GiB, room for a data set, its copies and models.
+DEFAULT_WORKSPACE_QUOTA_MB = 1024
 #: Largest ``code_timeout_s`` accepted: a day; an infinite wait is never meant.
 MAX_CODE_TIMEOUT_S = 86_400.0
 #: Largest turn limit of one agent.
@@ -251,6 +255,14 @@ class PipelineEnv(AECEnv):
             :data:`MIN_CODE_TIMEOUT_S` to :data:`MAX_CODE_TIMEOUT_S`; ``None``: the class's
             :attr:`default_code_timeout_s`).
         tool_output_chars: Code output longer than this is cut from the middle.
+        workspace_quota_mb: Disk quota of the episode's workspace, in MiB (default
+            1024; ``None``: none). Checked after every code run whatever the sandbox,
+            and, by the Jupyter sandbox, while the code runs: code that takes the
+            workspace over it is stopped, its interpreter is closed (its variables are
+            gone), what it wrote is deleted until the workspace is back under the
+            quota, and the action's tool result carries the error
+            ``WorkspaceQuotaExceeded`` (see :mod:`mappa_env.sandbox.quota`); the episode
+            goes on.
 
     Every numeric option is checked here: a value of the wrong type, NaN, an infinity or
     one out of range raises ``TypeError`` / ``ValueError`` naming the option, the value
@@ -312,6 +324,7 @@ class PipelineEnv(AECEnv):
         max_new_tokens: int = 4096,
         code_timeout_s: float | None = None,
         tool_output_chars: int = 4000,
+        workspace_quota_mb: float | None = DEFAULT_WORKSPACE_QUOTA_MB,
     ) -> None:
         super().__init__()
         if not self.roles:
@@ -336,6 +349,16 @@ class PipelineEnv(AECEnv):
         self.tool_output_chars = integer_option(
             "tool_output_chars", tool_output_chars, high=MAX_OBSERVATION_CHARS
         )
+        self.workspace_quota_bytes: int | None = None
+        if workspace_quota_mb is not None:
+            quota_mb = number_option(
+                "workspace_quota_mb",
+                workspace_quota_mb,
+                low=0.0,
+                low_open=True,
+                hint="MiB the agents' files may take on disk, e.g. 1024, or None for none",
+            )
+            self.workspace_quota_bytes = max(1, int(quota_mb * 1024**2))
         limits = parse_turn_limits({r.name: r.max_turns for r in self.roles}, turns)
         self._specs: dict[str, AgentSpec] = {
             r.name: replace(r, max_turns=limits[r.name]) for r in self.roles
@@ -343,7 +366,9 @@ class PipelineEnv(AECEnv):
         # Checked now: isolation="namespaces" where it cannot work fails here, by name.
         self.isolation: IsolationMode = isolation
         self._confinement = resolve_confinement(isolation)
-        self._sandbox_factory = resolve_sandbox_factory(sandbox, isolation)
+        self._sandbox_factory = resolve_sandbox_factory(
+            sandbox, isolation, workspace_bytes=self.workspace_quota_bytes
+        )
         self._agent_confinement = _agent_confinement(self._sandbox_factory, self._confinement)
         if (
             isolation != "none"
@@ -1073,8 +1098,32 @@ class PipelineEnv(AECEnv):
                 result = ExecResult(error=error)
                 return result, result.render(output_chars)
             self._sandboxes[owner] = sandbox
+        started_ns = time.time_ns()
         result = await sandbox.arun(code, timeout=timeout)
+        if self.workspace_quota_bytes is not None and (
+            result.error is None or result.error.name != QUOTA_ERROR
+        ):
+            result = await asyncio.to_thread(self._hold_quota, owner, result, started_ns)
         return result, result.render(output_chars)
+
+    def _hold_quota(self, owner: str, result: ExecResult, started_ns: int) -> ExecResult:
+        """``result``, or a quota error when the run left the workspace over its quota.
+
+        The sandbox's own watch (the Jupyter sandbox's) stops code while it writes; this
+        check after the run holds for any sandbox. Closing the owner's sandbox stops what
+        its code left running before the files it wrote are deleted.
+        """
+        quota = self.workspace_quota_bytes
+        assert quota is not None
+        usage = workspace_usage(self.workdir)
+        if not usage.over(quota):
+            return result
+        sandbox = self._sandboxes.pop(owner, None)
+        if sandbox is not None:
+            sandbox.close()
+        removed, after = trim_workspace(self.workdir, quota, started_ns)
+        logger.info("%s's code took the workspace over its quota (%s)", owner, usage.describe())
+        return replace(result, error=quota_error(quota, usage, removed, after), restarted=True)
 
     @property
     def sandbox_confinement(self) -> Confinement:
@@ -1230,11 +1279,15 @@ def check_invalid_reward(value: Any) -> float:
 
 
 def resolve_sandbox_factory(
-    sandbox: str | SandboxFactory | None, isolation: IsolationMode = "auto"
+    sandbox: str | SandboxFactory | None,
+    isolation: IsolationMode = "auto",
+    *,
+    workspace_bytes: int | None = DEFAULT_WORKSPACE_QUOTA_MB * 1024**2,
 ) -> SandboxFactory | None:
     """The sandbox factory named by ``sandbox``.
 
-    ``"jupyter"`` gives a Jupyter kernel per sandbox, confined as ``isolation`` says;
+    ``"jupyter"`` gives a Jupyter kernel per sandbox, confined as ``isolation`` says, with
+    ``workspace_bytes`` as its workspace quota (``SandboxLimits.workspace_bytes``);
     ``None`` disables code execution. A callable must declare its confinement (a
     :class:`~mappa_env.sandbox.isolation.Confinement` as its ``confinement``
     attribute, as :meth:`JupyterSandbox.factory
@@ -1266,9 +1319,10 @@ def resolve_sandbox_factory(
             )
         return sandbox
     if sandbox == "jupyter":
-        from mappa_env.sandbox import JupyterSandbox
+        from mappa_env.sandbox import JupyterSandbox, SandboxLimits
 
-        return JupyterSandbox.factory(isolation=isolation)
+        limits = SandboxLimits(workspace_bytes=workspace_bytes)
+        return JupyterSandbox.factory(limits=limits, isolation=isolation)
     raise ValueError(
         f"unknown sandbox {sandbox!r}: pass 'jupyter', None (no code execution) "
         "or a callable workdir -> Sandbox"
