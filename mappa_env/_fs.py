@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mappa_env.errors import SettingsError
+
 logger = logging.getLogger(__name__)
 
 #: Deepest folder level a listing descends to (0 = only the top folder).
@@ -235,6 +237,61 @@ def _check_regular(name: str, info: os.stat_result, max_bytes: int) -> None:
         raise UnsafeFileError(f"{name} is a hard link to another file, not a file of its own")
     if info.st_size > max_bytes:
         raise UnsafeFileError(f"{name} is {info.st_size} bytes, over the {max_bytes} limit")
+
+
+def special_file_kind(path: str | Path) -> str | None:
+    """The kind of what is at ``path`` when it is neither a regular file nor a folder.
+
+    Links are followed (a user may name a task file through one). Checking before
+    reading turns a FIFO, socket or device given as a file into a message that says so,
+    rather than "not found" or a read that waits for a writer.
+
+    Args:
+        path: A path the user named as a file.
+
+    Returns:
+        ``"FIFO (named pipe)"``, ``"socket"``, ``"device"``, ...; ``None`` when nothing
+        is there, or a regular file or a folder is.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return _kind(mode)
+
+
+def read_text_file(path: str | Path, what: str) -> str:
+    """The UTF-8 text of a file the user named, never blocking on a special file.
+
+    The file is opened non-blocking and checked after opening, so a FIFO put in the
+    place of a file between a check and the read is refused, not waited on.
+
+    Args:
+        path: The file.
+        what: What the file is, for the message (e.g. ``"task file"``).
+
+    Returns:
+        The text.
+
+    Raises:
+        SettingsError: When ``path`` is not a regular file; the message names its kind.
+        FileNotFoundError: When nothing is at ``path``.
+        UnicodeDecodeError: When the file is not UTF-8.
+    """
+    handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    with os.fdopen(handle, "rb") as stream:
+        mode = os.fstat(handle).st_mode
+        if not stat.S_ISREG(mode):
+            raise SettingsError(not_a_regular_file(path, what, _kind(mode)))
+        data = stream.read()
+    return data.decode("utf-8")
+
+
+def not_a_regular_file(path: str | Path, what: str, kind: str) -> str:
+    """The one-line message for a ``what`` at ``path`` that is a ``kind``, not a file."""
+    return f"{what} {path} is a {kind}, not a regular file: pass a regular file"
 
 
 def remove_tree(path: str | Path) -> list[str]:

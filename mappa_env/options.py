@@ -13,6 +13,10 @@ import numbers
 import operator
 from typing import Any
 
+#: Largest seed accepted. Seeds are 64-bit words: torch.manual_seed refuses larger ones,
+#: so a seed an environment took would fail later in a trainer that reuses it.
+MAX_SEED = 2**64 - 1
+
 
 def _number_text(value: float) -> str:
     return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
@@ -98,3 +102,24 @@ def number_option(
     if not math.isfinite(number) or below or (high is not None and number > high):
         raise ValueError(f"{name}={number!r} is out of range: {name} must be {allowed}{suffix}")
     return number
+
+
+def seed_option(value: Any, name: str = "seed") -> int | None:
+    """``value`` as a seed: ``None`` or an integer in ``[0, MAX_SEED]``.
+
+    Args:
+        name: The option's name (``"seed"``).
+        value: What was given.
+
+    Returns:
+        The seed as an ``int``, or ``None``.
+
+    Raises:
+        TypeError: For a value that is not an integer (a bool or a float included).
+        ValueError: For a negative seed or one above :data:`MAX_SEED`.
+    """
+    if value is None:
+        return None
+    return integer_option(
+        name, value, low=0, high=MAX_SEED, hint="or None for a random one (seeds are 64-bit)"
+    )

@@ -14,6 +14,7 @@ import io
 import json
 import math
 import os
+import signal
 import socket
 import threading
 import time
@@ -28,6 +29,7 @@ from mappa_env.coach import CoachTemplates, RulesCoach
 from mappa_env.dsbench import BuiltinTaskSet, outcome_cap, score_submission
 from mappa_env.dsbench.reference import engineer_action
 from mappa_env.envs.dsbench import DSBenchEnv
+from mappa_env.errors import SettingsError
 from mappa_env.sandbox import JupyterSandbox, KernelPool, SandboxLimits
 from mappa_env.sandbox.base import ExecResult
 from mappa_env.sandbox.isolation import (
@@ -37,6 +39,7 @@ from mappa_env.sandbox.isolation import (
     resolve_confinement,
 )
 from mappa_env.tasks import MathTask
+from mappa_env.tasks.math import _read_rows
 from tests.fakes import FixedCoach, InProcessSandbox
 
 TASK = MathTask(id="t-add", prompt="What is 2 + 3?", answer="5")
@@ -257,6 +260,15 @@ BAD_OPTIONS = [
     ("MathChat-v0", {"max_cycles": 0.5}, TypeError, "max_cycles"),
     ("MathChat-v0", {"tool_output_chars": -1}, ValueError, "tool_output_chars"),
     ("MathChat-v0", {"seed": -1}, ValueError, "seed"),
+    # Below the floor every code run times out; seeds past 64 bits fail in torch later.
+    ("MathChat-v0", {"code_timeout_s": 1e-9}, ValueError, "code_timeout_s"),
+    ("MathChat-v0", {"seed": 2**70}, ValueError, "seed"),
+    ("MathChat-v0", {"seed": 2**64}, ValueError, "seed"),
+    ("MathChat-v0", {"seed": True}, TypeError, "seed"),
+    ("DSBench-v0", {"seed": 2**64}, ValueError, "seed"),
+    # Taken as is, a coach that is no coach failed at the first reset (AttributeError).
+    ("MathChat-v0", {"coach": 5}, TypeError, "coach=5"),
+    ("MathChat-v0", {"coach": object()}, TypeError, "coach="),
     ("DSBench-v0", {"task_ids": "iris"}, TypeError, "task_ids='iris'"),
     ("DSBench-v0", {"tasks": 42}, TypeError, "tasks=42"),
     ("DSBench-v0", {"tasks": "iris"}, TypeError, "tasks='iris'"),
@@ -273,6 +285,41 @@ def test_bad_options_stop_the_constructor_naming_the_option(env_id, options, err
     assert named in message, message
     assert "must" in message or "gives no tasks" in message, message  # the allowed range
     assert time.perf_counter() - start < 5.0  # refused, not worked through (imports aside)
+
+
+@pytest.mark.parametrize("seed", [2**64, 2**70, -1])
+def test_a_seed_out_of_range_is_refused_at_reset(seed):
+    env = mappa_env.make("MathChat-v0", tasks=[TASK], sandbox=None, isolation="none")
+    try:
+        with pytest.raises(ValueError, match=r"^seed=-?\d+ is out of range: seed must be"):
+            env.reset(seed=seed)
+        env.reset(seed=2**64 - 1)  # the largest 64-bit seed still works
+    finally:
+        env.close()
+
+
+def test_a_fifo_task_file_is_named_as_such_and_never_opened_blocking(tmp_path):
+    fifo = tmp_path / "tasks.json"
+    os.mkfifo(fifo)
+    # Opening a FIFO for reading blocks until a writer comes: the test would hang, not
+    # fail, on a reader that opened it; the alarm turns a hang into a failure.
+    signal.signal(signal.SIGALRM, _hung)
+    signal.alarm(20)
+    try:
+        with pytest.raises(SettingsError) as raised:
+            mappa_env.make("MathChat-v0", tasks=str(fifo), sandbox=None, isolation="none")
+        with pytest.raises(SettingsError, match="FIFO"):
+            _read_rows(fifo)  # past the check, as if the file was swapped after it
+    finally:
+        signal.alarm(0)
+    message = str(raised.value)
+    assert "FIFO (named pipe), not a regular file" in message, message
+    assert "not found" not in message
+    assert "\n" not in message
+
+
+def _hung(signum, frame):
+    raise AssertionError("reading the task file blocked")
 
 
 def test_an_empty_task_file_is_refused_by_name(tmp_path):

@@ -54,7 +54,13 @@ def test_rlimits_mapping() -> None:
         "RLIMIT_FSIZE": [MIB, MIB],
         "RLIMIT_NPROC": [9, 9],
     }
-    off = SandboxLimits(memory_bytes=None, cpu_seconds=None, open_files=None, file_size_bytes=None)
+    off = SandboxLimits(
+        memory_bytes=None,
+        cpu_seconds=None,
+        open_files=None,
+        file_size_bytes=None,
+        workspace_bytes=None,
+    )
     assert off.rlimits() == {}
 
 

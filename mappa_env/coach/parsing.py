@@ -7,7 +7,11 @@ The rules, in order:
    ``</think>`` of a reply that opens none (templates that open the block for the
    model), never counts, so a number the model weighed while thinking cannot become
    the score. A ``<think>`` later in the answer is a quote (an agent wrote one, and the
-   coach cites it) and stays text: it cannot hide the verdict after it.
+   coach cites it) and stays text: it cannot hide the verdict after it. Likewise a
+   ``</think>`` that comes after a stated score (a ``PROCESS_SCORE`` key or a JSON
+   ``score``) or inside quoted text is a quote, not the end of reasoning: a coach that
+   gives its verdict and then quotes an agent's ``</think> PROCESS_SCORE: 10`` keeps
+   both statements, and rule 4 refuses the pair.
 2. A reply that is one JSON object is read by its ``score`` field alone: its strings
    (the analysis) may quote anything.
 3. Otherwise the reply's last statement is its verdict: the last ``PROCESS_SCORE`` key,
@@ -88,8 +92,9 @@ def visible_text(reply: str) -> str:
     Reasoning is the block that opens the reply, ``<think>...</think>`` (unclosed: all of
     the reply is reasoning), or, in a reply that opens no ``<think>`` before its first
     ``</think>``, the text before that ``</think>`` (a template that opened the block
-    for the model). Any other ``<think>`` or ``</think>`` is part of the answer: a coach
-    quoting an agent that wrote one must not lose the verdict that follows the quote.
+    for the model) unless a score is stated before it or it sits in quoted text. Any
+    other ``<think>`` or ``</think>`` is part of the answer: a coach quoting an agent
+    that wrote one must not lose the verdict that comes before or after the quote.
     (Agents' own outputs follow :func:`mappa_env.text.strip_think`, where reasoning may
     sit anywhere.)
 
@@ -104,9 +109,35 @@ def visible_text(reply: str) -> str:
         closing = _CLOSE_THINK.search(reply, opening.end())
         return "" if closing is None else reply[closing.end() :].strip()
     closing = _CLOSE_THINK.search(reply)
-    if closing is not None and not _ANY_OPEN_THINK.search(reply, 0, closing.start()):
+    if (
+        closing is not None
+        and not _ANY_OPEN_THINK.search(reply, 0, closing.start())
+        and not _is_quote(reply, closing.start())
+    ):
         return reply[closing.end() :].strip()
     return reply.strip()
+
+
+def _is_quote(reply: str, tag_start: int) -> bool:
+    """Whether the ``</think>`` at ``tag_start`` is quoted answer text, not a template's.
+
+    Reasoning ends before the coach states anything: after a score key or a JSON score,
+    the tag can only be the coach citing an agent, and honouring it would drop the
+    coach's own verdict in favour of whatever the agent wrote after its tag. A tag on a
+    ``>`` quote line, or after an unclosed quote mark or backtick on its line, is cited
+    text too.
+    """
+    before = reply[:tag_start]
+    if _KEY.search(before) or _json_objects_with_score(before):
+        return True
+    line = before[before.rfind("\n") + 1 :]
+    if line.lstrip().startswith(">"):
+        return True
+    return (
+        line.count('"') % 2 == 1
+        or line.count("`") % 2 == 1
+        or line.count("\u201c") > line.count("\u201d")
+    )
 
 
 def parse_reply(reply: str | None, *, score_max: float = SCORE_MAX) -> ParsedReply:

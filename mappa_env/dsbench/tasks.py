@@ -33,6 +33,7 @@ from typing import Any
 
 import pandas as pd
 
+from mappa_env._fs import not_a_regular_file, read_text_file, special_file_kind
 from mappa_env.dsbench.metrics import (
     Metric,
     Score,
@@ -40,6 +41,7 @@ from mappa_env.dsbench.metrics import (
     get_metric,
     score_submission,
 )
+from mappa_env.errors import SettingsError
 from mappa_env.tasks.math import BENCH_DIR_ENV, find_bench_dir
 
 logger = logging.getLogger(__name__)
@@ -152,15 +154,19 @@ def read_cleaned_prompts(path: str | Path) -> dict[str, dict[str, Any]]:
 
     Raises:
         FileNotFoundError: If the file does not exist.
+        SettingsError: If the path is a FIFO, socket or device, not a regular file.
         ValueError: If it is not a JSON object of objects.
     """
     path = Path(path)
+    special = special_file_kind(path)
+    if special is not None:
+        raise SettingsError(not_a_regular_file(path, "cleaned prompts file", special))
     if not path.is_file():
         raise FileNotFoundError(
             f"cleaned prompts file not found: {path}. Pass cleaned_prompts= or set "
             f"{BENCH_DIR_ENV} to the directory holding {CLEANED_PROMPTS_FILE}."
         )
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = json.loads(read_text_file(path, "cleaned prompts file"))
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise ValueError(f"{path} must hold a JSON object mapping task ids to objects")
     return data
@@ -177,12 +183,16 @@ def read_task_list(path: str | Path) -> list[dict[str, Any]]:
 
     Raises:
         FileNotFoundError: If the file does not exist.
+        SettingsError: If the path is a FIFO, socket or device, not a regular file.
         ValueError: If an entry has no ``metadata.task_id``.
     """
     path = Path(path)
+    special = special_file_kind(path)
+    if special is not None:
+        raise SettingsError(not_a_regular_file(path, "DSBench task list", special))
     if not path.is_file():
         raise FileNotFoundError(f"DSBench task list not found: {path}")
-    text = path.read_text(encoding="utf-8").strip()
+    text = read_text_file(path, "DSBench task list").strip()
     if text.startswith("["):
         entries = json.loads(text)
     else:

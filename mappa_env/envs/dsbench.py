@@ -65,6 +65,7 @@ from mappa_env.envs.pipeline import (
     PipelineEnv,
     ToolOutcome,
 )
+from mappa_env.options import seed_option
 from mappa_env.tasks.secret import user_task_secret
 from mappa_env.text import extract_code_blocks, strip_think, truncate_middle
 
@@ -738,7 +739,8 @@ class DSBenchEnv(PipelineEnv):
         self._test_truth: dict[str, list[str | None] | None] = {}
         self._label_translation: dict[str, str] | None = None
         self._target_signs: list[float] | None = None
-        seed = options.get("seed")
+        # Checked here too: the task data is made from it before the base class runs.
+        seed = seed_option(options.get("seed"))
         self.tasks = self._resolve_tasks(
             tasks, data_dir, task_ids, cleaned_prompts, 0 if seed is None else seed
         )

@@ -57,7 +57,7 @@ from mappa_env.envs.pipeline import (
 from mappa_env.errors import SettingsError
 from mappa_env.grading.answers import code_executor_answer, stated_answer
 from mappa_env.grading.math import answers_match_any, extract_boxed
-from mappa_env.options import integer_option
+from mappa_env.options import integer_option, seed_option
 from mappa_env.tasks import MathTask
 from mappa_env.tasks.word_problems import solution_expression
 from mappa_env.text import extract_code_blocks, strip_think
@@ -400,7 +400,8 @@ class MathChatEnv(PipelineEnv):
         self.verifier_sees_solver = bool(verifier_sees_solver)
         self.strict_boxed = bool(strict_boxed)
         self.verifier_reply = verifier_reply
-        seed = options.get("seed")
+        # Checked here too: the task data is made from it before the base class runs.
+        seed = seed_option(options.get("seed"))
         self.tasks = _resolve_tasks(tasks, seed=0 if seed is None else seed)
         self.task: MathTask = self.tasks[0]
         super().__init__(**options)

@@ -18,7 +18,9 @@ import asyncio
 import functools
 import logging
 import math
+import reprlib
 import shutil
+import time
 import warnings
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
@@ -49,7 +51,7 @@ from mappa_env.credit import (
     episode_action_rewards,
     provisional_reward,
 )
-from mappa_env.options import integer_option, number_option
+from mappa_env.options import integer_option, number_option, seed_option
 from mappa_env.sandbox.base import ExecError, ExecResult, Sandbox, SandboxFactory, check_sandbox
 from mappa_env.sandbox.isolation import (
     Confinement,
@@ -60,6 +62,7 @@ from mappa_env.sandbox.isolation import (
     isolation_required,
     resolve_confinement,
 )
+from mappa_env.sandbox.quota import QUOTA_ERROR, quota_error, trim_workspace, workspace_usage
 from mappa_env.spaces import UnicodeText, make_observation, text_observation_space
 from mappa_env.tempdirs import make_temp_dir
 
@@ -72,6 +75,12 @@ REVEAL_POLICIES: tuple[str, ...] = ("never", "last_agent", "always")
 
 #: Largest ``max_new_tokens`` accepted (a budget stated in prompts, not a buffer size).
 MAX_NEW_TOKENS = 1_048_576
+#: Smallest ``code_timeout_s`` accepted. A kernel round trip alone takes milliseconds and
+#: a timed-out run is interrupted (or its kernel restarted) before the next: below this
+#: every code action would time out, whatever it does.
+MIN_CODE_TIMEOUT_S = 0.1
+#: Default ``workspace_quota_mb``: 1 GiB, room for a data set, its copies and models.
+DEFAULT_WORKSPACE_QUOTA_MB = 1024
 #: Largest ``code_timeout_s`` accepted: a day; an infinite wait is never meant.
 MAX_CODE_TIMEOUT_S = 86_400.0
 #: Largest turn limit of one agent.
@@ -231,7 +240,7 @@ class PipelineEnv(AECEnv):
             is False either way.
         render_mode: ``None``, ``"ansi"`` (``render()`` returns the transcript) or
             ``"human"`` (``render()`` prints it).
-        seed: Seeds task order (an integer >= 0, or ``None``).
+        seed: Seeds task order (an integer from 0 to ``2**64 - 1``, or ``None``).
         shuffle: Visit tasks in a seeded random order.
         sandbox: ``"jupyter"``, a callable ``workdir -> Sandbox``, or ``None`` (no code).
         isolation: How agents' code is confined (see
@@ -242,10 +251,18 @@ class PipelineEnv(AECEnv):
             ``{"code_executor": 3}`` (integers from 1 to :data:`MAX_TURNS`).
         max_new_tokens: Token budget per action, stated in the prompts (an integer from
             1 to :data:`MAX_NEW_TOKENS`).
-        code_timeout_s: Wall-clock limit of one code run, in seconds (finite, above 0, at
-            most :data:`MAX_CODE_TIMEOUT_S`; ``None``: the class's
+        code_timeout_s: Wall-clock limit of one code run, in seconds (finite, from
+            :data:`MIN_CODE_TIMEOUT_S` to :data:`MAX_CODE_TIMEOUT_S`; ``None``: the class's
             :attr:`default_code_timeout_s`).
         tool_output_chars: Code output longer than this is cut from the middle.
+        workspace_quota_mb: Disk quota of the episode's workspace, in MiB (default
+            1024; ``None``: none). Checked after every code run whatever the sandbox,
+            and, by the Jupyter sandbox, while the code runs: code that takes the
+            workspace over it is stopped, its interpreter is closed (its variables are
+            gone), what it wrote is deleted until the workspace is back under the
+            quota, and the action's tool result carries the error
+            ``WorkspaceQuotaExceeded`` (see :mod:`mappa_env.sandbox.quota`); the episode
+            goes on.
 
     Every numeric option is checked here: a value of the wrong type, NaN, an infinity or
     one out of range raises ``TypeError`` / ``ValueError`` naming the option, the value
@@ -307,6 +324,7 @@ class PipelineEnv(AECEnv):
         max_new_tokens: int = 4096,
         code_timeout_s: float | None = None,
         tool_output_chars: int = 4000,
+        workspace_quota_mb: float | None = DEFAULT_WORKSPACE_QUOTA_MB,
     ) -> None:
         super().__init__()
         if not self.roles:
@@ -324,14 +342,23 @@ class PipelineEnv(AECEnv):
         self.code_timeout_s = number_option(
             "code_timeout_s",
             code_timeout_s,
-            low=0.0,
-            low_open=True,
+            low=MIN_CODE_TIMEOUT_S,
             high=MAX_CODE_TIMEOUT_S,
-            hint="seconds one code run may take, e.g. 30",
+            hint="seconds one code run may take, e.g. 30 (below 0.1 every run would time out)",
         )
         self.tool_output_chars = integer_option(
             "tool_output_chars", tool_output_chars, high=MAX_OBSERVATION_CHARS
         )
+        self.workspace_quota_bytes: int | None = None
+        if workspace_quota_mb is not None:
+            quota_mb = number_option(
+                "workspace_quota_mb",
+                workspace_quota_mb,
+                low=0.0,
+                low_open=True,
+                hint="MiB the agents' files may take on disk, e.g. 1024, or None for none",
+            )
+            self.workspace_quota_bytes = max(1, int(quota_mb * 1024**2))
         limits = parse_turn_limits({r.name: r.max_turns for r in self.roles}, turns)
         self._specs: dict[str, AgentSpec] = {
             r.name: replace(r, max_turns=limits[r.name]) for r in self.roles
@@ -339,7 +366,9 @@ class PipelineEnv(AECEnv):
         # Checked now: isolation="namespaces" where it cannot work fails here, by name.
         self.isolation: IsolationMode = isolation
         self._confinement = resolve_confinement(isolation)
-        self._sandbox_factory = resolve_sandbox_factory(sandbox, isolation)
+        self._sandbox_factory = resolve_sandbox_factory(
+            sandbox, isolation, workspace_bytes=self.workspace_quota_bytes
+        )
         self._agent_confinement = _agent_confinement(self._sandbox_factory, self._confinement)
         if (
             isolation != "none"
@@ -353,6 +382,13 @@ class PipelineEnv(AECEnv):
         # A coach built here from a spec string belongs to this env and is closed with it;
         # a coach object passed in is shared (e.g. by every env of a runner) and is not.
         self._owns_coach = isinstance(coach, str)
+        if coach is not None and not isinstance(coach, (str, Coach)):
+            # Taken as is, it failed at the first reset with an AttributeError.
+            raise TypeError(
+                f"coach={reprlib.repr(coach)}: coach must be a Coach object (with name, "
+                "score() and ascore()), a spec string ('rules' or 'llm:<model>') or None, "
+                f"got {type(coach).__name__}"
+            )
         if isinstance(coach, str):
             from mappa_env.coach import make_coach
 
@@ -390,8 +426,7 @@ class PipelineEnv(AECEnv):
                 "max_cycles", max_cycles, hint="or None to bound episodes by turns only"
             )
         invalid_reward = check_invalid_reward(invalid_reward)
-        if seed is not None:
-            seed = integer_option("seed", seed, low=0, hint="or None for a random one")
+        seed = seed_option(seed)
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(
                 f"render_mode must be one of {self.metadata['render_modes']} or None, "
@@ -580,6 +615,10 @@ class PipelineEnv(AECEnv):
             seed: Reseeds task order (and anything else random) when given.
             options: Environment-specific choices, e.g. ``{"task_id": "..."}`` or
                 ``{"task": <task object>}`` to pick the task.
+
+        Raises:
+            TypeError: For a seed that is not an integer.
+            ValueError: For a seed below 0 or above ``2**64 - 1``.
         """
         self._sync.run(self.areset(seed=seed, options=options))
 
@@ -602,6 +641,7 @@ class PipelineEnv(AECEnv):
     ) -> None:
         """Start a new episode (async core of :meth:`reset`)."""
         self._check_open()
+        seed = seed_option(seed)
         if seed is not None:
             self.np_random, _ = gymnasium.utils.seeding.np_random(seed)
             self._order, self._cursor = [], 0  # a new seed restarts the task order
@@ -1058,8 +1098,32 @@ class PipelineEnv(AECEnv):
                 result = ExecResult(error=error)
                 return result, result.render(output_chars)
             self._sandboxes[owner] = sandbox
+        started_ns = time.time_ns()
         result = await sandbox.arun(code, timeout=timeout)
+        if self.workspace_quota_bytes is not None and (
+            result.error is None or result.error.name != QUOTA_ERROR
+        ):
+            result = await asyncio.to_thread(self._hold_quota, owner, result, started_ns)
         return result, result.render(output_chars)
+
+    def _hold_quota(self, owner: str, result: ExecResult, started_ns: int) -> ExecResult:
+        """``result``, or a quota error when the run left the workspace over its quota.
+
+        The sandbox's own watch (the Jupyter sandbox's) stops code while it writes; this
+        check after the run holds for any sandbox. Closing the owner's sandbox stops what
+        its code left running before the files it wrote are deleted.
+        """
+        quota = self.workspace_quota_bytes
+        assert quota is not None
+        usage = workspace_usage(self.workdir)
+        if not usage.over(quota):
+            return result
+        sandbox = self._sandboxes.pop(owner, None)
+        if sandbox is not None:
+            sandbox.close()
+        removed, after = trim_workspace(self.workdir, quota, started_ns)
+        logger.info("%s's code took the workspace over its quota (%s)", owner, usage.describe())
+        return replace(result, error=quota_error(quota, usage, removed, after), restarted=True)
 
     @property
     def sandbox_confinement(self) -> Confinement:
@@ -1215,11 +1279,15 @@ def check_invalid_reward(value: Any) -> float:
 
 
 def resolve_sandbox_factory(
-    sandbox: str | SandboxFactory | None, isolation: IsolationMode = "auto"
+    sandbox: str | SandboxFactory | None,
+    isolation: IsolationMode = "auto",
+    *,
+    workspace_bytes: int | None = DEFAULT_WORKSPACE_QUOTA_MB * 1024**2,
 ) -> SandboxFactory | None:
     """The sandbox factory named by ``sandbox``.
 
-    ``"jupyter"`` gives a Jupyter kernel per sandbox, confined as ``isolation`` says;
+    ``"jupyter"`` gives a Jupyter kernel per sandbox, confined as ``isolation`` says, with
+    ``workspace_bytes`` as its workspace quota (``SandboxLimits.workspace_bytes``);
     ``None`` disables code execution. A callable must declare its confinement (a
     :class:`~mappa_env.sandbox.isolation.Confinement` as its ``confinement``
     attribute, as :meth:`JupyterSandbox.factory
@@ -1251,9 +1319,10 @@ def resolve_sandbox_factory(
             )
         return sandbox
     if sandbox == "jupyter":
-        from mappa_env.sandbox import JupyterSandbox
+        from mappa_env.sandbox import JupyterSandbox, SandboxLimits
 
-        return JupyterSandbox.factory(isolation=isolation)
+        limits = SandboxLimits(workspace_bytes=workspace_bytes)
+        return JupyterSandbox.factory(limits=limits, isolation=isolation)
     raise ValueError(
         f"unknown sandbox {sandbox!r}: pass 'jupyter', None (no code execution) "
         "or a callable workdir -> Sandbox"

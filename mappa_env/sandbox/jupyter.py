@@ -50,6 +50,13 @@ from mappa_env.sandbox.isolation import (
     resolve_confinement,
 )
 from mappa_env.sandbox.limits import SandboxLimits, kernel_environment
+from mappa_env.sandbox.quota import (
+    QUOTA_ERROR,
+    WorkspaceUsage,
+    quota_error,
+    trim_workspace,
+    workspace_usage,
+)
 from mappa_env.tempdirs import make_temp_dir
 from mappa_env.text import truncate_middle
 
@@ -227,6 +234,7 @@ class _CallOutcome:
     output_lost: bool = False
     closed: bool = False
     oom_kills_before: int = 0  # the cgroup's count when the call began
+    over_quota: WorkspaceUsage | None = None  # the usage that broke the workspace quota
 
 
 # --------------------------------------------------------------------------------------
@@ -322,7 +330,9 @@ class JupyterSandbox:
     Besides the code's own exceptions, ``ExecResult.error.name`` may be one of:
     ``TimeoutError`` (the wall-clock limit interrupted the code), ``KernelDied`` (the
     process crashed, was killed or exited), ``CPUTimeLimitExceeded``,
-    ``ProcessLimitExceeded``, ``SandboxClosed`` (closed from another thread while the
+    ``ProcessLimitExceeded``, ``WorkspaceQuotaExceeded`` (the workspace went over
+    ``limits.workspace_bytes``: the code was stopped and what it wrote deleted until the
+    workspace is back under), ``SandboxClosed`` (closed from another thread while the
     code ran), ``SandboxError`` (the kernel could not be reached, started or restarted;
     the next call tries again) and ``UnicodeEncodeError`` (the code contains characters
     that cannot be sent to the kernel, such as a lone surrogate; it did not run).
@@ -573,6 +583,7 @@ class JupyterSandbox:
         self._res.pending_notice = ""
 
         root = str(self._workdir)
+        started_ns = time.time_ns()
         before = _snapshot(root, self._limits.max_tracked_files)
         outcome = self._execute(kernel, code, timeout)
         error = outcome.error
@@ -582,9 +593,16 @@ class JupyterSandbox:
             over = _limit_error(kernel, self._limits)
             if over is not None:
                 outcome.kill_reason, outcome.kill_error = "process limit", over
+            else:
+                self._check_quota(outcome)
+        elif outcome.died and outcome.over_quota is None:
+            # A writer killed by RLIMIT_FSIZE or the like may still have filled the disk.
+            self._check_quota(outcome)
         if not outcome.closed and (outcome.died or outcome.kill_reason or outcome.asked_exit):
             error = self._recover(kernel, outcome, error)
             restarted = True
+        if outcome.over_quota is not None and not outcome.closed:
+            error = self._trim_after_quota(outcome.over_quota, error, started_ns)
         elif not outcome.closed and _left_running(kernel):
             self._watch_background_processes(kernel)
 
@@ -603,6 +621,37 @@ class JupyterSandbox:
             restarted=restarted,
             files_written=tuple(utf8_safe(n) for n in _changed_files(before, after)),
         )
+
+    def _check_quota(self, outcome: _CallOutcome) -> None:
+        """Mark ``outcome`` for a kill when the workspace is over its quota after the call."""
+        quota = self._limits.workspace_bytes
+        if quota is None:
+            return
+        usage = workspace_usage(self._workdir)
+        if usage.over(quota):
+            outcome.over_quota = usage
+            outcome.kill_reason = outcome.kill_reason or "workspace quota"
+            outcome.kill_error = outcome.kill_error or ExecError(QUOTA_ERROR, "")
+
+    def _trim_after_quota(
+        self, usage: WorkspaceUsage, error: ExecError | None, started_ns: int
+    ) -> ExecError:
+        """Bring the workspace back under its quota (the kernel is stopped); the error."""
+        quota = self._limits.workspace_bytes
+        assert quota is not None
+        removed, after = trim_workspace(self._workdir, quota, started_ns)
+        logger.info(
+            "workspace %s over its quota of %d bytes (%s): %d files deleted",
+            self._workdir,
+            quota,
+            usage.describe(),
+            len(removed),
+        )
+        stated = quota_error(quota, usage, removed, after)
+        if error is not None and error.name == QUOTA_ERROR and error.value:
+            # What the restart added (it could not restart, for instance).
+            return ExecError(QUOTA_ERROR, f"{stated.value}{error.value}")
+        return stated
 
     def _start_failed(self, exc: SandboxError, notes: list[str], started: float) -> ExecResult:
         """The result of a call whose kernel could not be started; the code did not run.
@@ -839,6 +888,7 @@ class JupyterSandbox:
         deadline = time.monotonic() + timeout
         give_up_at: float | None = None  # set once interrupted
         next_check = time.monotonic() + limits.watch_interval_s
+        next_quota_check = time.monotonic() + limits.workspace_watch_interval_s
         reply: dict[str, Any] | None = None
         reply_seen_at = 0.0
         reconnect = False
@@ -863,6 +913,17 @@ class JupyterSandbox:
                 if over is not None:
                     outcome.kill_reason, outcome.kill_error = "process limit", over
                     break
+                if limits.workspace_bytes is not None and now >= next_quota_check:
+                    usage = workspace_usage(self._workdir)
+                    # A big workspace takes long to measure: measure it less often, so
+                    # the watch costs the call at most about a tenth of its time.
+                    spent = time.monotonic() - now
+                    next_quota_check = now + max(limits.workspace_watch_interval_s, 10 * spent)
+                    if usage.over(limits.workspace_bytes):
+                        outcome.over_quota = usage
+                        outcome.kill_reason = "workspace quota"
+                        outcome.kill_error = ExecError(QUOTA_ERROR, "")
+                        break
                 if kernel.connection_lost():
                     outcome.output_lost = reconnect = True
                     break
@@ -974,7 +1035,7 @@ class JupyterSandbox:
             return
         watcher = threading.Thread(
             target=_watch_idle_kernel,
-            args=(self._res, kernel, limits),
+            args=(self._res, kernel, limits, self._workdir),
             name=f"mappa-sandbox-watch-{kernel.pid}",
             daemon=True,
         )
@@ -1095,12 +1156,17 @@ def _drain(channel: Any) -> None:
         channel.get_msg(timeout=0)
 
 
-def _watch_idle_kernel(res: _Resources, kernel: Kernel, limits: SandboxLimits) -> None:
+def _watch_idle_kernel(
+    res: _Resources, kernel: Kernel, limits: SandboxLimits, workdir: Path
+) -> None:
     """Between calls, kill the kernel if what it left running exceeds its limits.
 
     Runs only while earlier code left processes or threads running; a running call does
-    its own checks, so a round is skipped whenever the call lock is taken.
+    its own checks, so a round is skipped whenever the call lock is taken. What was left
+    running may also write: past the workspace quota it is killed, and what it wrote is
+    deleted until the workspace is back under.
     """
+    watching_since_ns = time.time_ns()
     while not res.stop_watch.wait(limits.idle_watch_interval_s):
         if not res.lock.acquire(blocking=False):
             continue
@@ -1117,6 +1183,18 @@ def _watch_idle_kernel(res: _Resources, kernel: Kernel, limits: SandboxLimits) -
                 res.pending_notice = (
                     f"[sandbox] {what} left running by earlier code exceeded the limit of "
                     f"{limit}; they and the Python process were killed"
+                )
+                res.watcher = None
+                return
+            quota = limits.workspace_bytes
+            usage = None if quota is None else workspace_usage(workdir)
+            if quota is not None and usage is not None and usage.over(quota):
+                _process.kill_tree(kernel.process)
+                removed, after = trim_workspace(workdir, quota, watching_since_ns)
+                stated = quota_error(quota, usage, removed, after)
+                res.pending_notice = (
+                    f"[sandbox] {QUOTA_ERROR}: processes left running by earlier code "
+                    f"wrote past the quota; {stated.value}"
                 )
                 res.watcher = None
                 return

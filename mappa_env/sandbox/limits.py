@@ -110,6 +110,19 @@ class SandboxLimits:
             process's ``memory_bytes`` holds.
         tmp_bytes: Size of each of a confined sandbox's private ``/tmp`` and ``/dev/shm``
             (tmpfs, memory-backed), default 1 GiB.
+        workspace_bytes: Disk quota of the workspace (default 1 GiB), confined or not:
+            what its files take on disk (see :mod:`mappa_env.sandbox.quota`). The
+            sandbox measures the workspace while code runs (every
+            ``workspace_watch_interval_s``, or less often when a measurement takes
+            long) and after each call; code that takes it over the quota is stopped
+            (the Python process is restarted) and what it wrote is deleted until the
+            workspace is back under, and the call's error is ``WorkspaceQuotaExceeded``.
+            No single file may grow past it either (``RLIMIT_FSIZE`` is the smaller of
+            it and ``file_size_bytes``).
+        workspace_watch_interval_s: Seconds between workspace measurements while code
+            runs (0.05; they come with the process-tree checks, every
+            ``watch_interval_s``): what code writes between two measurements stays on
+            disk that long, then is deleted.
     """
 
     timeout_s: float = 30.0
@@ -130,9 +143,17 @@ class SandboxLimits:
     max_tracked_files: int = 5_000
     total_memory_bytes: int | None = 4 * GIB
     tmp_bytes: int | None = 1 * GIB
+    workspace_bytes: int | None = 1 * GIB
+    workspace_watch_interval_s: float = 0.05
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "interrupt_grace_s", "start_timeout_s", "watch_interval_s"):
+        for name in (
+            "timeout_s",
+            "interrupt_grace_s",
+            "start_timeout_s",
+            "watch_interval_s",
+            "workspace_watch_interval_s",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         for name in (
@@ -146,6 +167,7 @@ class SandboxLimits:
             "numeric_threads",
             "total_memory_bytes",
             "tmp_bytes",
+            "workspace_bytes",
         ):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -168,8 +190,10 @@ class SandboxLimits:
             spec["RLIMIT_CPU"] = [self.cpu_seconds, self.cpu_seconds + 5]
         if self.open_files is not None:
             spec["RLIMIT_NOFILE"] = [self.open_files, self.open_files]
-        if self.file_size_bytes is not None:
-            spec["RLIMIT_FSIZE"] = [self.file_size_bytes, self.file_size_bytes]
+        sizes = [b for b in (self.file_size_bytes, self.workspace_bytes) if b is not None]
+        if sizes:
+            # A single file past the quota is refused at the write (EFBIG), not found later.
+            spec["RLIMIT_FSIZE"] = [min(sizes), min(sizes)]
         if self.user_processes is not None:
             spec["RLIMIT_NPROC"] = [self.user_processes, self.user_processes]
         return spec

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from mappa_env._fs import not_a_regular_file, read_text_file, special_file_kind
 from mappa_env._optional import MissingExtraError, require
 from mappa_env.errors import SettingsError
 from mappa_env.grading.math import extract_boxed
@@ -282,7 +283,7 @@ def _no_task_file(name: str) -> str:
 def _read_rows(path: Path) -> list[tuple[Any, dict[str, Any]]]:
     """Rows of a JSON array / JSON-lines / keyed-object file as (key or None, row)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text_file(path, "task file")
     except UnicodeDecodeError as exc:
         raise TaskFormatError(f"{path} is not UTF-8 text: {exc}") from exc
     try:
@@ -464,7 +465,8 @@ def load_math_tasks(
         TaskFormatError: For malformed JSON and rows without problem or answer
             (the message names the row).
         ValueError: For a ``split`` given with a local file or a benchmark name, or a
-            negative ``limit``.
+            negative ``limit``; :class:`~mappa_env.errors.SettingsError` for a path that
+            is a FIFO, socket or device, not a regular file.
         mappa_env._optional.MissingExtraError: For a dataset id (or a benchmark name
             that no local folder holds) without ``datasets``.
     """
@@ -476,6 +478,10 @@ def load_math_tasks(
     path = Path(text).expanduser()
     if path.is_dir():
         raise FileNotFoundError(f"{path} is a directory; pass one task file or a short name")
+    special = special_file_kind(path)
+    if special is not None:
+        # is_file() is False for it too: without this it read as "not found".
+        raise SettingsError(not_a_regular_file(path, "task file", special))
     if not path.is_file():
         looks_like_file = isinstance(path_or_name, Path) or text.lower().endswith(_JSON_SUFFIXES)
         if "/" in text and not looks_like_file:
