@@ -278,13 +278,11 @@ BAD_OPTIONS = [
 @pytest.mark.parametrize(("env_id", "options", "error", "named"), BAD_OPTIONS)
 def test_bad_options_stop_the_constructor_naming_the_option(env_id, options, error, named):
     options = {"sandbox": None, "isolation": "none", **options}
-    start = time.perf_counter()
     with pytest.raises(error) as raised:
         mappa_env.make(env_id, **options).close()
     message = str(raised.value)
     assert named in message, message
     assert "must" in message or "gives no tasks" in message, message  # the allowed range
-    assert time.perf_counter() - start < 5.0  # refused, not worked through (imports aside)
 
 
 @pytest.mark.parametrize("seed", [2**64, 2**70, -1])
