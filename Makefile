@@ -7,7 +7,8 @@ CONSTRAINTS := requirements/cpu-constraints.txt
 TEST_EXTRAS ?= dev,llm,agents,distributed,openenv,trl
 STAMP := $(VENV)/.installed-$(TEST_EXTRAS)
 
-.PHONY: venv install demo test test-vllm lint format docs wheel-check fast-test bench clean gpu-wheels
+.PHONY: venv install demo test test-vllm lint format docs wheel-check fast-test bench clean gpu-wheels \
+	gpu-wheels-trl
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -106,6 +107,13 @@ gpu-wheels:
 	cd $(GPU_WHEELS) && apt-get download bubblewrap >/dev/null 2>&1 \
 		|| echo "apt-get download bubblewrap failed: agents' code will run unconfined there"
 	@echo "$$(ls $(GPU_WHEELS)/*.whl | wc -l) wheels for $$(grep -c '^[^#[:space:]]' requirements/gpu.txt) requirements, $$(du -ch $(GPU_WHEELS)/*.whl | tail -1 | cut -f1) in all, in $(GPU_WHEELS)/"
+
+# gpu-wheels plus TRL and what it needs there (requirements/gpu-trl.txt), for
+# benchmarks/bench_vs_trl.py with --engine hf; `bash benchmarks/gpu_install.sh --trl`.
+gpu-wheels-trl: gpu-wheels
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp $(GPU_PLATFORMS) -d $(GPU_WHEELS) -r requirements/gpu-trl.txt
+	@echo "$$(ls $(GPU_WHEELS)/*.whl | wc -l) wheels for gpu.txt and gpu-trl.txt, $$(du -ch $(GPU_WHEELS)/*.whl | tail -1 | cut -f1) in all, in $(GPU_WHEELS)/"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build dist site *.egg-info

@@ -8,17 +8,27 @@ prompts the environment gives (read from its observations) and the same rule
 (:func:`char_share`) as its reward function, with the prompts of each step in the order
 mappa's trainer samples them, so step ``s`` of both trainers sees the same prompts.
 
-Both trainers run in turns (mappa first) at each ``--samples`` size, each warmed up
-with ``--warmup-steps`` steps and then timed for ``--steps`` steps: seconds per step
-(median), generation seconds (mappa: its rollouts, environment steps and the rules
-coach included; TRL: its ``_generate``, which includes loading the new weights into its
-vLLM engine), update seconds (the rest of the step: for both, the no-grad log-prob
-passes, the loss, backward and optimizer step, and their own bookkeeping), generated
+Every reply is exactly ``--max-new-tokens`` long on both sides (EOS masked until then:
+transformers' ``min_new_tokens``, vLLM's ``min_tokens``), so both generate the same
+tokens; the JSON records every step's generated tokens for both
+(``reply_tokens_per_step``), and the run fails after writing it when they differ.
+
+At each ``--samples`` size the trainers run in the order mappa, TRL, TRL, mappa: two
+blocks each, each block after its own ``--warmup-steps`` untimed steps, ``--steps``
+timed steps per trainer over its two blocks. mappa's trainer pauses between its blocks
+(its GPU memory kept, not counted as TRL's); TRL's two blocks are one ``train()`` call.
+The headline figure is whole-step seconds: the median of the timed steps, with the
+fastest, the slowest and each block's median. Secondary: generation seconds (mappa: its
+rollouts, environment steps and the rules coach included; TRL: its ``_generate``, which
+includes loading the new weights into its vLLM engine), update seconds (the rest of the
+step: for both, the no-grad log-prob passes, the loss, backward and optimizer step, and
+their own bookkeeping; the two trainers split a step differently), generated
 tokens/s (completion tokens / generation seconds), update tokens/s (prompt + completion
 tokens of the step's rows / update seconds), peak GPU memory
-(``torch.cuda.max_memory_allocated`` from the first step on; ``None`` on CPU), and the
-mean reward of the first and the last step. The table gives each figure for both and
-the ratio mappa / TRL (below 1 for seconds and above 1 for tokens/s: mappa is faster).
+(``torch.cuda.max_memory_allocated`` from set-up on, less the other trainer's; ``None``
+on CPU), and the mean reward of the first and the last step. The table gives each
+figure for both and the ratio mappa / TRL (below 1 for seconds and above 1 for
+tokens/s: mappa is faster).
 
 The pairing (the JSON holds both configurations):
 
@@ -36,7 +46,7 @@ The pairing (the JSON holds both configurations):
 - learning rate: the same peak, cosine decay over the run's steps, no warm-up; AdamW with
   betas (0.9, 0.95) (TRL ``adam_beta2: 0.95``), no weight decay, gradient norm clipped at 1;
 - replies cut by the length limit are trained on in both (``mask_truncated: False``,
-  ``mask_truncated_completions: False``): random weights never emit EOS;
+  ``mask_truncated_completions: False``): every reply reaches it;
 - vLLM: mappa ``rollout_engine: vllm``; TRL ``use_vllm: True, vllm_mode: colocate``, both
   at ``--vllm-gpu-memory-utilization`` (TRL's default, 0.3).
 
@@ -78,10 +88,13 @@ Run (GPU; ``VLLM_USE_FLASHINFER_SAMPLER=0`` where flashinfer is not installed)::
 
     python -m benchmarks.bench_vs_trl --model smollm2-135m --engine vllm --samples 64,256
     python -m benchmarks.bench_vs_trl --model 0.5b --engine vllm --samples 64,256
+    python -m benchmarks.bench_vs_trl --model 135m --engine hf --samples 64,256
     python -m benchmarks.bench_vs_trl --model tiny --engine hf --samples 8 \\
-        --samples-per-prompt 4 --max-new-tokens 16 --warmup-steps 0 --steps 1 --out runs/vs-trl
+        --samples-per-prompt 4 --max-new-tokens 8 --warmup-steps 1 --steps 2 --out runs/vs-trl
 
-The last line is the CPU smoke (a tiny random model built in-process, HF generation).
+``135m`` and ``0.5b`` are random-weight shapes (``bench_train_gpu.SHAPES``), built
+without downloads. The last line is the CPU smoke (a tiny random model built
+in-process, HF generation).
 TRL is an optional extra of the benchmarks only (``pip install "mappa-rl[trl]"``).
 """
 
@@ -100,7 +113,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -301,11 +314,13 @@ class Workload:
         micro_batch: Rows per forward/backward pass.
         engine: ``"hf"`` (transformers generation) or ``"vllm"``.
         vllm_gpu_memory_utilization: Share of the GPU each vLLM engine takes.
-        warmup_steps: Steps run before the timed ones.
-        steps: Timed steps.
+        warmup_steps: Untimed steps run before each timed block.
+        steps: Timed steps per trainer, split over its two blocks (the first gets the
+            odd one).
         gradient_checkpointing: Recompute activations in the backward pass (both).
         trl_importance_sampling: TRL's vLLM importance-sampling correction.
         trl_dtype: The dtype TRL loads its model in (``float32``: its default).
+        compile_decode: mappa's compiled HF decoding (TRL's HF generation is eager).
         seed: Seeds both trainers.
     """
 
@@ -328,6 +343,7 @@ class Workload:
     gradient_checkpointing: bool
     trl_importance_sampling: bool
     trl_dtype: str
+    compile_decode: bool
     seed: int
 
     def __post_init__(self) -> None:
@@ -338,8 +354,8 @@ class Workload:
                 f"micro_batch ({self.micro_batch}) must divide the samples per step "
                 f"({self.samples_per_step}): TRL accumulates whole micro-batches"
             )
-        if self.steps < 1 or self.warmup_steps < 0:
-            raise ValueError("steps must be >= 1 and warmup_steps >= 0")
+        if self.steps < 2 or self.warmup_steps < 0:
+            raise ValueError("steps must be >= 2 (two timed blocks) and warmup_steps >= 0")
 
     @property
     def samples_per_step(self) -> int:
@@ -347,9 +363,28 @@ class Workload:
         return self.prompts_per_step * self.samples_per_prompt
 
     @property
+    def block_steps(self) -> tuple[int, int]:
+        """Timed steps of each trainer's first and second block."""
+        return (self.steps + 1) // 2, self.steps // 2
+
+    @property
     def total_steps(self) -> int:
-        """Warm-up plus timed steps."""
-        return self.warmup_steps + self.steps
+        """Each block's warm-up plus timed steps, both blocks."""
+        return 2 * self.warmup_steps + self.steps
+
+    @property
+    def step_plan(self) -> list[tuple[int, bool]]:
+        """``(block, timed)`` of every step, in order: each block's warm-up first."""
+        return [
+            (block, index >= self.warmup_steps)
+            for block, timed in enumerate(self.block_steps, 1)
+            for index in range(self.warmup_steps + timed)
+        ]
+
+    @property
+    def reply_tokens_per_step(self) -> int:
+        """Generated tokens of every step: each reply is ``max_new_tokens`` long."""
+        return self.samples_per_step * self.max_new_tokens
 
     @property
     def env_options(self) -> dict[str, Any]:
@@ -400,7 +435,7 @@ def mappa_config(work: Workload, output_dir: str | Path) -> Any:
         gradient_checkpointing=work.gradient_checkpointing,
         rollout_engine=work.engine,
         vllm_options=vllm_options,
-        compile_decode=torch.cuda.is_available(),
+        compile_decode=work.compile_decode and torch.cuda.is_available(),
         save_every=0,
         tensorboard=False,
         progress=False,
@@ -416,6 +451,9 @@ def trl_config(work: Workload, output_dir: str | Path) -> Any:
     trl = import_trl()
     cuda = torch.cuda.is_available()
     vllm: dict[str, Any] = {}
+    # Fixed-length replies: EOS is masked until the last token, as mappa's side does it
+    # (fix_reply_length), so both generate the same tokens.
+    fixed = {"min_tokens" if work.engine == "vllm" else "min_new_tokens": work.max_new_tokens}
     if work.engine == "vllm":
         vllm = {
             "use_vllm": True,
@@ -435,6 +473,7 @@ def trl_config(work: Workload, output_dir: str | Path) -> Any:
         temperature=work.temperature,
         top_p=1.0,
         top_k=0,
+        generation_kwargs=fixed,
         scale_rewards="group",
         beta=work.beta,
         use_bias_correction_kl=False,
@@ -467,8 +506,8 @@ def trl_config(work: Workload, output_dir: str | Path) -> Any:
 TRL_FIELDS = (
     "max_steps", "num_generations", "generation_batch_size", "per_device_train_batch_size",
     "gradient_accumulation_steps", "num_iterations", "max_completion_length", "temperature",
-    "top_p", "top_k", "scale_rewards", "beta", "use_bias_correction_kl", "epsilon",
-    "loss_type", "mask_truncated_completions", "learning_rate", "lr_scheduler_type",
+    "top_p", "top_k", "generation_kwargs", "scale_rewards", "beta", "use_bias_correction_kl",
+    "epsilon", "loss_type", "mask_truncated_completions", "learning_rate", "lr_scheduler_type",
     "warmup_steps", "adam_beta1", "adam_beta2", "weight_decay", "max_grad_norm",
     "gradient_checkpointing", "bf16", "use_cpu", "model_init_kwargs", "shuffle_dataset",
     "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization",
@@ -493,19 +532,34 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _reset_peak() -> None:
-    import torch
+class PeakMemory:
+    """One trainer's peak GPU memory, less what the other trainer holds meanwhile.
 
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
+    Both trainers share the process with ``--processes one``: mappa's model and optimizer
+    stay on the GPU while TRL runs between mappa's blocks, and are not TRL's.
+    """
 
+    def __init__(self) -> None:
+        self.gib: float | None = None
+        self._foreign = 0
 
-def _peak_gib() -> float | None:
-    import torch
+    def begin(self, own_bytes: int = 0) -> None:
+        """Start measuring; ``own_bytes`` of what is allocated now is this trainer's."""
+        import torch
 
-    if not torch.cuda.is_available():
-        return None
-    return round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        if torch.cuda.is_available():
+            self._foreign = torch.cuda.memory_allocated() - own_bytes
+            torch.cuda.reset_peak_memory_stats()
+
+    def end(self) -> int:
+        """Stop measuring; returns the bytes this trainer still holds."""
+        import torch
+
+        if not torch.cuda.is_available():
+            return 0
+        peak = round((torch.cuda.max_memory_allocated() - self._foreign) / 2**30, 2)
+        self.gib = max(self.gib or 0.0, peak)
+        return torch.cuda.memory_allocated() - self._foreign
 
 
 def changed_elements(model: Any, reference: Mapping[str, Any]) -> int:
@@ -519,29 +573,39 @@ def changed_elements(model: Any, reference: Mapping[str, Any]) -> int:
         )
 
 
-def summarize(steps: Sequence[Mapping[str, Any]], warmup: int) -> dict[str, Any]:
-    """The timed steps' figures: median seconds, tokens/s over their totals, rewards.
+def summarize(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The timed steps' figures: whole-step seconds first, the split second.
 
     Args:
         steps: Every step's ``step_s``, ``generation_s``, ``prompt_tokens``,
-            ``completion_tokens`` and ``mean_reward``, warm-up steps first.
-        warmup: How many of ``steps`` are warm-up.
+            ``completion_tokens``, ``mean_reward``, ``block`` and ``timed`` (warm-up steps
+            are not), in order.
 
     Returns:
-        ``step_s``, ``generation_s`` and ``update_s`` (``step_s - generation_s``) as
-        medians; ``generated_tok_s`` and ``update_tok_s`` as totals over the timed steps;
-        the mean reward of the first step and of the last.
+        ``step_s`` (median), ``step_s_min``, ``step_s_max`` and ``step_s_blocks`` (each
+        block's median) of the timed steps; ``generation_s`` and ``update_s``
+        (``step_s - generation_s``) as medians; ``generated_tok_s`` and ``update_tok_s``
+        as totals over the timed steps; the mean reward of the first step and of the last.
     """
-    timed = list(steps[warmup:])
+    timed = [s for s in steps if s["timed"]]
     if not timed:
-        raise ValueError(f"no timed steps: {len(steps)} steps, {warmup} of them warm-up")
+        raise ValueError(f"no timed steps among {len(steps)} steps")
+    seconds = [s["step_s"] for s in timed]
+    blocks = sorted({s["block"] for s in timed})
     update = [s["step_s"] - s["generation_s"] for s in timed]
     generation_total = sum(s["generation_s"] for s in timed)
     update_total = sum(update)
     completion = sum(s["completion_tokens"] for s in timed)
     rows = completion + sum(s["prompt_tokens"] for s in timed)
     return {
-        "step_s": round(statistics.median(s["step_s"] for s in timed), 4),
+        "step_s": round(statistics.median(seconds), 4),
+        "step_s_min": round(min(seconds), 4),
+        "step_s_max": round(max(seconds), 4),
+        "step_s_blocks": [
+            round(statistics.median(s["step_s"] for s in timed if s["block"] == b), 4)
+            for b in blocks
+        ],
+        "timed_steps": len(timed),
         "generation_s": round(statistics.median(s["generation_s"] for s in timed), 4),
         "update_s": round(statistics.median(update), 4),
         "generated_tok_s": round(completion / generation_total, 1) if generation_total else None,
@@ -551,23 +615,63 @@ def summarize(steps: Sequence[Mapping[str, Any]], warmup: int) -> dict[str, Any]
     }
 
 
-def run_mappa(work: Workload, directory: Path) -> dict[str, Any]:
-    """Set mappa's trainer up, run ``work.total_steps`` steps, and measure them.
+def fix_reply_length(policy: Any, engine: str) -> None:
+    """Make mappa's rollout engine write replies of exactly ``max_new_tokens`` tokens.
+
+    EOS is masked until the length limit, the way TRL's side gets it through
+    ``generation_kwargs`` (transformers' ``min_new_tokens``; vLLM's ``min_tokens``), so
+    both trainers generate the same tokens whatever the weights sample.
+
+    Raises:
+        TypeError: When the HF policy has no generation config to extend.
+    """
+    if engine == "vllm":
+        from mappa_agents import vllm_policy
+
+        original_kwargs = vllm_policy.sampling_kwargs
+
+        def fixed_kwargs(params: Any, index: int = 0) -> dict[str, Any]:
+            return {**original_kwargs(params, index), "min_tokens": params.max_new_tokens}
+
+        vllm_policy.sampling_kwargs = fixed_kwargs
+        return
+    original_config = getattr(policy, "_generation_config", None)
+    if original_config is None:
+        raise TypeError(f"{type(policy).__name__} has no generation config to fix the length of")
+
+    def fixed_config(params: Any, prompt_width: int) -> Any:
+        config = original_config(params, prompt_width)
+        config.min_new_tokens = params.max_new_tokens
+        return config
+
+    policy._generation_config = fixed_config
+
+
+def run_mappa(work: Workload, directory: Path) -> Generator[None, None, dict[str, Any]]:
+    """Set mappa's trainer up and run its two blocks, pausing between them.
+
+    A generator: the first ``next`` sets up and runs block 1 (its warm-up, then its
+    timed steps); the second runs block 2 and returns the result (``StopIteration``'s
+    value; :func:`finish`). TRL runs in the pause: the order is mappa, TRL, TRL, mappa.
 
     Returns:
         ``setup_s``, each step's figures (``steps``: seconds, tokens, mean reward, the
-        task ids it trained on), the summary of the timed steps, the peak GPU memory,
-        how many weight elements training changed, and the largest difference between
-        a reward the environment paid and :func:`char_share` of its reply.
+        task ids it trained on, its block and whether it was timed), the summary of the
+        timed steps, the peak GPU memory, how many weight elements training changed, and
+        the largest difference between a reward the environment paid and
+        :func:`char_share` of its reply.
     """
     from benchmarks.bench_train_gpu import free_trainer
     from mappa_train.trainer import Trainer
 
     config = mappa_config(work, directory / "mappa")
+    peak = PeakMemory()
+    peak.begin()
     started = time.perf_counter()
     trainer = Trainer(config)
     trainer.setup()
     setup_s = time.perf_counter() - started
+    fix_reply_length(trainer.learners["writer"].rollout_policy, work.engine)
     rollout = trainer.rollout
     episodes_of_step: list[Any] = []
 
@@ -577,9 +681,14 @@ def run_mappa(work: Workload, directory: Path) -> dict[str, Any]:
         return episodes
 
     trainer.rollout = recorded_rollout
-    steps, rule_error = [], 0.0
-    _reset_peak()
-    for _ in range(work.total_steps):
+    steps: list[dict[str, Any]] = []
+    rule_error = 0.0
+    plan = work.step_plan
+    for index, (block, timed) in enumerate(plan):
+        if index and block != plan[index - 1][0]:  # between the blocks: TRL's turn
+            own = peak.end()
+            yield
+            peak.begin(own)
         _sync()
         started = time.perf_counter()
         metrics = trainer.train_step()
@@ -598,10 +707,12 @@ def run_mappa(work: Workload, directory: Path) -> dict[str, Any]:
                 "completion_tokens": sum(len(s.response_ids) for s in samples),
                 "mean_reward": metrics["rollout/mean_reward"],
                 "task_ids": sorted({s.task_id for s in samples}),
+                "block": block,
+                "timed": timed,
             }
         )
         print(f"mappa step {len(steps)}: {_brief(steps[-1])}", flush=True)
-    peak = _peak_gib()
+    peak.end()
     learner = trainer.learners["writer"]
     reference = dict(learner.ref_model.named_parameters())
     changed = changed_elements(learner.model, reference)
@@ -612,11 +723,20 @@ def run_mappa(work: Workload, directory: Path) -> dict[str, Any]:
         "device": _device_name(),
         "setup_s": round(setup_s, 2),
         "steps": steps,
-        **summarize(steps, work.warmup_steps),
-        "peak_gpu_gib": peak,
+        **summarize(steps),
+        "peak_gpu_gib": peak.gib,
         "weight_elements_changed": changed,
         "reward_rule_max_error": rule_error,
     }
+
+
+def finish(session: Generator[None, None, dict[str, Any]]) -> dict[str, Any]:
+    """Run a paused trainer (:func:`run_mappa`) to its end; returns its result."""
+    while True:
+        try:
+            next(session)
+        except StopIteration as done:
+            return done.value
 
 
 def run_trl(work: Workload, directory: Path) -> dict[str, Any]:
@@ -662,6 +782,8 @@ def run_trl(work: Workload, directory: Path) -> dict[str, Any]:
 
     tokenizer = AutoTokenizer.from_pretrained(work.model_dir, padding_side="left")
     config = trl_config(work, directory / "trl")
+    peak = PeakMemory()  # what mappa holds in its pause is not TRL's
+    peak.begin()
     started = time.perf_counter()
     trainer = trl.GRPOTrainer(
         model=work.model_dir,
@@ -706,9 +828,8 @@ def run_trl(work: Workload, directory: Path) -> dict[str, Any]:
             ends.append(time.perf_counter())
 
     trainer.add_callback(StepClock())
-    _reset_peak()
     trainer.train()
-    peak = _peak_gib()
+    peak.end()
     if len(generations) != work.total_steps or len(ends) != work.total_steps + 1:
         raise RuntimeError(
             f"TRL generated {len(generations)} times in {len(ends) - 1} steps; the pairing "
@@ -716,7 +837,7 @@ def run_trl(work: Workload, directory: Path) -> dict[str, Any]:
         )
     per_step = work.samples_per_step
     steps = []
-    for index, generation in enumerate(generations):
+    for index, (generation, (block, timed)) in enumerate(zip(generations, work.step_plan)):
         mine = paid[index * per_step : (index + 1) * per_step]
         steps.append(
             {
@@ -726,6 +847,8 @@ def run_trl(work: Workload, directory: Path) -> dict[str, Any]:
                 "completion_tokens": generation["completion_tokens"],
                 "mean_reward": sum(r for _, r in mine) / len(mine),
                 "task_ids": sorted({t for t, _ in mine}),
+                "block": block,
+                "timed": timed,
             }
         )
         print(f"TRL step {index + 1}: {_brief(steps[-1])}", flush=True)
@@ -744,8 +867,8 @@ def run_trl(work: Workload, directory: Path) -> dict[str, Any]:
         "device": _device_name(),
         "setup_s": round(setup_s, 2),
         "steps": steps,
-        **summarize(steps, work.warmup_steps),
-        "peak_gpu_gib": peak,
+        **summarize(steps),
+        "peak_gpu_gib": peak.gib,
         "weight_elements_changed": changed,
     }
 
@@ -758,7 +881,8 @@ def _brief(step: Mapping[str, Any]) -> str:
     )
 
 
-RUNNERS: dict[str, Callable[[Workload, Path], dict[str, Any]]] = {
+#: Each trainer's runner: mappa's pauses between its blocks (a generator), TRL's does not.
+RUNNERS: dict[str, Callable[[Workload, Path], Any]] = {
     "mappa": run_mappa,
     "trl": run_trl,
 }
@@ -768,12 +892,15 @@ RUNNERS: dict[str, Callable[[Workload, Path], dict[str, Any]]] = {
 #: (label, key, unit) of each table row; the ratio is mappa / TRL.
 FIGURES = (
     ("step s", "step_s"),
+    ("step s, fastest", "step_s_min"),
+    ("step s, slowest", "step_s_max"),
     ("generation s", "generation_s"),
     ("update s", "update_s"),
     ("generated tok/s", "generated_tok_s"),
     ("update tok/s", "update_tok_s"),
     ("peak GPU GiB", "peak_gpu_gib"),
     ("setup s", "setup_s"),
+    ("timed steps", "timed_steps"),
     ("reward, first step", "reward_first_step"),
     ("reward, last step", "reward_last_step"),
 )
@@ -800,6 +927,23 @@ def comparison_rows(samples: int, mappa: Mapping[str, Any], trl: Mapping[str, An
     ]
 
 
+def reply_tokens(
+    work: Workload, mappa: Mapping[str, Any], trl: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Both trainers' generated tokens per step, and whether each is the fixed length's.
+
+    Returns:
+        ``expected`` (:attr:`Workload.reply_tokens_per_step`), ``mappa`` and ``trl``
+        (every step's ``completion_tokens``, warm-up included) and ``same`` (every step of
+        both at ``expected``).
+    """
+    mine = [s["completion_tokens"] for s in mappa.get("steps", [])]
+    theirs = [s["completion_tokens"] for s in trl.get("steps", [])]
+    expected = work.reply_tokens_per_step
+    same = len(mine) == len(theirs) == work.total_steps and set(mine + theirs) == {expected}
+    return {"expected": expected, "mappa": mine, "trl": theirs, "same": same}
+
+
 DIFFERENCES = [
     "advantages: both group-normalised (mappa advantage_estimator=grpo, population std + "
     "1e-6; TRL scale_rewards=group, sample std + 1e-4); REINFORCE++'s batch whitening has "
@@ -813,6 +957,8 @@ DIFFERENCES = [
     "micro-batches: mappa sorts rows by length; TRL pads the generation batch to its longest row",
     "rollouts: mappa's runner (env steps, rules coach, rollouts written to JSONL) against "
     "TRL's reward function on decoded completions",
+    "HF generation: mappa's compiled decoding (static cache, CUDA graphs) unless "
+    "--no-compile-decode; TRL's generate() is eager (disable_compile=True)",
     "vLLM: both in process at the same gpu_memory_utilization; TRL fixes "
     "max_num_batched_tokens=4096; mappa syncs weights after each update, TRL before each "
     "generation",
@@ -887,8 +1033,14 @@ def make_parser() -> argparse.ArgumentParser:
     add("--micro-batch", type=int, default=32, help="rows per forward/backward pass")
     add("--engine", choices=("hf", "vllm"), default="vllm", help="rollouts: HF or vLLM")
     add("--vllm-gpu-memory-utilization", type=float, default=0.3, help="TRL's default")
-    add("--warmup-steps", type=int, default=1)
-    add("--steps", type=int, default=3, help="timed steps")
+    add("--warmup-steps", type=int, default=1, help="untimed steps before each timed block")
+    add("--steps", type=int, default=10, help="timed steps per trainer, over its two blocks")
+    add(
+        "--no-compile-decode",
+        dest="compile_decode",
+        action="store_false",
+        help="mappa's HF decoding eager, like TRL's (no compile in the warm-up)",
+    )
     add("--gradient-checkpointing", action="store_true", help="for both trainers")
     add("--trl-importance-sampling", action="store_true", help="TRL's vLLM IS correction")
     add("--trl-dtype", choices=("float32", "bfloat16"), default="float32")
@@ -937,30 +1089,112 @@ def workload(args: argparse.Namespace, samples: int, model_dir: str, style: str)
         gradient_checkpointing=args.gradient_checkpointing,
         trl_importance_sampling=args.trl_importance_sampling,
         trl_dtype=args.trl_dtype,
+        compile_decode=args.compile_decode,
         seed=args.seed,
     )
 
 
-def run_child(argv: Sequence[str], trainer: str, samples: int, model_dir: str, style: str) -> dict:
-    """Run one trainer at one size in a fresh Python process (``--processes each``)."""
-    with tempfile.TemporaryDirectory(prefix="mappa-vs-trl-child-") as tmp:
-        result_file = Path(tmp) / "result.json"
-        command = [
-            sys.executable, "-m", "benchmarks.bench_vs_trl", *argv,
-            "--only", trainer, "--samples", str(samples), "--model-dir", model_dir,
-            "--prompt-style", style, "--result-file", str(result_file),
-        ]  # fmt: skip
-        run_command(command)
-        return json.loads(result_file.read_text())
+def child_command(
+    argv: Sequence[str], trainer: str, samples: int, model_dir: str, style: str, result: Path
+) -> list[str]:
+    """The command line of a child that runs one trainer at one size (``--processes each``)."""
+    return [
+        sys.executable, "-m", "benchmarks.bench_vs_trl", *argv,
+        "--only", trainer, "--samples", str(samples), "--model-dir", model_dir,
+        "--prompt-style", style, "--result-file", str(result),
+    ]  # fmt: skip
 
 
-def run_command(command: Sequence[str]) -> None:
-    """Run a child's command line; a failing child stops the benchmark."""
-    subprocess.run(list(command), check=True)
+class Child:
+    """A child process running one trainer; mappa's pauses between its blocks.
+
+    The child writes ``<result>.paused`` after its first block and waits for
+    ``<result>.resume`` (:func:`pause_between_blocks`): files, so that the child's
+    standard streams stay the terminal's.
+    """
+
+    def __init__(self, command: Sequence[str], result: Path) -> None:
+        self.result = result
+        self.process = subprocess.Popen(list(command))
+
+    def _check(self) -> None:
+        code = self.process.poll()
+        if code:
+            raise subprocess.CalledProcessError(code, self.process.args)
+
+    def wait_paused(self) -> None:
+        """Wait until the child has run its first block (or failed)."""
+        paused = self.result.with_name(self.result.name + ".paused")
+        while not paused.exists():
+            self._check()
+            if self.process.returncode == 0:
+                raise RuntimeError(f"{self.process.args} ended without pausing between blocks")
+            time.sleep(0.2)
+
+    def finish(self) -> dict[str, Any]:
+        """Let the child run its last block; returns its result."""
+        self.result.with_name(self.result.name + ".resume").touch()
+        code = self.process.wait()
+        if code:
+            raise subprocess.CalledProcessError(code, self.process.args)
+        return json.loads(self.result.read_text())
+
+
+def pause_between_blocks(result_file: Path) -> None:
+    """In a child: say that the first block is done, and wait for the parent's go."""
+    result_file.with_name(result_file.name + ".paused").touch()
+    resume = result_file.with_name(result_file.name + ".resume")
+    while not resume.exists():
+        time.sleep(0.2)
+
+
+def run_size(
+    argv: Sequence[str], work: Workload, processes: str, directory: Path, style: str
+) -> dict[str, Any]:
+    """Both trainers at one size, in the order mappa, TRL, TRL, mappa (blocks of steps).
+
+    mappa's trainer pauses after its first block, keeping its GPU memory (in this
+    process or its child), while TRL runs both of its blocks; then mappa runs its second.
+    """
+    samples = work.samples_per_step
+    if processes == "one":
+        print(f"--- mappa block 1, {samples} samples per step", flush=True)
+        session = RUNNERS["mappa"](work, directory / f"mappa-{samples}")
+        next(session)
+        print(f"--- TRL blocks 1 and 2, {samples} samples per step", flush=True)
+        trl = RUNNERS["trl"](work, directory / f"trl-{samples}")
+        print(f"--- mappa block 2, {samples} samples per step", flush=True)
+        return {"mappa": finish(session), "trl": trl}
+    files = Path(tempfile.mkdtemp(prefix="mappa-vs-trl-child-", dir=directory))
+    results = {t: files / f"{t}.json" for t in TRAINERS}
+    commands = {
+        t: child_command(argv, t, samples, work.model_dir, style, results[t]) for t in TRAINERS
+    }
+    print(f"--- mappa block 1, {samples} samples per step", flush=True)
+    mappa = spawn(commands["mappa"], results["mappa"])
+    mappa.wait_paused()
+    print(f"--- TRL blocks 1 and 2, {samples} samples per step", flush=True)
+    trl = spawn(commands["trl"], results["trl"]).finish()
+    print(f"--- mappa block 2, {samples} samples per step", flush=True)
+    return {"mappa": mappa.finish(), "trl": trl}
+
+
+def spawn(command: Sequence[str], result: Path) -> Child:
+    """Start a child trainer (a seam for tests)."""
+    return Child(command, result)
+
+
+class RepliesDiffer(RuntimeError):
+    """The two trainers generated different numbers of tokens in some step."""
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Run both trainers at every size, print the table and write the JSON; returns it."""
+    """Run both trainers at every size, print the table and write the JSON; returns it.
+
+    Raises:
+        RepliesDiffer: After writing the JSON, when a step of either trainer generated
+            other than ``samples x max_new_tokens`` tokens.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = make_parser()
     args = parser.parse_args(argv)
@@ -974,25 +1208,31 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             model_dir, style = build_model(args.model, scratch / "model")
         if args.only:  # a child: one trainer, one size
             work = workload(args, sizes[0], model_dir, style)
-            result = RUNNERS[args.only](work, scratch)
-            Path(args.result_file).write_text(json.dumps(result, default=str))
+            result_file = Path(args.result_file)
+            session = RUNNERS[args.only](work, scratch)
+            if args.only == "mappa":
+                next(session)
+                pause_between_blocks(result_file)
+                result = finish(session)
+            else:
+                result = session
+            result_file.write_text(json.dumps(result, default=str))
             return result
-        runs, rows = [], []
+        runs, rows, differ = [], [], []
         for samples in sizes:
             work = workload(args, samples, model_dir, style)
-            results = {}
-            for trainer in TRAINERS:
-                print(f"--- {trainer}, {samples} samples per step", flush=True)
-                if processes == "each":
-                    results[trainer] = run_child(argv, trainer, samples, model_dir, style)
-                else:
-                    results[trainer] = RUNNERS[trainer](work, scratch / f"{trainer}-{samples}")
+            results = run_size(argv, work, processes, scratch, style)
             run_rows = comparison_rows(samples, results["mappa"], results["trl"])
             rows += run_rows
+            tokens = reply_tokens(work, results["mappa"], results["trl"])
+            if not tokens["same"]:
+                differ.append(samples)
             runs.append(
                 {
                     "samples_per_step": samples,
                     "workload": dataclasses.asdict(work),
+                    "order": ["mappa block 1", "trl block 1", "trl block 2", "mappa block 2"],
+                    "reply_tokens_per_step": tokens,
                     "mappa_config": results["mappa"].pop("config"),
                     "trl_config": results["trl"].pop("config"),
                     "mappa": results["mappa"],
@@ -1008,6 +1248,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "versions": {name: _version(name) for name in ("torch", "transformers", "trl", "vllm")},
             "settings": {k: v for k, v in vars(args).items() if k != "out"},
             "processes": processes,
+            "headline": "step s: median seconds of a whole step over the timed steps",
             "ratio": "mappa / TRL: below 1 for seconds, above 1 for tokens/s means mappa is faster",
             "differences": DIFFERENCES,
             "runs": runs,
@@ -1016,6 +1257,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         name = args.name or f"vs_trl_{model_label(args.model)}"
         write_results(name, summary, Path(args.out))
         print_table(rows, title=f"mappa vs TRL GRPO, {args.model}, {args.engine} rollouts")
+        if differ:
+            raise RepliesDiffer(
+                f"the trainers generated other than samples x --max-new-tokens tokens in a "
+                f"step at {differ} samples (reply_tokens_per_step in the JSON): the "
+                f"comparison is not of the same work"
+            )
         return summary
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -1037,4 +1284,7 @@ def _version(module: str) -> str | None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except RepliesDiffer as error:
+        sys.exit(f"bench_vs_trl: {error}")

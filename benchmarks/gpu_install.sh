@@ -4,12 +4,29 @@
 # (not --target + PYTHONPATH: the sandbox's Jupyter kernels would not see PYTHONPATH).
 #
 # Run from anywhere:  bash benchmarks/gpu_install.sh      (WHEELS=dir to read another folder)
+# With --trl, also requirements/gpu-trl.txt (TRL for benchmarks/bench_vs_trl.py; wheels from
+# `make gpu-wheels-trl`).
 # Prints the seconds each phase took; any failure is one line saying what to do, and exit 1.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 wheels=${WHEELS:-$repo/.whl}
-requirements=$repo/requirements/gpu.txt
+requirements=("$repo/requirements/gpu.txt")
+imports=mappa_env,mappa_agents,mappa_train,ipykernel,jupyter_client,math_verify,pettingzoo
+fetch="make gpu-wheels"
+for arg in "$@"; do
+    case $arg in
+    --trl)
+        requirements+=("$repo/requirements/gpu-trl.txt")
+        imports+=,trl,datasets
+        fetch="make gpu-wheels-trl"
+        ;;
+    *)
+        echo "gpu_install: unknown option $arg (the one option is --trl)" >&2
+        exit 1
+        ;;
+    esac
+done
 py=${PYTHON:-python3}
 pip=("$py" -m pip --disable-pip-version-check --no-cache-dir --no-input)
 export PIP_ROOT_USER_ACTION=ignore
@@ -31,8 +48,8 @@ total_start=$EPOCHREALTIME
 # Every pinned requirement has its wheel (names as pip normalises them: lower case, runs
 # of - _ . as one _), and no package has two.
 normalise() { tr 'A-Z' 'a-z' | sed -E 's/[-_.]+/_/g'; }
-[[ -d $wheels ]] || fail "no wheel folder $wheels: run 'make gpu-wheels' here before the call and carry .whl"
-mapfile -t wanted < <(grep -Ev '^[[:space:]]*(#|$)' "$requirements" | sed -E 's/[[:space:]]*#.*//')
+[[ -d $wheels ]] || fail "no wheel folder $wheels: run '$fetch' here before the call and carry .whl"
+mapfile -t wanted < <(cat "${requirements[@]}" | grep -Ev '^[[:space:]]*(#|$)' | sed -E 's/[[:space:]]*#.*//')
 shopt -s nullglob
 files=("$wheels"/*.whl)
 # Only the wheels the file names are installed: another one left in the folder (numpy, say)
@@ -48,7 +65,7 @@ install=()
 for line in "${wanted[@]}"; do
     key="$(normalise <<<"${line%%==*}")-${line#*==}"
     [[ -n ${by_key[$key]:-} ]] ||
-        fail "missing wheel for $line in $wheels: run 'make gpu-wheels' and carry .whl"
+        fail "missing wheel for $line in $wheels: run '$fetch' and carry .whl"
     install+=("${by_key[$key]}")
 done
 dupes=$(printf '%s\n' "$have" | cut -d- -f1 | uniq -d | tr '\n' ' ')
@@ -102,7 +119,7 @@ fi
 phase bwrap
 
 cd /
-"$py" -c "import mappa_env, mappa_agents, mappa_train, ipykernel, jupyter_client, math_verify, pettingzoo" ||
+"$py" -c "import $imports" ||
     fail "the installed packages do not import (see above)"
 phase imports
 printf 'gpu_install: %-9s %6.2f s\n' total "$(awk "BEGIN { print $EPOCHREALTIME - $total_start }")"

@@ -15,6 +15,7 @@ import pytest
 tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
 ROOT = Path(__file__).resolve().parents[1]
 REQUIREMENTS = ROOT / "requirements" / "gpu.txt"
+TRL_REQUIREMENTS = ROOT / "requirements" / "gpu-trl.txt"
 
 # The image's packages (Python 3.12, x86-64, torch 2.11.0 / CUDA 13, transformers 5.17.0).
 IMAGE_PACKAGES = """
@@ -52,17 +53,17 @@ def normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def pinned() -> dict[str, str]:
-    """requirements/gpu.txt as {normalised name: version}; fails on a line not pinned with ==."""
+def pinned(path: Path = REQUIREMENTS) -> dict[str, str]:
+    """A requirements file as {normalised name: version}; fails on a line not pinned with ==."""
     pins: dict[str, str] = {}
-    for number, raw in enumerate(REQUIREMENTS.read_text(encoding="utf-8").splitlines(), 1):
+    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         match = PIN.match(line)
-        assert match, f"gpu.txt line {number} is not NAME==VERSION: {raw!r}"
+        assert match, f"{path.name} line {number} is not NAME==VERSION: {raw!r}"
         name = normalise(match.group(1))
-        assert name not in pins, f"gpu.txt names {name} twice"
+        assert name not in pins, f"{path.name} names {name} twice"
         pins[name] = match.group(2)
     return pins
 
@@ -95,3 +96,20 @@ def test_the_wheel_and_install_commands_read_this_file():
     assert "requirements/gpu.txt" in (ROOT / "benchmarks" / "gpu_install.sh").read_text(
         encoding="utf-8"
     )
+
+
+def test_the_trl_set_adds_trl_and_what_it_imports_and_nothing_the_image_or_gpu_txt_has():
+    trl = pinned(TRL_REQUIREMENTS)
+    assert {"trl", "datasets", "dill", "multiprocess"} <= set(trl)
+    clash = sorted(set(trl) & ({normalise(n) for n in IMAGE} | set(pinned())))
+    assert not clash, f"the GPU image or gpu.txt already has {clash}: leave them out of gpu-trl.txt"
+    assert "vllm" not in trl
+
+
+def test_the_trl_wheel_and_install_commands_read_the_trl_file():
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "gpu-wheels-trl: gpu-wheels" in makefile  # beside gpu.txt's wheels, not instead
+    assert "requirements/gpu-trl.txt" in makefile
+    install = (ROOT / "benchmarks" / "gpu_install.sh").read_text(encoding="utf-8")
+    assert "requirements/gpu-trl.txt" in install
+    assert "--trl)" in install
