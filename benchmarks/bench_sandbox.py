@@ -7,12 +7,20 @@ idle, read the reply), interleaved call by call so that all see the same machine
 the ratios are the wrapper's overhead (limits, process-tree check, file tracking, output
 handling) and the cost of the namespaces. Kernel starts are interleaved the same way.
 
-Run: python -m benchmarks.bench_sandbox [--calls 200] [--starts 5]
+The time from an episode's reset to its first code result is measured through
+MathChat-v0 with its sandbox started ahead (``prestart_sandbox=True``, the default) and
+without, episode by episode in turn, confined in namespaces where bubblewrap works. The
+agents' thinking before the code (``--think-s`` between the reset and the code step) is
+not counted: it is what a start ahead overlaps with.
+
+Run: python -m benchmarks.bench_sandbox [--calls 200] [--starts 5] [--episodes 10]
+     python -m benchmarks.bench_sandbox --prestart-only   (writes sandbox_prestart.json)
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import subprocess
 import tempfile
@@ -20,6 +28,7 @@ import time
 from queue import Empty
 from typing import Any
 
+import mappa_env
 from benchmarks._common import print_table, write_results
 from mappa_env.sandbox import JupyterSandbox, KernelPool
 
@@ -137,13 +146,101 @@ def measure_pool(count: int) -> tuple[list[float], list[float]]:
     return handouts, first_calls
 
 
+def measure_prestart(episodes: int, isolation: str, think_s: float) -> dict[str, list[float]]:
+    """Seconds from each reset to its first code result, started ahead and not, in turn.
+
+    Counted: the reset and the code step (the think time between them is not).
+    """
+    envs = {
+        prestart: mappa_env.make(
+            "MathChat-v0",
+            tasks=f"gen:{episodes}",
+            isolation=isolation,
+            prestart_sandbox=prestart,
+        )
+        for prestart in (True, False)
+    }
+    times: dict[str, list[float]] = {"on": [], "off": []}
+    # One kernel first, so that neither side's first episode pays the imports alone.
+    with JupyterSandbox(isolation=isolation) as warm:
+        warm.start()
+    try:
+        for episode in range(episodes):
+            for prestart, env in envs.items():
+                started = time.perf_counter()
+                env.reset(seed=0 if episode == 0 else None)
+                reset_s = time.perf_counter() - started
+                time.sleep(think_s)
+                env.step("I think the answer is 3.")
+                started = time.perf_counter()
+                env.step("```python\nprint(6 * 7)\n```")
+                code_s = time.perf_counter() - started
+                tool = env.infos["code_executor"]["tool"]
+                if tool.get("stdout") != "42\n":
+                    raise RuntimeError(f"the code step failed: {tool}")
+                times["on" if prestart else "off"].append(reset_s + code_s)
+    finally:
+        for env in envs.values():
+            env.close()
+    return times
+
+
+def prestart_rows(times: dict[str, list[float]], isolation: str) -> tuple[list[dict], dict]:
+    """Table rows and summary of :func:`measure_prestart` (the first episode apart)."""
+    median = statistics.median
+    first_on, first_off = times["on"][0], times["off"][0]
+    later_on = median(times["on"][1:] or times["on"])
+    later_off = median(times["off"][1:] or times["off"])
+    rows = [
+        {
+            "measure": f"reset to first code, first episode, isolation={isolation} (s)",
+            "started ahead": first_on,
+            "on demand": first_off,
+            "ratio": first_off / first_on,
+        },
+        {
+            "measure": f"reset to first code, later episodes, isolation={isolation} (s, median)",
+            "started ahead": later_on,
+            "on demand": later_off,
+            "ratio": later_off / later_on,
+        },
+    ]
+    summary = {
+        "isolation": isolation,
+        "first_episode_started_ahead_s": first_on,
+        "first_episode_on_demand_s": first_off,
+        "later_median_started_ahead_s": later_on,
+        "later_median_on_demand_s": later_off,
+        "later_speedup": later_off / later_on,
+    }
+    return rows, summary
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--starts", type=int, default=5)
+    parser.add_argument("--episodes", type=int, default=10)
+    parser.add_argument("--think-s", type=float, default=0.5)
+    parser.add_argument("--prestart-only", action="store_true")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
 
     unavailable = namespaces_available()
+    isolation = "none" if unavailable else "namespaces"
+    prestart = measure_prestart(args.episodes, isolation, args.think_s)
+    rows, prestart_summary = prestart_rows(prestart, isolation)
+    print_table(rows, title="Sandbox started ahead of an episode (MathChat-v0)")
+    prestart_payload = {
+        "settings": {"episodes": args.episodes, "think_s": args.think_s},
+        "namespaces_unavailable": unavailable or None,
+        "summary": prestart_summary,
+        "raw": {"started_ahead_s": prestart["on"], "on_demand_s": prestart["off"]},
+    }
+    if args.prestart_only:
+        write_results("sandbox_prestart", prestart_payload)
+        return
+
     modes = ["none"] if unavailable else ["none", "namespaces"]
     if unavailable:
         print(f"namespace isolation is not measured: {unavailable}")
@@ -218,6 +315,7 @@ def main() -> None:
         "sandbox",
         {
             "settings": {"calls": args.calls, "starts": args.starts, "modes": modes},
+            "prestart": prestart_payload,
             "namespaces_unavailable": unavailable or None,
             "summary": summary,
             "targets": {**TARGETS, **ISOLATION_TARGETS},

@@ -51,6 +51,7 @@ from mappa_env.credit import (
     episode_action_rewards,
     provisional_reward,
 )
+from mappa_env.envs._prestart import PrestartedSandbox, new_workspace
 from mappa_env.options import integer_option, number_option, seed_option
 from mappa_env.sandbox.base import ExecError, ExecResult, Sandbox, SandboxFactory, check_sandbox
 from mappa_env.sandbox.isolation import (
@@ -64,7 +65,6 @@ from mappa_env.sandbox.isolation import (
 )
 from mappa_env.sandbox.quota import QUOTA_ERROR, quota_error, trim_workspace, workspace_usage
 from mappa_env.spaces import UnicodeText, make_observation, text_observation_space
-from mappa_env.tempdirs import make_temp_dir
 
 if TYPE_CHECKING:
     from mappa_env.audit.battery import AuditActions
@@ -252,8 +252,18 @@ class PipelineEnv(AECEnv):
         max_new_tokens: Token budget per action, stated in the prompts (an integer from
             1 to :data:`MAX_NEW_TOKENS`).
         code_timeout_s: Wall-clock limit of one code run, in seconds (finite, from
-            :data:`MIN_CODE_TIMEOUT_S` to :data:`MAX_CODE_TIMEOUT_S`; ``None``: the class's
-            :attr:`default_code_timeout_s`).
+            :data:`MIN_CODE_TIMEOUT_S` to :data:`MAX_CODE_TIMEOUT_S`). ``None``: the limit
+            the episode's task carries or implies (:meth:`task_code_timeout_s`), else the
+            class's :attr:`default_code_timeout_s`. A number given here wins over the
+            task's.
+        prestart_sandbox: Make the next episode's workspace and start its first sandbox
+            in the background while the current episode runs (from the second episode
+            on; an episode without one starts its own at its reset), so the first code
+            run of an episode does not wait for a kernel start. Each such sandbox starts in its own fresh workspace, confined to it
+            as one started on demand. ``None`` (default): on for ``sandbox="jupyter"``
+            and factories made by ``JupyterSandbox.factory`` (cold starts), off for
+            other factories (a :class:`~mappa_env.sandbox.KernelPool` is warm already);
+            ``False`` turns it off, ``True`` turns it on for any factory.
         tool_output_chars: Code output longer than this is cut from the middle.
         workspace_quota_mb: Disk quota of the episode's workspace, in MiB (default
             1024; ``None``: none). Checked after every code run whatever the sandbox,
@@ -325,6 +335,7 @@ class PipelineEnv(AECEnv):
         code_timeout_s: float | None = None,
         tool_output_chars: int = 4000,
         workspace_quota_mb: float | None = DEFAULT_WORKSPACE_QUOTA_MB,
+        prestart_sandbox: bool | None = None,
     ) -> None:
         super().__init__()
         if not self.roles:
@@ -332,20 +343,14 @@ class PipelineEnv(AECEnv):
                 f"{type(self).__name__} declares no agents: set the class attribute "
                 "roles = (AgentSpec(name, title, max_turns), ...)"
             )
-        if code_timeout_s is None:
-            code_timeout_s = self.default_code_timeout_s
         # Every number is checked here, before anything is started: a NaN timeout made
         # every code action an environment error, an infinite one let a loop run for ever.
         self.max_new_tokens = integer_option(
             "max_new_tokens", max_new_tokens, high=MAX_NEW_TOKENS, hint="e.g. 4096 (the paper's)"
         )
-        self.code_timeout_s = number_option(
-            "code_timeout_s",
-            code_timeout_s,
-            low=MIN_CODE_TIMEOUT_S,
-            high=MAX_CODE_TIMEOUT_S,
-            hint="seconds one code run may take, e.g. 30 (below 0.1 every run would time out)",
-        )
+        self._code_timeout_option: float | None = None
+        if code_timeout_s is not None:
+            self.code_timeout_s = code_timeout_s
         self.tool_output_chars = integer_option(
             "tool_output_chars", tool_output_chars, high=MAX_OBSERVATION_CHARS
         )
@@ -379,6 +384,17 @@ class PipelineEnv(AECEnv):
             _warn_unconfined_agents(self._agent_confinement.reason)
         self._workspace_lease: UidLease | None = None
         self._sandboxes: dict[str, Sandbox] = {}
+        if prestart_sandbox is not None and not isinstance(prestart_sandbox, bool):
+            raise TypeError(
+                f"prestart_sandbox must be True, False or None, got {prestart_sandbox!r}"
+            )
+        self.prestart_sandbox = self._sandbox_factory is not None and (
+            _cold_starts(self._sandbox_factory) if prestart_sandbox is None else prestart_sandbox
+        )
+        # This episode's sandbox started ahead (until its first code run takes it), and the
+        # next episode's, started while this one runs.
+        self._prestarted: PrestartedSandbox | None = None
+        self._spare: PrestartedSandbox | None = None
         # A coach built here from a spec string belongs to this env and is closed with it;
         # a coach object passed in is shared (e.g. by every env of a runner) and is not.
         self._owns_coach = isinstance(coach, str)
@@ -653,6 +669,15 @@ class PipelineEnv(AECEnv):
             # environment without code made none, and the thread hop is all they'd pay.
             await asyncio.to_thread(self._remove_workdir)
         self.select_task(options)
+        if self.prestart_sandbox:
+            # The workspace and first sandbox started ahead for this episode, or (the first
+            # episode) made and started now, while the agents before the code think.
+            spare, self._spare = self._spare, None
+            if spare is None:
+                spare = await asyncio.to_thread(self._prestart)
+            if spare is not None:
+                self._workdir, self._workspace_lease = spare.adopt_workspace()
+                self._prestarted = spare
         self.episode_index += 1
         self.agents = list(self.possible_agents)
         self.rewards = dict.fromkeys(self.agents, 0.0)
@@ -665,6 +690,10 @@ class PipelineEnv(AECEnv):
         self.outcome = None
         self.agent_selection = self.agents[0]
         await self.on_episode_start()
+        if self.prestart_sandbox and self.episode_index >= 1:
+            # From the second episode on: an environment reset once (a script, a test)
+            # would leave the next episode's kernel unused.
+            self._spare = await asyncio.to_thread(self._prestart)
 
     async def astep(self, action: str | None) -> None:
         """Act for ``agent_selection`` (async core of :meth:`step`)."""
@@ -753,6 +782,7 @@ class PipelineEnv(AECEnv):
         try:
             self._sync.run(self.on_episode_end())
         finally:
+            self._close_spare()
             self._remove_workdir()
             self._sync.close()
             self._closed = True
@@ -765,6 +795,7 @@ class PipelineEnv(AECEnv):
         try:
             await self.on_episode_end()
         finally:
+            await asyncio.to_thread(self._close_spare)
             self._remove_workdir()
             self._sync.close()
             self._closed = True
@@ -793,14 +824,49 @@ class PipelineEnv(AECEnv):
     def workdir(self) -> Path:
         """This episode's workspace directory (created on first use, removed at episode end)."""
         if self._workdir is None:
-            workdir = make_temp_dir(self.env_id.lower())
-            # Confined interpreters run as another user, one of their own per episode
-            # where the machine allows: the workspace is theirs to use.
-            self._workspace_lease = self._confinement.lease_user()
-            lease = self._workspace_lease
-            self._confinement.prepare_writable(workdir, user=None if lease is None else lease.user)
-            self._workdir = workdir
+            self._workdir, self._workspace_lease = new_workspace(
+                self.env_id.lower(), self._confinement
+            )
         return self._workdir
+
+    @property
+    def code_timeout_s(self) -> float:
+        """Wall-clock limit of one code run in this episode, in seconds.
+
+        The ``code_timeout_s`` option when one was given; else the limit the episode's
+        task carries or implies (:meth:`task_code_timeout_s`); else the class's
+        :attr:`default_code_timeout_s`.
+        """
+        if self._code_timeout_option is not None:
+            return self._code_timeout_option
+        task_limit = self.task_code_timeout_s()
+        return self.default_code_timeout_s if task_limit is None else task_limit
+
+    @code_timeout_s.setter
+    def code_timeout_s(self, value: float) -> None:
+        self._code_timeout_option = number_option(
+            "code_timeout_s",
+            value,
+            low=MIN_CODE_TIMEOUT_S,
+            high=MAX_CODE_TIMEOUT_S,
+            hint="seconds one code run may take, e.g. 30 (below 0.1 every run would time out)",
+        )
+
+    def task_code_timeout_s(self) -> float | None:
+        """The code timeout the episode's task carries or implies, or ``None``.
+
+        By default :func:`mappa_env.tasks.task_code_timeout_s` of ``self.task``: a
+        ``code_timeout_s`` in the task's metadata, else the limit of its kind (a short
+        arithmetic problem needs seconds, not the class default). Override for tasks
+        of another shape.
+
+        Raises:
+            ValueError: If the task's ``code_timeout_s`` is not a number above 0 and at
+                most :data:`MAX_CODE_TIMEOUT_S`.
+        """
+        from mappa_env.tasks import task_code_timeout_s
+
+        return task_code_timeout_s(getattr(self, "task", None), high=MAX_CODE_TIMEOUT_S)
 
     def copy_workspace(self, destination: Path) -> None:
         """Copy this episode's workspace to ``destination`` (links copied as links)."""
@@ -1090,13 +1156,15 @@ class PipelineEnv(AECEnv):
         sandbox = self._sandboxes.get(owner)
         if sandbox is None:
             self.workdir.mkdir(parents=True, exist_ok=True)  # agent code may have removed it
-            try:
-                sandbox = await asyncio.to_thread(self._sandbox_factory, self.workdir)
-            except Exception as exc:  # e.g. a closed pool: a tool failure, not a crash
-                logger.exception("making a sandbox failed")
-                error = ExecError("SandboxError", f"no sandbox could be made: {exc}")
-                result = ExecResult(error=error)
-                return result, result.render(output_chars)
+            sandbox = await self._take_prestarted()
+            if sandbox is None:
+                try:
+                    sandbox = await asyncio.to_thread(self._sandbox_factory, self.workdir)
+                except Exception as exc:  # e.g. a closed pool: a tool failure, not a crash
+                    logger.exception("making a sandbox failed")
+                    error = ExecError("SandboxError", f"no sandbox could be made: {exc}")
+                    result = ExecResult(error=error)
+                    return result, result.render(output_chars)
             self._sandboxes[owner] = sandbox
         started_ns = time.time_ns()
         result = await sandbox.arun(code, timeout=timeout)
@@ -1174,6 +1242,37 @@ class PipelineEnv(AECEnv):
         if self._sandbox_factory is not None:
             check_sandbox(self._sandbox_factory)
 
+    def _prestart(self) -> PrestartedSandbox | None:
+        """A fresh workspace with a sandbox starting in it; None (logged) when that fails."""
+        if self._sandbox_factory is None or self._closed:
+            return None
+        try:
+            return PrestartedSandbox(self.env_id.lower(), self._confinement, self._sandbox_factory)
+        except Exception:  # the first code run makes its sandbox then, and reports why
+            logger.warning("making a sandbox ahead failed", exc_info=True)
+            return None
+
+    async def _take_prestarted(self) -> Sandbox | None:
+        """The sandbox started ahead in this episode's workspace, once; else None."""
+        spare, self._prestarted = self._prestarted, None
+        if spare is None or spare.workdir != self._workdir:
+            if spare is not None:
+                await asyncio.to_thread(spare.close)
+            return None
+        sandbox = await spare.take()
+        confinement = getattr(sandbox, "confinement", None)
+        if isinstance(confinement, Confinement):
+            # Files the environment put in the workspace after the kernel started (task
+            # inputs) become the agents' to change, as a start at this point would make them.
+            await asyncio.to_thread(confinement.prepare_writable, self.workdir, contents=True)
+        return sandbox
+
+    def _close_spare(self) -> None:
+        """Stop the next episode's sandbox and remove its workspace."""
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.close()
+
     async def release_sandbox(self, owner: str) -> None:
         """Close ``owner``'s sandbox, if it has one (off the event loop)."""
         sandbox = self._sandboxes.pop(owner, None)
@@ -1185,6 +1284,9 @@ class PipelineEnv(AECEnv):
             logger.warning("closing the sandbox of %s failed", owner, exc_info=True)
 
     def _remove_workdir(self) -> None:
+        prestarted, self._prestarted = self._prestarted, None
+        if prestarted is not None:
+            prestarted.close()  # started for this episode, and no code ran
         if self._workdir is not None:
             # Agents' code may have left a tree shutil.rmtree cannot remove (it recurses).
             left = remove_tree(self._workdir)
@@ -1203,6 +1305,13 @@ class PipelineEnv(AECEnv):
                 self.close()
             except Exception:  # nothing can be reported from __del__
                 logger.debug("close() during garbage collection failed", exc_info=True)
+
+
+def _cold_starts(factory: SandboxFactory) -> bool:
+    """Whether ``factory`` starts a kernel per sandbox (what starting ahead saves)."""
+    from mappa_env.sandbox.jupyter import JupyterSandboxFactory
+
+    return isinstance(factory, JupyterSandboxFactory)
 
 
 @functools.cache

@@ -114,7 +114,8 @@ class KernelPool:
     Pooled kernels are not isolated (``isolation="none"``): they start before the
     workspace they will run in exists, and a confined kernel sees only the directories
     bound when it started. For agents that must not reach past their workspace, use
-    ``JupyterSandbox.factory(isolation="namespaces")`` (a cold start per sandbox).
+    ``JupyterSandbox.factory(isolation="namespaces")``: environments start each such
+    sandbox ahead, in the next episode's own workspace (their ``prestart_sandbox``).
 
     Args:
         size: Kernels kept ready (0 disables pre-starting; every hand-out is cold).

@@ -23,12 +23,14 @@ from mappa_env.tasks.math import (
     normalize_answer_value,
 )
 from mappa_env.tasks.secret import TASK_SECRET_ENV, task_secret_path, user_task_secret
+from mappa_env.tasks.timeouts import KIND_CODE_TIMEOUT_S, task_code_timeout_s
 
 __all__ = [
     "BENCH_DIR_ENV",
     "DEFAULT_KINDS",
     "DIFFICULTY_LEVELS",
     "KINDS",
+    "KIND_CODE_TIMEOUT_S",
     "MAX_GENERATED_TASKS",
     "PUBLIC_BENCHMARKS",
     "TASK_SECRET_ENV",
@@ -45,6 +47,7 @@ __all__ = [
     "load_math_tasks",
     "normalize_answer_value",
     "problem_identity",
+    "task_code_timeout_s",
     "task_secret_path",
     "user_task_secret",
 ]

@@ -1,0 +1,234 @@
+"""Sandboxes started ahead of an episode's first code run, and per-task code timeouts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+import pytest
+
+import mappa_env
+from mappa_env.sandbox import jupyter
+from mappa_env.sandbox.isolation import IsolationUnavailableError, resolve_confinement
+from mappa_env.tasks import KIND_CODE_TIMEOUT_S, MathTask, generate_math_tasks
+from tests.fakes import InProcessSandbox
+
+try:
+    resolve_confinement("namespaces")
+    UNAVAILABLE = ""
+except IsolationUnavailableError as exc:
+    UNAVAILABLE = str(exc)
+needs_namespaces = pytest.mark.skipif(bool(UNAVAILABLE), reason=UNAVAILABLE)
+
+SOLVER = "I think it is 3."
+
+
+def code(text: str) -> str:
+    return f"```python\n{text}\n```"
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_started(env) -> None:
+    """Let the starts in flight end, so that what the code step starts is counted alone."""
+    for spare in (env._prestarted, env._spare):
+        if spare is not None:
+            assert spare.wait_started(timeout=120)
+
+
+def test_the_code_step_starts_no_kernel_the_next_episodes_started_ahead(monkeypatch):
+    starts: list[Path] = []
+    real_start = jupyter.start_kernel
+
+    def counting_start(workdir, *args, **kwargs):
+        starts.append(Path(workdir))
+        return real_start(workdir, *args, **kwargs)
+
+    monkeypatch.setattr(jupyter, "start_kernel", counting_start)
+    env = mappa_env.make("MathChat-v0", tasks="gen:3", isolation="none")
+    try:
+        assert env.prestart_sandbox  # on by default for sandbox="jupyter"
+        for episode in range(3):
+            env.reset(seed=0 if episode == 0 else None)
+            wait_started(env)
+            if episode == 0:
+                # Reset once, an environment starts no kernel for a next episode it may
+                # never run (a script, a test); this episode's started at its reset.
+                assert env._spare is None
+                assert starts[-1] == env.workdir
+            else:
+                assert starts[-1] == env._spare.workdir  # the next one's, in its own workspace
+                assert env._spare.workdir != env.workdir
+            before = len(starts)
+            env.step(SOLVER)
+            env.step(code("import os\nprint(os.getcwd())"))
+            tool = env.infos["code_executor"]["tool"]
+            assert tool["ok"], tool
+            assert tool["stdout"].strip() == str(env.workdir.resolve())
+            assert len(starts) == before, "a kernel started on the code step's path"
+        # One kernel per episode plus the spare: none started twice.
+        assert len(starts) == len(set(starts)) == 4
+    finally:
+        env.close()
+
+
+@needs_namespaces
+def test_a_prestarted_confined_kernel_sees_only_its_fresh_workspace():
+    env = mappa_env.make("MathChat-v0", tasks="gen:2", isolation="namespaces")
+    try:
+        env.reset(seed=0)  # from the second episode on, the next one's kernel starts ahead
+        env.reset()
+        env.step(SOLVER)
+        env.step(code("open('secret.txt', 'w').write('episode one')\nprint('ok')"))
+        assert env.infos["code_executor"]["tool"]["ok"], env.infos["code_executor"]
+        first = env.workdir
+        assert (first / "secret.txt").exists()
+        wait_started(env)
+        spare_pid = env._spare._sandbox.kernel_pid
+        assert spare_pid is not None
+
+        env.reset()
+        assert env.workdir != first
+        env.step(SOLVER)
+        probe = (
+            "import os\n"
+            "print(sorted(os.listdir('.')))\n"
+            f"print(os.path.exists({str(first)!r}), os.path.exists({str(first / 'secret.txt')!r}))"
+        )
+        env.step(code(probe))
+        tool = env.infos["code_executor"]["tool"]
+        assert tool["ok"], tool
+        assert tool["stdout"].splitlines() == ["[]", "False False"]
+        # The code ran in the kernel started during episode one, confined as ever.
+        assert env._sandboxes["episode"].kernel_pid == spare_pid
+        assert not first.exists()
+    finally:
+        env.close()
+
+
+def test_close_stops_every_kernel_and_removes_every_workspace():
+    env = mappa_env.make("MathChat-v0", tasks="gen:2", isolation="auto")
+    env.reset(seed=0)
+    env.reset()
+    wait_started(env)
+    current, spare = env._prestarted, env._spare
+    pids = [current._sandbox.kernel_pid, spare._sandbox.kernel_pid]
+    assert None not in pids
+    workspaces = [env.workdir, spare.workdir]
+    env.close()
+    assert all(gone(pid) for pid in pids)
+    assert not any(path.exists() for path in workspaces)
+
+
+def test_an_unused_prestarted_sandbox_is_closed_at_the_next_reset():
+    made = []
+
+    class Tracked(InProcessSandbox):
+        started = False
+
+        def __init__(self, workdir: Path) -> None:
+            super().__init__(workdir)
+            made.append(self)
+
+        def start(self) -> None:
+            self.started = True
+
+        def run(self, code_text: str, timeout: float | None = None):
+            assert self.started, "code ran before the sandbox's start"
+            return super().run(code_text, timeout)
+
+    env = mappa_env.make("MathChat-v0", tasks="gen:2", sandbox=Tracked, prestart_sandbox=True)
+    try:
+        env.reset(seed=0)
+        assert len(made) == 1  # this episode's (the next one's from the second episode on)
+        env.step(SOLVER)
+        env.step("No code: the answer is \\boxed{3}.")  # the executor's slot ends unused
+        env.reset()
+        assert made[0].closed
+        assert not made[1].closed
+        assert made[1].workdir == env.workdir
+        env.step(SOLVER)
+        env.step(code("print(2)"))
+        assert env.infos["code_executor"]["tool"]["stdout"] == "2\n"
+        assert len(made) == 3
+    finally:
+        env.close()
+    assert all(sandbox.closed for sandbox in made)
+
+
+def test_prestarting_is_off_when_asked_and_for_other_factories():
+    env = mappa_env.make("MathChat-v0", tasks="gen:2", isolation="none", prestart_sandbox=False)
+    try:
+        env.reset(seed=0)
+        assert env._prestarted is None
+        assert env._spare is None
+    finally:
+        env.close()
+    env = mappa_env.make("MathChat-v0", tasks="gen:2", sandbox=InProcessSandbox)
+    assert not env.prestart_sandbox
+    env.close()
+    with pytest.raises(TypeError, match="prestart_sandbox"):
+        mappa_env.make("MathChat-v0", tasks="gen:2", sandbox=None, prestart_sandbox="yes")
+
+
+# ------------------------------------------------------------------ per-task code timeouts
+
+
+class TimedSandbox(InProcessSandbox):
+    timeouts: list[float | None] = []  # noqa: RUF012 - the test reads every call's timeout
+
+    def run(self, code_text: str, timeout: float | None = None):
+        TimedSandbox.timeouts.append(timeout)
+        return super().run(code_text, timeout)
+
+
+def first_code_timeout(task: MathTask, **options) -> float | None:
+    TimedSandbox.timeouts.clear()
+    env = mappa_env.make("MathChat-v0", tasks=[task], sandbox=TimedSandbox, **options)
+    try:
+        env.reset(options={"task": task})
+        env.step(SOLVER)
+        env.step(code("print(1)"))
+        assert env.infos["code_executor"]["tool"]["ok"]
+    finally:
+        env.close()
+    return TimedSandbox.timeouts[0]
+
+
+def test_a_short_problem_gets_its_kinds_timeout_and_the_users_wins():
+    expression = generate_math_tasks(1, kinds=["expression"], secret="")[0]
+    word = generate_math_tasks(1, kinds=["word_change"], secret="")[0]
+    hard = generate_math_tasks(1, kinds=["divisor_sum"], secret="")[0]
+    assert first_code_timeout(expression) == KIND_CODE_TIMEOUT_S["expression"] < 30.0
+    assert first_code_timeout(word) == KIND_CODE_TIMEOUT_S["word_change"] < 30.0
+    assert first_code_timeout(hard) == 30.0  # MathChat's default
+    assert first_code_timeout(expression, code_timeout_s=45) == 45.0
+
+
+def test_a_task_carries_its_own_timeout_and_a_bad_one_is_named():
+    carried = MathTask(
+        id="t-own", prompt="What is 2 + 3?", answer="5", metadata={"code_timeout_s": 3}
+    )
+    assert first_code_timeout(carried) == 3.0
+    assert first_code_timeout(carried, code_timeout_s=12.5) == 12.5
+    bad = MathTask("t-bad", "What is 2 + 3?", "5", metadata={"code_timeout_s": 0})
+    env = mappa_env.make("MathChat-v0", tasks=[bad], sandbox=InProcessSandbox)
+    try:
+        env.reset()
+        with pytest.raises(ValueError, match="code_timeout_s of task 't-bad'"):
+            _ = env.code_timeout_s
+    finally:
+        env.close()
+
+
+def test_the_option_is_checked_as_before():
+    with pytest.raises(ValueError, match="code_timeout_s"):
+        mappa_env.make("MathChat-v0", tasks="gen:1", sandbox=None, code_timeout_s=float("nan"))
+    env = mappa_env.make("MathChat-v0", tasks="gen:1", sandbox=None, code_timeout_s=5)
+    assert env.code_timeout_s == 5.0
+    env.close()
