@@ -259,11 +259,12 @@ class PipelineEnv(AECEnv):
         prestart_sandbox: Make the next episode's workspace and start its first sandbox
             in the background while the current episode runs (from the second episode
             on; an episode without one starts its own at its reset), so the first code
-            run of an episode does not wait for a kernel start. Each such sandbox starts in its own fresh workspace, confined to it
-            as one started on demand. ``None`` (default): on for ``sandbox="jupyter"``
-            and factories made by ``JupyterSandbox.factory`` (cold starts), off for
-            other factories (a :class:`~mappa_env.sandbox.KernelPool` is warm already);
-            ``False`` turns it off, ``True`` turns it on for any factory.
+            run of an episode does not wait for a kernel start. Each such sandbox
+            starts in its own fresh workspace, confined to it as one started on demand.
+            ``None`` (default): on for ``sandbox="jupyter"`` and factories made by
+            ``JupyterSandbox.factory`` (cold starts), off for other factories (a
+            :class:`~mappa_env.sandbox.KernelPool` is warm already); ``False`` turns it
+            off, ``True`` turns it on for any factory.
         tool_output_chars: Code output longer than this is cut from the middle.
         workspace_quota_mb: Disk quota of the episode's workspace, in MiB (default
             1024; ``None``: none). Checked after every code run whatever the sandbox,
