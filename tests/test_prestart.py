@@ -81,7 +81,10 @@ def test_the_code_step_starts_no_kernel_the_next_episodes_started_ahead(monkeypa
 def test_a_prestarted_confined_kernel_sees_only_its_fresh_workspace():
     env = mappa_env.make("MathChat-v0", tasks="gen:2", isolation="namespaces")
     try:
-        env.reset(seed=0)  # from the second episode on, the next one's kernel starts ahead
+        # From the second episode on, after one that ran code, the next one's starts ahead.
+        env.reset(seed=0)
+        env.step(SOLVER)
+        env.step(code("print(1)"))
         env.reset()
         env.step(SOLVER)
         env.step(code("open('secret.txt', 'w').write('episode one')\nprint('ok')"))
@@ -114,6 +117,8 @@ def test_a_prestarted_confined_kernel_sees_only_its_fresh_workspace():
 def test_close_stops_every_kernel_and_removes_every_workspace():
     env = mappa_env.make("MathChat-v0", tasks="gen:2", isolation="auto")
     env.reset(seed=0)
+    env.step(SOLVER)
+    env.step(code("print(1)"))
     env.reset()
     wait_started(env)
     current, spare = env._prestarted, env._spare
@@ -150,12 +155,20 @@ def test_an_unused_prestarted_sandbox_is_closed_at_the_next_reset():
         env.step("No code: the answer is \\boxed{3}.")  # the executor's slot ends unused
         env.reset()
         assert made[0].closed
-        assert not made[1].closed
-        assert made[1].workdir == env.workdir
+        # After an episode that ran no code, nothing starts ahead.
+        assert len(made) == 1
+    finally:
+        env.close()
+    env = mappa_env.make("MathChat-v0", tasks="gen:2", sandbox=Tracked, prestart_sandbox=True)
+    try:
+        env.reset(seed=0)
         env.step(SOLVER)
         env.step(code("print(2)"))
         assert env.infos["code_executor"]["tool"]["stdout"] == "2\n"
-        assert len(made) == 3
+        assert len(made) == 2
+        env.reset()  # after an episode that ran code: this one's and the next one's
+        assert len(made) == 4
+        assert made[2].workdir == env.workdir
     finally:
         env.close()
     assert all(sandbox.closed for sandbox in made)

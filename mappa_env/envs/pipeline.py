@@ -258,7 +258,8 @@ class PipelineEnv(AECEnv):
             task's.
         prestart_sandbox: Make the next episode's workspace and start its first sandbox
             in the background while the current episode runs (from the second episode
-            on; an episode without one starts its own at its reset), so the first code
+            on, after an episode that ran code; an episode without one starts its own at
+            its reset when the last one ran code), so the first code
             run of an episode does not wait for a kernel start. Each such sandbox
             starts in its own fresh workspace, confined to it as one started on demand.
             ``None`` (default): on for ``sandbox="jupyter"`` and factories made by
@@ -396,6 +397,10 @@ class PipelineEnv(AECEnv):
         # next episode's, started while this one runs.
         self._prestarted: PrestartedSandbox | None = None
         self._spare: PrestartedSandbox | None = None
+        # Whether the last episode ran code: kernels start ahead only after one that did
+        # (a policy that seldom writes code would leave most of them unused).
+        self._code_ran: bool = True
+        self._code_ran_now: bool = False
         # A coach built here from a spec string belongs to this env and is closed with it;
         # a coach object passed in is shared (e.g. by every env of a runner) and is not.
         self._owns_coach = isinstance(coach, str)
@@ -670,7 +675,8 @@ class PipelineEnv(AECEnv):
             # environment without code made none, and the thread hop is all they'd pay.
             await asyncio.to_thread(self._remove_workdir)
         self.select_task(options)
-        if self.prestart_sandbox:
+        self._code_ran, self._code_ran_now = self._code_ran_now or self.episode_index < 0, False
+        if self.prestart_sandbox and self._code_ran:
             # The workspace and first sandbox started ahead for this episode, or (the first
             # episode) made and started now, while the agents before the code think.
             spare, self._spare = self._spare, None
@@ -691,9 +697,10 @@ class PipelineEnv(AECEnv):
         self.outcome = None
         self.agent_selection = self.agents[0]
         await self.on_episode_start()
-        if self.prestart_sandbox and self.episode_index >= 1:
-            # From the second episode on: an environment reset once (a script, a test)
-            # would leave the next episode's kernel unused.
+        if self.prestart_sandbox and self.episode_index >= 1 and self._code_ran:
+            # From the second episode on, after one that ran code: an environment reset
+            # once (a script, a test), or whose agents seldom write code, would leave the
+            # next episode's kernel unused.
             self._spare = await asyncio.to_thread(self._prestart)
 
     async def astep(self, action: str | None) -> None:
@@ -1154,6 +1161,7 @@ class PipelineEnv(AECEnv):
         """
         if self._sandbox_factory is None:
             return None, "(code execution is disabled in this environment)"
+        self._code_ran_now = True
         sandbox = self._sandboxes.get(owner)
         if sandbox is None:
             self.workdir.mkdir(parents=True, exist_ok=True)  # agent code may have removed it
