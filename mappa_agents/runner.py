@@ -547,22 +547,17 @@ class RolloutRunner:
         run_seed: int | None,
     ) -> None:
         """Drive every slot on its own; each policy batches what is pending when free."""
-        batchers: dict[tuple[int, SamplingParams], _Batcher] = {}
+        batchers = _Batchers(self, run_seed)
 
         async def generate(request: _Request) -> Generation | str:
             policy = self.system.policy_for(request.agent)
             params = self.sampling_for(request.agent)
-            key = (id(policy), params)
-            if key not in batchers:
-                slot = self._policy_index[id(policy)]
-                batchers[key] = _Batcher(self, policy, params, run_seed, slot)
-            return await batchers[key].submit(request.messages)
+            return await batchers.submit(policy, params, request.messages)
 
         try:
             await self._drive_slots(live, refill, results, generate)
         finally:
-            for batcher in batchers.values():
-                await batcher.close()
+            await batchers.close()
 
     async def _run_episodes(
         self,
@@ -575,7 +570,7 @@ class RolloutRunner:
         A policy that batches requests continuously gets each request as it comes; any
         other policy gets coalesced batches, as in the ``continuous`` schedule.
         """
-        batchers: dict[tuple[int, SamplingParams], _Batcher] = {}
+        batchers = _Batchers(self, None)
         sampling = self.sampling
         settings = [sampling] if isinstance(sampling, SamplingParams) else list(sampling.values())
         if any(params.seed is not None for params in settings):
@@ -586,17 +581,12 @@ class RolloutRunner:
             params = dataclasses.replace(self.sampling_for(request.agent), seed=None)
             if batches_requests(policy):
                 return await self._generate_one(policy, params, request.messages)
-            key = (id(policy), params)
-            if key not in batchers:
-                slot = self._policy_index[id(policy)]
-                batchers[key] = _Batcher(self, policy, params, None, slot)
-            return await batchers[key].submit(request.messages)
+            return await batchers.submit(policy, params, request.messages)
 
         try:
             await self._drive_slots(live, refill, results, generate)
         finally:
-            for batcher in batchers.values():
-                await batcher.close()
+            await batchers.close()
 
     async def _generate_one(
         self, policy: Any, params: SamplingParams, messages: list[dict[str, str]]
@@ -760,6 +750,30 @@ class RolloutRunner:
             return None
         bar = tqdm(total=None, desc="actions", unit="action", dynamic_ncols=True)
         return _ActionProgress(bar, episodes, most_actions(env))
+
+
+class _Batchers:
+    """One :class:`_Batcher` per (policy, sampling settings) pair, made on first use."""
+
+    def __init__(self, runner: RolloutRunner, run_seed: int | None) -> None:
+        self.runner = runner
+        self.run_seed = run_seed
+        self._by_key: dict[tuple[int, SamplingParams], _Batcher] = {}
+
+    async def submit(
+        self, policy: Policy, params: SamplingParams, messages: list[dict[str, str]]
+    ) -> Generation | str:
+        """``messages`` into the batcher of ``policy`` and ``params``."""
+        key = (id(policy), params)
+        if key not in self._by_key:
+            slot = self.runner._policy_index[id(policy)]
+            self._by_key[key] = _Batcher(self.runner, policy, params, self.run_seed, slot)
+        return await self._by_key[key].submit(messages)
+
+    async def close(self) -> None:
+        """Stop every batcher."""
+        for batcher in self._by_key.values():
+            await batcher.close()
 
 
 class _Batcher:

@@ -109,7 +109,8 @@ def test_unknown_schedules_are_refused():
         runner_for(ScriptedPolicy(solver_script), "greedy")
 
 
-def test_the_trainer_and_mappa_eval_take_the_continuous_schedule(tmp_path):
+@pytest.mark.parametrize("schedule", ["continuous", "episodes"])
+def test_the_trainer_and_mappa_eval_take_the_schedule(tmp_path, schedule):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from mappa_agents.tiny_models import tiny_model_dir
@@ -124,7 +125,7 @@ def test_the_trainer_and_mappa_eval_take_the_continuous_schedule(tmp_path):
         samples_per_prompt=2, concurrency=8, max_new_tokens=8, mask_truncated=False,
         train_batch_size=8, save_every=0, tensorboard=False, progress=False,
         gradient_checkpointing=False, output_dir=str(tmp_path / "run"),
-        rollout_schedule="continuous",
+        rollout_schedule=schedule,
     )  # fmt: skip
     trainer = Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
     (metrics,) = trainer.train()
@@ -135,7 +136,7 @@ def test_the_trainer_and_mappa_eval_take_the_continuous_schedule(tmp_path):
     code = main(
         [
             "eval", "--system", str(model_dir), "--episodes", "2", "--num-tasks", "2",
-            "--max-new-tokens", "4", "--sandbox", "none", "--schedule", "continuous",
+            "--max-new-tokens", "4", "--sandbox", "none", "--schedule", schedule,
             "--out", str(tmp_path / "eval"), "--no-progress",
         ]
     )  # fmt: skip

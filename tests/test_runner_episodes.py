@@ -264,34 +264,3 @@ def test_a_policy_without_a_request_path_gets_coalesced_unseeded_batches():
     assert sum(sizes) == 24
     assert sizes[0] == 6
     assert set(seeds) == {None}
-
-
-def test_the_trainer_and_mappa_eval_take_the_episodes_schedule(tmp_path):
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from mappa_agents.tiny_models import tiny_model_dir
-    from mappa_train.command import main
-    from mappa_train.config import TrainConfig
-    from mappa_train.trainer import Trainer
-    from tests.toy_env import LetterEnv
-
-    model_dir = tiny_model_dir(tmp_path / "model")
-    config = TrainConfig(
-        env="Letter-v0", system=str(model_dir), steps=1, prompts_per_step=4,
-        samples_per_prompt=2, concurrency=8, max_new_tokens=8, mask_truncated=False,
-        train_batch_size=8, save_every=0, tensorboard=False, progress=False,
-        gradient_checkpointing=False, output_dir=str(tmp_path / "run"),
-        rollout_schedule="episodes",
-    )  # fmt: skip
-    trainer = Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
-    (metrics,) = trainer.train()
-    trainer.close()
-    assert metrics["rollout/episodes"] == 8
-    code = main(
-        [
-            "eval", "--system", str(model_dir), "--episodes", "2", "--num-tasks", "2",
-            "--max-new-tokens", "4", "--sandbox", "none", "--schedule", "episodes",
-            "--out", str(tmp_path / "eval"), "--no-progress",
-        ]
-    )  # fmt: skip
-    assert code == 0
