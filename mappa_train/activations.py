@@ -10,17 +10,42 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["disable_checkpointing", "enable_checkpointing", "is_checkpointing"]
+__all__ = [
+    "disable_checkpointing",
+    "draws_random_numbers",
+    "enable_checkpointing",
+    "is_checkpointing",
+]
 
 
 def enable_checkpointing(model: Any) -> None:
-    """Recompute activations in the backward pass (non-reentrant checkpoints)."""
+    """Recompute activations in the backward pass (non-reentrant checkpoints).
+
+    The random generator's state is kept for the recomputation only where the forward
+    draws random numbers (:func:`draws_random_numbers`): keeping it means setting the
+    process-global generator in the backward pass, which changes what another thread
+    is sampling at that moment (a sweep's rollouts beside an update).
+    """
+    kwargs = {"use_reentrant": False, "preserve_rng_state": draws_random_numbers(model)}
     if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(
-            activation_checkpointing_kwargs={"use_reentrant": False}
-        )
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def draws_random_numbers(model: Any) -> bool:
+    """Whether ``model``'s training forward draws random numbers (dropout of any kind)."""
+    import torch
+
+    config = getattr(model, "config", None)
+    rates = [
+        getattr(config, name, 0.0) or 0.0
+        for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop")
+    ]
+    nn = torch.nn
+    kinds = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
+    dropouts = (m.p for m in model.modules() if isinstance(m, kinds))
+    return any(float(rate) > 0 for rate in rates) or any(p > 0 for p in dropouts)
 
 
 def is_checkpointing(model: Any) -> bool:

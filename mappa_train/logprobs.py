@@ -139,7 +139,15 @@ def response_logprobs(
         h = flat_hidden[start : start + chunk_size]
         y = flat_targets[start : start + chunk_size]
         if torch.is_grad_enabled() and recompute_logits:
-            pieces.append(checkpoint(_chunk_logprobs, h, weight, bias, y, use_reentrant=False))
+            # The chunk draws no random numbers: nothing to replay, and saving and
+            # restoring the process's generator here (the default) would reach into what
+            # another thread is sampling (a sweep's rollouts beside this update).
+            pieces.append(
+                checkpoint(
+                    _chunk_logprobs, h, weight, bias, y, use_reentrant=False,
+                    preserve_rng_state=False,
+                )
+            )  # fmt: skip
         else:
             pieces.append(_chunk_logprobs(h, weight, bias, y))
     logprobs = torch.cat(pieces).reshape(rows, resp_width)

@@ -90,7 +90,9 @@ class Sweep:
         runs: Run name -> its trainer (built, not yet trained); names must be distinct
             and each run must have its own ``output_dir``.
         overlap: Run each update in an update thread while the other runs' rollouts go
-            on; ``False`` runs everything in the calling thread, one after the other.
+            on; ``False`` runs everything in the calling thread, one after the other
+            (what a model with dropout needs to stay bit for bit as alone: its training
+            forward draws from the process-wide generator that seeded sampling uses).
         progress: A progress bar per run (the trainer's own, named after the run).
     """
 
