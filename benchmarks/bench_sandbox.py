@@ -8,10 +8,10 @@ the ratios are the wrapper's overhead (limits, process-tree check, file tracking
 handling) and the cost of the namespaces. Kernel starts are interleaved the same way.
 
 The time from an episode's reset to its first code result is measured through
-MathChat-v0 with its sandbox started ahead (``prestart_sandbox=True``, the default) and
-without, episode by episode in turn, confined in namespaces where bubblewrap works. The
-agents' thinking before the code (``--think-s`` between the reset and the code step) is
-not counted: it is what a start ahead overlaps with.
+MathChat-v0 with its sandbox started ahead (``prestart_sandbox=True``; the default on 4
+or more CPUs) and without, episode by episode in turn, confined in namespaces where
+bubblewrap works. The agents' thinking before the code (``--think-s`` between the reset
+and the code step) is not counted: it is what a start ahead overlaps with.
 
 Run: python -m benchmarks.bench_sandbox [--calls 200] [--starts 5] [--episodes 10]
      python -m benchmarks.bench_sandbox --prestart-only   (writes sandbox_prestart.json)

@@ -8,6 +8,7 @@ import psutil
 import pytest
 
 import mappa_env
+from mappa_env.envs import pipeline
 from mappa_env.sandbox import jupyter
 from mappa_env.sandbox.isolation import IsolationUnavailableError, resolve_confinement
 from mappa_env.tasks import KIND_CODE_TIMEOUT_S, MathTask, generate_math_tasks
@@ -50,6 +51,7 @@ def test_the_code_step_starts_no_kernel_the_next_episodes_started_ahead(monkeypa
         return real_start(workdir, *args, **kwargs)
 
     monkeypatch.setattr(jupyter, "start_kernel", counting_start)
+    monkeypatch.setattr(pipeline, "PRESTART_MIN_CPUS", 1)  # a machine with cores to spare
     env = mappa_env.make("MathChat-v0", tasks="gen:3", isolation="none")
     try:
         assert env.prestart_sandbox  # on by default for sandbox="jupyter"
@@ -79,7 +81,9 @@ def test_the_code_step_starts_no_kernel_the_next_episodes_started_ahead(monkeypa
 
 @needs_namespaces
 def test_a_prestarted_confined_kernel_sees_only_its_fresh_workspace():
-    env = mappa_env.make("MathChat-v0", tasks="gen:2", isolation="namespaces")
+    env = mappa_env.make(
+        "MathChat-v0", tasks="gen:2", isolation="namespaces", prestart_sandbox=True
+    )
     try:
         # From the second episode on, after one that ran code, the next one's starts ahead.
         env.reset(seed=0)
@@ -115,7 +119,7 @@ def test_a_prestarted_confined_kernel_sees_only_its_fresh_workspace():
 
 
 def test_close_stops_every_kernel_and_removes_every_workspace():
-    env = mappa_env.make("MathChat-v0", tasks="gen:2", isolation="auto")
+    env = mappa_env.make("MathChat-v0", tasks="gen:2", isolation="auto", prestart_sandbox=True)
     env.reset(seed=0)
     env.step(SOLVER)
     env.step(code("print(1)"))
@@ -174,7 +178,7 @@ def test_an_unused_prestarted_sandbox_is_closed_at_the_next_reset():
     assert all(sandbox.closed for sandbox in made)
 
 
-def test_prestarting_is_off_when_asked_and_for_other_factories():
+def test_prestarting_is_off_when_asked_for_other_factories_and_on_few_cpus(monkeypatch):
     env = mappa_env.make("MathChat-v0", tasks="gen:2", isolation="none", prestart_sandbox=False)
     try:
         env.reset(seed=0)
@@ -183,6 +187,11 @@ def test_prestarting_is_off_when_asked_and_for_other_factories():
     finally:
         env.close()
     env = mappa_env.make("MathChat-v0", tasks="gen:2", sandbox=InProcessSandbox)
+    assert not env.prestart_sandbox
+    env.close()
+    # Where cores are few, starts that go unused cost more than the waits they save.
+    monkeypatch.setattr(pipeline, "PRESTART_MIN_CPUS", 10**6)
+    env = mappa_env.make("MathChat-v0", tasks="gen:2", isolation="none")
     assert not env.prestart_sandbox
     env.close()
     with pytest.raises(TypeError, match="prestart_sandbox"):
