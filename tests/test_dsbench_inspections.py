@@ -97,3 +97,26 @@ def test_an_episode_replayed_byte_for_byte_starts_no_new_inspector(monkeypatch):
         assert env.state()["outcome"] == first
     finally:
         env.close()
+
+
+def test_a_report_on_files_that_changed_during_the_inspection_is_not_kept(monkeypatch):
+    # Agent code left running (a thread in its kernel) could swap a pickle while the
+    # inspector reads it: that report may describe other bytes than the ones hashed.
+    cache = InspectionCache()
+    monkeypatch.setattr("mappa_env.envs.dsbench.SHARED_INSPECTIONS", cache)
+    env = make_env()
+    original = type(env)._run_inspector
+
+    async def swapping(self, parameters):
+        report = await original(self, parameters)
+        (self.workdir / parameters["names"][0]).write_bytes(b"swapped after the read")
+        return report
+
+    monkeypatch.setattr(type(env), "_run_inspector", swapping)
+    try:
+        task = by_task(env, "iris")
+        play(env, reference_script(task), "iris")
+        assert len(cache) == 0
+        assert cache.hits == 0
+    finally:
+        env.close()
