@@ -107,15 +107,19 @@ def test_a_report_on_files_that_changed_during_the_inspection_is_not_kept(monkey
     env = make_env()
     original = type(env)._run_inspector
 
+    swaps = []
+
     async def swapping(self, parameters):
         report = await original(self, parameters)
-        (self.workdir / parameters["names"][0]).write_bytes(b"swapped after the read")
+        swaps.append(parameters["names"][0])  # other bytes each time
+        (self.workdir / swaps[-1]).write_bytes(f"swap {len(swaps)}".encode())
         return report
 
     monkeypatch.setattr(type(env), "_run_inspector", swapping)
     try:
         task = by_task(env, "iris")
         play(env, reference_script(task), "iris")
+        assert len(swaps) == 3  # every agent's inspection ran
         assert len(cache) == 0
         assert cache.hits == 0
     finally:
