@@ -33,6 +33,7 @@ import json
 import os
 import resource
 import sys
+import threading
 import traceback
 
 _PR_SET_CHILD_SUBREAPER = 36  # from <linux/prctl.h>
@@ -95,6 +96,117 @@ def _pack_unencodable_text(session: object) -> None:
     session.pack = pack  # type: ignore[attr-defined]
 
 
+#: Longest wait, after a cell, for its output written to file descriptors to come through.
+DESCRIPTOR_SYNC_TIMEOUT_S = 2.0
+
+
+def _longest_marker_start(text: str, marker: str) -> int:
+    """Length of the longest end of ``text`` that is a proper start of ``marker``."""
+    for size in range(min(len(text), len(marker) - 1), 0, -1):
+        if text.endswith(marker[:size]):
+            return size
+    return 0
+
+
+class DescriptorSync:
+    """Make what a cell writes to file descriptor 1 or 2 part of that cell's output.
+
+    ipykernel forwards what reaches the descriptors (a child process's output, ``os.write``)
+    from a pipe, in a thread of its own. When that thread runs late (a loaded machine),
+    a cell's last bytes are sent after the kernel reported the cell done, and a client
+    that reads a cell's output until then loses them. After each cell, :meth:`sync`
+    writes a marker into the pipe and waits until the forwarding thread has passed it on:
+    the pipe keeps order, so everything written before it has been passed on too. The
+    marker is removed from the text; the wait ends after ``timeout_s`` whatever happens.
+
+    Args:
+        stream: ipykernel's ``OutStream`` for ``stdout`` or ``stderr``.
+        timeout_s: The longest wait in :meth:`sync`.
+    """
+
+    def __init__(self, stream: object, timeout_s: float = DESCRIPTOR_SYNC_TIMEOUT_S) -> None:
+        self.stream = stream
+        self.timeout_s = timeout_s
+        self.marker = f"\x00mappa-sync-{os.urandom(8).hex()}\x00"
+        self.passed = threading.Event()
+        self._held = ""
+        self._forward = stream.write  # type: ignore[attr-defined]
+        # The forwarding thread calls ``self.write`` on the stream: an instance attribute
+        # comes first.
+        stream.write = self.write  # type: ignore[attr-defined]
+
+    @classmethod
+    def for_watched(cls, *streams: object) -> list[DescriptorSync]:
+        """One sync per stream whose descriptor ipykernel watches (none where it does not)."""
+        return [cls(s) for s in streams if getattr(s, "_should_watch", False)]
+
+    def write(self, text: str) -> int | None:
+        """The stream's ``write``; the forwarding thread's text loses the marker here.
+
+        The thread reads the pipe in chunks, so a marker may arrive in two: a chunk's end
+        that could begin one is held back until the next chunk (the marker that follows
+        every cell brings it).
+        """
+        if threading.current_thread() is not getattr(self.stream, "watch_fd_thread", None):
+            return self._forward(text)
+        text, self._held = self._held + text, ""
+        done, tail = "", text
+        passed = self.marker in text
+        if passed:
+            before, _, tail = text.rpartition(self.marker)
+            done = before.replace(self.marker, "")
+        held = _longest_marker_start(tail, self.marker)
+        if held:
+            tail, self._held = tail[:-held], tail[-held:]
+        text = done + tail
+        written = self._forward(text) if text else 0
+        if passed:  # only once the text before the marker is in the stream
+            self.passed.set()
+        return written
+
+    def _pipe_intact(self, fd: int) -> bool:
+        """Whether ``fd`` is still the watched pipe (code may have pointed it elsewhere)."""
+        read_end = getattr(self.stream, "_fid", None)
+        thread = getattr(self.stream, "watch_fd_thread", None)
+        if read_end is None or thread is None or not thread.is_alive():
+            return False
+        try:
+            ours, now = os.fstat(read_end), os.fstat(fd)
+        except OSError:
+            return False
+        return (ours.st_dev, ours.st_ino) == (now.st_dev, now.st_ino)
+
+    def sync(self) -> bool:
+        """Wait until what was written to the descriptor so far has been passed on.
+
+        Returns:
+            Whether the marker came through in time (False also where the descriptor no
+            longer leads to the watched pipe: nothing is written then).
+        """
+        fd = getattr(self.stream, "_original_stdstream_fd", None)
+        if fd is None or not self._pipe_intact(fd):
+            return False
+        self.passed.clear()
+        try:
+            os.write(fd, self.marker.encode())
+        except OSError:
+            return False
+        return self.passed.wait(self.timeout_s)
+
+
+def _sync_descriptor_output(shell: object) -> None:
+    """Run :meth:`DescriptorSync.sync` after every cell of ``shell`` (an IPython shell)."""
+    syncs = DescriptorSync.for_watched(sys.stdout, sys.stderr)
+    if not syncs:
+        return
+
+    def after_cell() -> None:
+        for sync in syncs:
+            sync.sync()
+
+    shell.events.register("post_execute", after_cell)  # type: ignore[attr-defined]
+
+
 def main() -> None:
     """Apply the spec in ``sys.argv[1]``, then run the kernel with the remaining arguments."""
     spec = json.loads(sys.argv.pop(1))
@@ -125,6 +237,7 @@ def main() -> None:
         app = IPKernelApp.instance()
         app.initialize()
         _pack_unencodable_text(app.session)
+        _sync_descriptor_output(app.shell)
     except BaseException:
         if spec.get("startup_error_log"):
             with open(spec["startup_error_log"], "w") as log:
