@@ -20,5 +20,5 @@ class IsolationUnavailableError(SandboxError):
     """``isolation="namespaces"`` was asked for, but bubblewrap cannot confine here."""
 
 
-#: Exit status of the launch shim when the kernel cannot join its cgroup (see isolation).
+#: Exit status of the launch shim when the kernel cannot join its cgroup (see confinement).
 CGROUP_JOIN_FAILED = 97
