@@ -1,6 +1,8 @@
 """The kernel process: launch under limits, connect, wait until ready, stop.
 
 Used by :mod:`mappa_env.sandbox.jupyter`; nothing here decides what a call's result is.
+:class:`~mappa_env.sandbox.errors.SandboxError` is imported here from its home,
+:mod:`mappa_env.sandbox.errors`, for callers that import it from this module.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 from mappa_env._async import run_sync
 from mappa_env.sandbox import _process
+from mappa_env.sandbox.errors import CGROUP_JOIN_FAILED, SandboxError
 from mappa_env.sandbox.limits import SandboxLimits, inherited_import_paths
 from mappa_env.tempdirs import make_temp_dir
 from mappa_env.text import truncate_middle
 
 if TYPE_CHECKING:
-    from mappa_env.sandbox.isolation import Confinement, SandboxCgroup
+    from mappa_env.sandbox.cgroups import SandboxCgroup
+    from mappa_env.sandbox.confinement import Confinement
 
 logger = logging.getLogger(__name__)
 
@@ -36,13 +40,6 @@ logger = logging.getLogger(__name__)
 _KERNEL_ARGS = ("--HistoryManager.enabled=False", "--InteractiveShell.colors=nocolor")
 #: A request socket whose connection dropped would otherwise block a send forever.
 _SEND_TIMEOUT_MS = 5_000
-
-
-class SandboxError(RuntimeError):
-    """The sandbox itself failed (a kernel could not start, or it was used after close).
-
-    Code that misbehaves never raises this: its failures come back as results.
-    """
 
 
 @functools.cache
@@ -234,8 +231,6 @@ class Kernel:
         return truncate_middle(read_log(self.runtime_dir / FAULT_LOG).strip(), max_chars)
 
 
-#: Exit status of the launch shim when the kernel cannot join its cgroup (see isolation).
-CGROUP_JOIN_FAILED = 97
 #: Files the kernel writes in its runtime directory, and the directory of its sockets.
 FAULT_LOG, STARTUP_LOG, SOCKETS = "fault.log", "startup-error.log", "sockets"
 #: What bubblewrap writes before a confined kernel runs (its refusal to start one).

@@ -11,6 +11,13 @@ Example:
     ...     sandbox.run("x = 6 * 7")
     ...     print(sandbox.run("x").stdout)
     42
+
+Where the parts live: one call's request and output in :mod:`mappa_env.sandbox.calls`,
+the text it becomes in :mod:`mappa_env.sandbox.output`, the files it wrote in
+:mod:`mappa_env.sandbox.file_changes`, what the sandbox holds and watches between calls
+in :mod:`mappa_env.sandbox.resources`, the kernel process in
+:mod:`mappa_env.sandbox._kernel`. This module keeps the sandbox itself: its calls, the
+kernel's restarts and recovery, and its workspace.
 """
 
 from __future__ import annotations
@@ -18,8 +25,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
-import re
 import signal
 import threading
 import time
@@ -28,28 +33,30 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from queue import Empty
-from typing import Any
 
-from mappa_env._fs import remove_tree
-from mappa_env.sandbox import _process
 from mappa_env.sandbox._kernel import (
     Kernel,
-    SandboxError,
-    close_kernel_files,
     describe_exit,
     start_kernel,
     stop_kernel,
-    wait_until_ready,
 )
 from mappa_env.sandbox.base import ExecError, ExecResult
+from mappa_env.sandbox.calls import CallOutcome, execute
+from mappa_env.sandbox.errors import SandboxError
+from mappa_env.sandbox.file_changes import changed_files, snapshot
 from mappa_env.sandbox.isolation import (
     Confinement,
     IsolationMode,
-    UidLease,
     resolve_confinement,
 )
 from mappa_env.sandbox.limits import SandboxLimits, kernel_environment
+from mappa_env.sandbox.output import (
+    BoundedText,
+    strip_ansi,
+    unencodable_code_error,
+    utf8_safe,
+    utf8_safe_error,
+)
 from mappa_env.sandbox.quota import (
     QUOTA_ERROR,
     WorkspaceUsage,
@@ -57,239 +64,26 @@ from mappa_env.sandbox.quota import (
     trim_workspace,
     workspace_usage,
 )
+from mappa_env.sandbox.resources import (
+    SandboxResources,
+    left_running,
+    limit_error,
+    watch_idle_kernel,
+)
 from mappa_env.tempdirs import make_temp_dir
-from mappa_env.text import truncate_middle
+
+__all__ = [
+    "JupyterSandbox",
+    "JupyterSandboxFactory",
+    "SandboxError",
+    "strip_ansi",
+    "utf8_safe",
+]
 
 logger = logging.getLogger(__name__)
 
-_ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
-#: Surrogate code points: the only ones a ``str`` may hold that UTF-8 cannot encode.
-_SURROGATE = re.compile("[\ud800-\udfff]")
-#: Wait this long after ``idle`` for the shell reply before giving up on it.
-_REPLY_WAIT_S = 1.0
-#: After the shell reply, wait this long for iopub's ``idle`` before deciding it was lost.
-_IOPUB_AFTER_REPLY_S = 0.5
-_MAX_TRACEBACK_CHARS = 20_000
-#: How long close() waits for a call running in another thread to give up the kernel.
-_CLOSE_WAIT_S = 10.0
-
-
-def strip_ansi(text: str) -> str:
-    """Remove terminal colour/cursor escape sequences from ``text``."""
-    return _ANSI_ESCAPE.sub("", text)
-
-
-def utf8_safe(text: str) -> str:
-    """Return ``text`` with lone surrogates replaced by U+FFFD, so it encodes as UTF-8.
-
-    A result that cannot be encoded would break whoever stores or sends it on (a JSON
-    file, a model API request). Surrogate pairs are joined into the character they
-    stand for; only unpaired halves are replaced.
-    """
-    if _SURROGATE.search(text) is None:
-        return text
-    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-
-
-def _unencodable_code_error(code: str) -> ExecError | None:
-    """Describe why ``code`` cannot be sent to the kernel, or None when it can.
-
-    Messages to the kernel are UTF-8; a lone surrogate (say, half of an emoji left by a
-    JSON escape cut in the middle) cannot be encoded, so such code is refused unrun.
-
-    Args:
-        code: The code a caller wants to run.
-
-    Returns:
-        A ``UnicodeEncodeError`` naming the first offending character and where it is.
-    """
-    first = _SURROGATE.search(code)
-    if first is None:
-        return None
-    count = len(_SURROGATE.findall(code))
-    offset = first.start()
-    line = code.count("\n", 0, offset) + 1
-    column = offset - (code.rfind("\n", 0, offset) + 1) + 1
-    # The message names the character by its code point: the character itself would
-    # make this result as unencodable as the code.
-    return ExecError(
-        "UnicodeEncodeError",
-        f"the code was not run: it contains {count} character(s) that cannot be encoded "
-        f"as UTF-8 (lone surrogates, such as half of an emoji); the first is "
-        f"U+{ord(first.group()):04X} at line {line}, column {column}. Remove or replace "
-        "them and run the code again",
-    )
-
-
-# --------------------------------------------------------------------------------------
-# Output collection
-# --------------------------------------------------------------------------------------
-
-
-class _BoundedText:
-    """Collects streamed text keeping the head and a rolling tail of at most ``limit`` each.
-
-    Memory stays bounded however much is appended, so ``while True: print(...)`` cannot
-    exhaust this process; :meth:`text` then cuts to ``limit`` from the middle.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-        self._head = ""
-        self._tail: list[str] = []
-        self._tail_chars = 0
-        self.total_chars = 0
-
-    def append(self, text: str) -> None:
-        if not text:
-            return
-        self.total_chars += len(text)
-        if len(self._head) < self._limit:
-            room = self._limit - len(self._head)
-            self._head += text[:room]
-            text = text[room:]
-            if not text:
-                return
-        self._tail.append(text)
-        self._tail_chars += len(text)
-        if self._tail_chars > 2 * self._limit:
-            kept = "".join(self._tail)[-self._limit :]
-            self._tail = [kept]
-            self._tail_chars = len(kept)
-
-    def text(self) -> tuple[str, bool]:
-        """Return the collected text, cut to the limit, and whether it was cut."""
-        full = self._head + "".join(self._tail)
-        if self.total_chars <= self._limit:
-            return full, False
-        marker = f"\n...[output cut from the middle: {self.total_chars} characters in all]...\n"
-        return truncate_middle(full, self._limit, marker=marker), True
-
-
-# --------------------------------------------------------------------------------------
-# Workspace tracking
-# --------------------------------------------------------------------------------------
-
-_FileStamp = tuple[int, int, int]
-
-
-def _snapshot(root: str, cap: int) -> dict[str, _FileStamp] | None:
-    """Map each file under ``root`` to (mtime, size, inode); None when over ``cap`` entries.
-
-    Symbolic links are not followed (a link to ``/`` would make the scan unbounded);
-    ``__pycache__`` directories are skipped.
-    """
-    stamps: dict[str, _FileStamp] = {}
-    entries = 0
-    prefix = len(root) + 1
-    stack = [root]
-    while stack:
-        try:
-            iterator = os.scandir(stack.pop())
-        except OSError:
-            continue
-        with iterator:
-            for entry in iterator:
-                entries += 1
-                if entries > cap:
-                    return None
-                try:
-                    if entry.is_dir(follow_symlinks=False):
-                        if entry.name != "__pycache__":
-                            stack.append(entry.path)
-                        continue
-                    stat = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                stamps[entry.path[prefix:]] = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
-    return stamps
-
-
-def _changed_files(
-    before: dict[str, _FileStamp] | None, after: dict[str, _FileStamp] | None
-) -> tuple[str, ...]:
-    if before is None or after is None:
-        return ()
-    return tuple(sorted(path for path, stamp in after.items() if before.get(path) != stamp))
-
-
-# --------------------------------------------------------------------------------------
-# One call
-# --------------------------------------------------------------------------------------
-
-
-@dataclass
-class _CallOutcome:
-    """What the kernel reported for one execute request, before restart handling."""
-
-    stdout: _BoundedText
-    stderr: _BoundedText
-    error: ExecError | None = None
-    timed_out: bool = False
-    interrupted_traceback: str = ""
-    kill_reason: str | None = None  # set when the kernel must be killed and restarted
-    kill_error: ExecError | None = None
-    asked_exit: bool = False
-    died: bool = False
-    output_lost: bool = False
-    closed: bool = False
-    oom_kills_before: int = 0  # the cgroup's count when the call began
-    over_quota: WorkspaceUsage | None = None  # the usage that broke the workspace quota
-
-
-# --------------------------------------------------------------------------------------
-# Sandbox
-# --------------------------------------------------------------------------------------
-
-
-class _Resources:
-    """Everything a sandbox must release; shared with its finalizer and watcher thread.
-
-    Kept apart from :class:`JupyterSandbox` so that neither ``weakref.finalize`` nor the
-    background watcher holds a reference to the sandbox (which would keep it alive).
-    """
-
-    def __init__(self, owned_dir: Path | None, lease: UidLease | None = None) -> None:
-        self.lock = threading.Lock()  # serialises calls (and restarts) on the kernel
-        self.lease = lease  # the sandbox's own uid, if it leased one
-        self.state_lock = threading.Lock()  # guards kernel / closed against close()
-        self.kernel: Kernel | None = None
-        self.closed = False
-        self.owned_dir = owned_dir
-        self.executor: ThreadPoolExecutor | None = None
-        self.watcher: threading.Thread | None = None
-        self.stop_watch = threading.Event()
-        self.pending_notice = ""
-        # The sandbox's one worker thread, told apart from every other sandbox's.
-        self.thread_prefix = f"mappa-sandbox-{id(self):x}"
-
-    def release(self) -> None:
-        with self.state_lock:
-            if self.closed:
-                return
-            self.closed = True
-            kernel, self.kernel = self.kernel, None
-            executor, self.executor = self.executor, None
-        self.stop_watch.set()
-        if kernel is not None:
-            # Killing is safe from any thread; closing the sockets is not while a call in
-            # another thread polls them, so wait for it to notice (it checks every tick).
-            _process.kill_tree(kernel.process)
-            acquired = self.lock.acquire(timeout=_CLOSE_WAIT_S)
-            if not acquired:
-                logger.warning("closing kernel %d while a call still uses it", kernel.pid)
-            try:
-                close_kernel_files(kernel)
-            finally:
-                if acquired:
-                    self.lock.release()
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
-        if self.owned_dir is not None:
-            remove_tree(self.owned_dir)  # agent code may have left a tree rmtree cannot
-        if self.lease is not None:
-            # Its processes are gone (killed with the kernel's tree and namespace).
-            self.lease.release()
+#: The old name of :class:`~mappa_env.sandbox.output.BoundedText`, kept for one release.
+_BoundedText = BoundedText
 
 
 @dataclass(frozen=True)
@@ -392,7 +186,7 @@ class JupyterSandbox:
         self._confinement.prepare_writable(self._workdir, user=self._user)
         self._limits = limits or SandboxLimits()
         self._env = kernel_environment(self._limits, env)
-        self._res = _Resources(owned, lease)
+        self._res = SandboxResources(owned, lease)
         self._finalizer = weakref.finalize(self, self._res.release)
 
     @classmethod
@@ -549,7 +343,7 @@ class JupyterSandbox:
 
     def _run_locked(self, code: str, timeout: float) -> ExecResult:
         started = time.monotonic()
-        refused = _unencodable_code_error(code)
+        refused = unencodable_code_error(code)
         if refused is not None:
             # Nothing is sent (the kernel's message packer would raise), so the kernel and
             # its state are untouched.
@@ -584,13 +378,13 @@ class JupyterSandbox:
 
         root = str(self._workdir)
         started_ns = time.time_ns()
-        before = _snapshot(root, self._limits.max_tracked_files)
+        before = snapshot(root, self._limits.max_tracked_files)
         outcome = self._execute(kernel, code, timeout)
         error = outcome.error
         if outcome.closed:
             error = ExecError("SandboxClosed", "the sandbox was closed while the code ran")
         elif outcome.kill_reason is None and not outcome.died:
-            over = _limit_error(kernel, self._limits)
+            over = limit_error(kernel, self._limits)
             if over is not None:
                 outcome.kill_reason, outcome.kill_error = "process limit", over
             else:
@@ -603,26 +397,26 @@ class JupyterSandbox:
             restarted = True
         if outcome.over_quota is not None and not outcome.closed:
             error = self._trim_after_quota(outcome.over_quota, error, started_ns)
-        elif not outcome.closed and _left_running(kernel):
+        elif not outcome.closed and left_running(kernel):
             self._watch_background_processes(kernel)
 
         stdout, stdout_cut = outcome.stdout.text()
         stderr, stderr_cut = outcome.stderr.text()
         if notes:
             stderr = "\n".join(notes) + ("\n" + stderr if stderr else "\n")
-        after = _snapshot(root, self._limits.max_tracked_files)
+        after = snapshot(root, self._limits.max_tracked_files)
         return ExecResult(
             stdout=utf8_safe(stdout),
             stderr=utf8_safe(stderr),
-            error=_utf8_safe_error(error),
+            error=utf8_safe_error(error),
             timed_out=outcome.timed_out,
             duration_s=time.monotonic() - started,
             truncated=stdout_cut or stderr_cut,
             restarted=restarted,
-            files_written=tuple(utf8_safe(n) for n in _changed_files(before, after)),
+            files_written=tuple(utf8_safe(n) for n in changed_files(before, after)),
         )
 
-    def _check_quota(self, outcome: _CallOutcome) -> None:
+    def _check_quota(self, outcome: CallOutcome) -> None:
         """Mark ``outcome`` for a kill when the workspace is over its quota after the call."""
         quota = self._limits.workspace_bytes
         if quota is None:
@@ -669,7 +463,7 @@ class JupyterSandbox:
             )
         return ExecResult(
             stderr=utf8_safe("".join(f"{note}\n" for note in notes)),
-            error=_utf8_safe_error(error),
+            error=utf8_safe_error(error),
             duration_s=time.monotonic() - started,
         )
 
@@ -740,7 +534,7 @@ class JupyterSandbox:
         return not (outcome.error or outcome.timed_out or outcome.died or outcome.kill_reason)
 
     def _recover(
-        self, kernel: Kernel, outcome: _CallOutcome, error: ExecError | None
+        self, kernel: Kernel, outcome: CallOutcome, error: ExecError | None
     ) -> ExecError | None:
         """Replace a dead or unrecoverable kernel; return the error to report."""
         if outcome.died:
@@ -861,170 +655,17 @@ class JupyterSandbox:
 
     def _execute(
         self, kernel: Kernel, code: str, timeout: float, *, silent: bool = False
-    ) -> _CallOutcome:
-        """Send one execute request and collect its output until the kernel is idle.
-
-        The ``idle`` status on iopub normally ends the call. Iopub may lose messages, so
-        the shell reply also ends it when ``idle`` has not followed shortly; and when a
-        connection drops (a message above ``max_message_bytes``), the client reconnects
-        and the call ends once the kernel answers again.
-        """
-        limits = self._limits
-        outcome = _CallOutcome(
-            _BoundedText(limits.max_output_chars), _BoundedText(limits.max_output_chars)
+    ) -> CallOutcome:
+        """Run one piece of code on ``kernel`` (see :func:`~mappa_env.sandbox.calls.execute`)."""
+        return execute(
+            kernel,
+            code,
+            timeout,
+            limits=self._limits,
+            workdir=self._workdir,
+            res=self._res,
+            silent=silent,
         )
-        if kernel.cgroup is not None:
-            outcome.oom_kills_before = kernel.cgroup.oom_kills()
-        msg_id = self._send(kernel, code, silent)
-        if msg_id is None:
-            outcome.kill_reason = "the code could not be sent to it"
-            outcome.kill_error = ExecError(
-                "SandboxError",
-                "the code could not be sent to the Python process, which was restarted; "
-                "earlier variables are gone and the code did not run",
-            )
-            return outcome
-        shell, iopub = kernel.client.shell_channel, kernel.client.iopub_channel
-        deadline = time.monotonic() + timeout
-        give_up_at: float | None = None  # set once interrupted
-        next_check = time.monotonic() + limits.watch_interval_s
-        next_quota_check = time.monotonic() + limits.workspace_watch_interval_s
-        reply: dict[str, Any] | None = None
-        reply_seen_at = 0.0
-        reconnect = False
-        while True:
-            now = time.monotonic()
-            if give_up_at is None and now >= deadline:
-                outcome.timed_out = True
-                _process.interrupt_group(kernel.process)
-                give_up_at = now + limits.interrupt_grace_s
-            elif give_up_at is not None and now >= give_up_at:
-                outcome.kill_reason = "it did not stop after an interrupt"
-                break
-            if now >= next_check:
-                next_check = now + limits.watch_interval_s
-                if self._res.closed:
-                    outcome.closed = True
-                    return outcome
-                if not kernel.alive():
-                    outcome.died = True
-                    break
-                over = _limit_error(kernel, self._limits)
-                if over is not None:
-                    outcome.kill_reason, outcome.kill_error = "process limit", over
-                    break
-                if limits.workspace_bytes is not None and now >= next_quota_check:
-                    usage = workspace_usage(self._workdir)
-                    # A big workspace takes long to measure: measure it less often, so
-                    # the watch costs the call at most about a tenth of its time.
-                    spent = time.monotonic() - now
-                    next_quota_check = now + max(limits.workspace_watch_interval_s, 10 * spent)
-                    if usage.over(limits.workspace_bytes):
-                        outcome.over_quota = usage
-                        outcome.kill_reason = "workspace quota"
-                        outcome.kill_error = ExecError(QUOTA_ERROR, "")
-                        break
-                if kernel.connection_lost():
-                    outcome.output_lost = reconnect = True
-                    break
-                if reply is None:
-                    reply = _matching_reply(shell, msg_id)
-                    reply_seen_at = now
-                elif now - reply_seen_at > _IOPUB_AFTER_REPLY_S:
-                    outcome.output_lost = True
-                    break
-            wait = min(next_check, give_up_at or deadline) - now
-            try:
-                message = iopub.get_msg(timeout=max(wait, 0.001))
-            except Empty:
-                continue
-            if message["parent_header"].get("msg_id") != msg_id:
-                continue
-            if _handle_iopub(message, outcome):
-                break
-
-        if outcome.output_lost and not outcome.kill_reason:
-            self._resync(kernel, outcome, deadline, reconnect=reconnect)
-        if outcome.timed_out:
-            stopped = outcome.kill_reason is None
-            outcome.error = ExecError(
-                "TimeoutError",
-                f"the code ran longer than {timeout:g} s and was interrupted"
-                + ("" if stopped else "; it did not stop, so the Python process was restarted"),
-                outcome.interrupted_traceback,
-            )
-            if not stopped:
-                outcome.kill_error = outcome.error
-        if outcome.kill_reason is None and not outcome.died:
-            if reply is None and not reconnect:
-                reply = _wait_reply(kernel.client.shell_channel, msg_id, _REPLY_WAIT_S)
-            if reply is not None:
-                _apply_reply(reply, outcome)
-            if outcome.asked_exit:
-                # ``exit()`` in IPython stops the kernel shortly after the reply.
-                outcome.died = kernel.wait_exit(timeout=5)
-                outcome.kill_reason = None if outcome.died else "exit requested"
-        if outcome.output_lost:
-            outcome.stderr.append(
-                ("\n" if outcome.stderr.total_chars else "")
-                + "[sandbox] some output of this call was lost: a single output larger "
-                f"than {limits.max_message_bytes} bytes is dropped\n"
-            )
-        return outcome
-
-    @staticmethod
-    def _send(kernel: Kernel, code: str, silent: bool) -> str | None:
-        """Send an execute request, reconnecting once if the shell connection is gone."""
-        import zmq
-
-        for attempt in range(2):
-            try:
-                if attempt:
-                    kernel.connect()
-                _drain(kernel.client.shell_channel)
-                kernel.connection_lost()  # forget events from before this call
-                return kernel.client.execute(
-                    code,
-                    silent=silent,
-                    store_history=False,
-                    allow_stdin=False,
-                    stop_on_error=False,
-                )
-            except zmq.ZMQError as exc:
-                logger.debug("kernel pid %d: sending failed (%s)", kernel.pid, exc)
-        return None
-
-    def _resync(
-        self, kernel: Kernel, outcome: _CallOutcome, deadline: float, *, reconnect: bool
-    ) -> None:
-        """After lost messages, wait until the kernel answers on fresh, live channels.
-
-        The kernel answers ``kernel_info`` only once the code has finished, so this
-        also waits for the end of the call (interrupting it at ``deadline``).
-        """
-        import zmq
-
-        try:
-            if reconnect:
-                kernel.connect()
-            wait_until_ready(kernel, max(deadline, time.monotonic() + 1.0))
-            return
-        except zmq.ZMQError as exc:
-            outcome.kill_reason = f"its connection could not be rebuilt ({exc})"
-            return
-        except SandboxError:
-            if not kernel.alive():
-                outcome.died = True
-                return
-        outcome.timed_out = True
-        _process.interrupt_group(kernel.process)
-        try:
-            wait_until_ready(kernel, time.monotonic() + self._limits.interrupt_grace_s)
-        except SandboxError:
-            if kernel.alive():
-                outcome.kill_reason = "it did not stop after an interrupt"
-            else:
-                outcome.died = True
 
     def _watch_background_processes(self, kernel: Kernel) -> None:
         """Keep counting the kernel's processes and threads between calls while it has any."""
@@ -1034,173 +675,10 @@ class JupyterSandbox:
         ):
             return
         watcher = threading.Thread(
-            target=_watch_idle_kernel,
+            target=watch_idle_kernel,
             args=(self._res, kernel, limits, self._workdir),
             name=f"mappa-sandbox-watch-{kernel.pid}",
             daemon=True,
         )
         self._res.watcher = watcher
         watcher.start()
-
-
-def _utf8_safe_error(error: ExecError | None) -> ExecError | None:
-    """``error`` with every text field made encodable (see :func:`utf8_safe`)."""
-    if error is None:
-        return None
-    fields = (error.name, error.value, error.traceback)
-    safe = tuple(utf8_safe(text) for text in fields)
-    return error if safe == fields else ExecError(*safe)
-
-
-def _over_limit(kernel: Kernel, limits: SandboxLimits) -> tuple[str, int] | None:
-    """``("threads" or "processes", limit)`` when a kernel is over that limit, else None.
-
-    Threads are counted first: that count is bounded by its limit (see
-    :func:`~mappa_env.sandbox._process.tree_threads`), while listing the processes reads
-    a file per thread.
-    """
-    threads = limits.max_threads
-    if threads is not None and kernel.threads(stop_after=threads) > threads:
-        return "threads", threads
-    limit = limits.max_processes
-    if limit is not None and len(kernel.agent_processes(stop_after=limit)) > limit:
-        return "processes", limit
-    return None
-
-
-def _limit_error(kernel: Kernel, limits: SandboxLimits) -> ExecError | None:
-    """The error of a call after which the kernel is over a limit, or None."""
-    over = _over_limit(kernel, limits)
-    if over is None:
-        return None
-    what, limit = over
-    counted = " (every thread of every process of the sandbox counts)" if what == "threads" else ""
-    return ExecError(
-        "ProcessLimitExceeded",
-        f"the code had more than {limit} {what} running{counted}; all of its processes "
-        "and the Python process were killed, and the Python process was restarted",
-    )
-
-
-def _left_running(kernel: Kernel) -> bool:
-    """Whether earlier code left processes, or threads of its own, running in the kernel."""
-    return bool(kernel.agent_processes(stop_after=0)) or (
-        kernel.threads(stop_after=kernel.ready_threads) > kernel.ready_threads
-    )
-
-
-def _handle_iopub(message: dict[str, Any], outcome: _CallOutcome) -> bool:
-    """Fold one iopub message into ``outcome``; return True when the request is done."""
-    kind = message["msg_type"]
-    content = message["content"]
-    if kind == "stream":
-        target = outcome.stderr if content.get("name") == "stderr" else outcome.stdout
-        target.append(content.get("text", ""))
-    elif kind in ("execute_result", "display_data"):
-        text = content.get("data", {}).get("text/plain")
-        if text:
-            outcome.stdout.append(text if text.endswith("\n") else text + "\n")
-    elif kind == "error":
-        traceback = strip_ansi("\n".join(content.get("traceback", [])))
-        name = content.get("ename", "Error")
-        value = strip_ansi(content.get("evalue", ""))
-        if outcome.timed_out and name == "KeyboardInterrupt":
-            outcome.interrupted_traceback = traceback
-        else:
-            outcome.error = ExecError(name, value, truncate_middle(traceback, _MAX_TRACEBACK_CHARS))
-    elif kind == "status":
-        return content.get("execution_state") == "idle"
-    return False
-
-
-def _matching_reply(shell: Any, msg_id: str) -> dict[str, Any] | None:
-    """The shell reply to ``msg_id`` if it has arrived (others are discarded), else None."""
-    while shell.msg_ready():
-        reply = shell.get_msg(timeout=0)
-        if reply["parent_header"].get("msg_id") == msg_id:
-            return reply
-    return None
-
-
-def _wait_reply(shell: Any, msg_id: str, timeout: float) -> dict[str, Any] | None:
-    """Wait up to ``timeout`` seconds for the shell reply to ``msg_id``."""
-    deadline = time.monotonic() + timeout
-    while (remaining := deadline - time.monotonic()) > 0:
-        try:
-            reply = shell.get_msg(timeout=remaining)
-        except Empty:
-            return None
-        if reply["parent_header"].get("msg_id") == msg_id:
-            return reply
-    return None
-
-
-def _apply_reply(reply: dict[str, Any], outcome: _CallOutcome) -> None:
-    """Take from the execute reply what iopub may have missed: the error, an exit request."""
-    content = reply.get("content", {})
-    if content.get("status") == "error" and outcome.error is None and not outcome.timed_out:
-        traceback = strip_ansi("\n".join(content.get("traceback", [])))
-        outcome.error = ExecError(
-            content.get("ename", "Error"),
-            strip_ansi(content.get("evalue", "")),
-            truncate_middle(traceback, _MAX_TRACEBACK_CHARS),
-        )
-    outcome.asked_exit = any(
-        p.get("source") == "ask_exit" and not p.get("keepkernel")
-        for p in content.get("payload", [])
-    )
-
-
-def _drain(channel: Any) -> None:
-    while channel.msg_ready():
-        channel.get_msg(timeout=0)
-
-
-def _watch_idle_kernel(
-    res: _Resources, kernel: Kernel, limits: SandboxLimits, workdir: Path
-) -> None:
-    """Between calls, kill the kernel if what it left running exceeds its limits.
-
-    Runs only while earlier code left processes or threads running; a running call does
-    its own checks, so a round is skipped whenever the call lock is taken. What was left
-    running may also write: past the workspace quota it is killed, and what it wrote is
-    deleted until the workspace is back under.
-    """
-    watching_since_ns = time.time_ns()
-    while not res.stop_watch.wait(limits.idle_watch_interval_s):
-        if not res.lock.acquire(blocking=False):
-            continue
-        try:
-            if res.kernel is not kernel or not kernel.alive():
-                res.watcher = None
-                return
-            over = _over_limit(kernel, limits)
-            if over is not None:
-                what, limit = over
-                logger.debug("kernel pid %d: background %s over %d", kernel.pid, what, limit)
-                _process.kill_tree(kernel.process)
-                # The next call adds whether the Python process could be restarted.
-                res.pending_notice = (
-                    f"[sandbox] {what} left running by earlier code exceeded the limit of "
-                    f"{limit}; they and the Python process were killed"
-                )
-                res.watcher = None
-                return
-            quota = limits.workspace_bytes
-            usage = None if quota is None else workspace_usage(workdir)
-            if quota is not None and usage is not None and usage.over(quota):
-                _process.kill_tree(kernel.process)
-                removed, after = trim_workspace(workdir, quota, watching_since_ns)
-                stated = quota_error(quota, usage, removed, after)
-                res.pending_notice = (
-                    f"[sandbox] {QUOTA_ERROR}: processes left running by earlier code "
-                    f"wrote past the quota; {stated.value}"
-                )
-                res.watcher = None
-                return
-            if not _left_running(kernel):
-                res.watcher = None
-                return
-        finally:
-            res.lock.release()
-    res.watcher = None
