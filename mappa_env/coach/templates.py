@@ -4,9 +4,10 @@ A :class:`CoachTemplates` object turns a :class:`~mappa_env.coach.base.CoachRequ
 into chat messages: a system prompt that sets the scale, and one user message with the
 task, the system and role descriptions, the agent's exact input, its output, the tool
 result, workspace files (where the environment keeps a workspace), the reference answer
-when the environment reveals it, a measured outcome when the environment reports one,
-the rubric for this role (the environment's, unless overridden here), and the reply
-format.
+when the environment reveals it, the environment's own sections (:class:`PromptSections`:
+checks of files, a measured outcome), the rubric for this role (the environment's, unless
+overridden here), and the reply format. This module names no environment: each brings
+its rubrics and sections through its class.
 
 Templates are versioned: :attr:`CoachTemplates.version` enters the coach's cache key, so
 changing a template (or overriding a rubric, which changes the version automatically)
@@ -95,6 +96,40 @@ GENERAL_RUBRIC = """\
 Judge whether the action does this agent's job as its role describes, correctly and \
 completely, using the tool output as evidence, and whether it leaves the next agent \
 what it needs."""
+
+
+@dataclass(frozen=True)
+class PromptSections:
+    """An environment's own sections of the coach's user message, by where they go.
+
+    An environment class supplies them as its ``coach_prompt_sections``: a function
+    ``CoachRequest -> PromptSections`` (a ``staticmethod``), found through the registry
+    by ``request.env_id`` (:func:`environment_sections`). Sections show what only that
+    environment measures (checks of the files an agent made, a measured outcome and the
+    score cap it sets); whatever agent code chose belongs inside :func:`agent_text`.
+
+    Attributes:
+        facts: ``(title, body)`` pairs after the judged agent's role, before its input.
+        evidence: ``(title, body)`` pairs after the tool result, the files and the
+            reference answer, before the rubric.
+    """
+
+    facts: Sequence[tuple[str, str]] = ()
+    evidence: Sequence[tuple[str, str]] = ()
+
+
+def environment_sections(request: CoachRequest) -> PromptSections:
+    """The sections the environment registered as ``request.env_id`` adds to the prompt.
+
+    Args:
+        request: The action to judge.
+
+    Returns:
+        What the environment class's ``coach_prompt_sections`` makes of ``request``;
+        none for an environment without one, or an id that is not registered.
+    """
+    make = registered_env_attribute(request.env_id, "coach_prompt_sections")
+    return PromptSections() if make is None else make(request)
 
 
 @dataclass(frozen=True)
@@ -223,7 +258,7 @@ class CoachTemplates:
             request: The action to judge.
 
         Returns:
-            ``"<version>/<agent>-<digest>"``, e.g. ``"mappa-coach-v3/verifier-1a2b3c4d5e"``.
+            ``"<version>/<agent>-<digest>"``, e.g. ``"mappa-coach-v3/planner-1a2b3c4d5e"``.
         """
         rubric = self.rubric_for(request.env_id, request.agent, request.rubric)
         text = json.dumps([self.system_prompt, rubric])
@@ -260,9 +295,8 @@ class CoachTemplates:
                 truncate_middle(request.role_description, lim.description),
             ),
         ]
-        facts = _facts(request.metadata)
-        if facts:
-            sections.append(("Task facts", facts))
+        own = environment_sections(request)
+        sections += own.facts
         sections += [
             (
                 "What the agent saw (its exact input messages)",
@@ -295,14 +329,7 @@ class CoachTemplates:
                     truncate_middle(request.ground_truth, lim.ground_truth),
                 )
             )
-        checks = _artifact_section(request.metadata)
-        if checks:
-            sections.append(("Checks of the files this agent makes or needs", checks))
-        outcome = request.metadata.get("outcome")
-        if isinstance(outcome, Mapping):
-            if request.score_cap is not None:
-                outcome = {**outcome, "cap": request.score_cap}
-            sections.append(("Measured outcome", _outcome_section(outcome)))
+        sections += own.evidence
         sections += [
             (
                 f"Rubric for the {request.agent}",
@@ -353,14 +380,6 @@ def _position(request: CoachRequest) -> str:
     if request.is_last_agent:
         parts.append("the final agent")
     return ", ".join(parts)
-
-
-def _facts(metadata: Mapping[str, Any]) -> str:
-    lines = []
-    for key, label in (("task_type", "task type"), ("metric", "metric")):
-        if metadata.get(key) is not None:
-            lines.append(f"- {label}: {metadata[key]}")
-    return "\n".join(lines)
 
 
 def agent_text(text: str) -> str:
@@ -429,94 +448,3 @@ def _human_size(size: int) -> str:
             return f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} GB"
-
-
-_IDENTIFIER_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,100}")
-
-
-def _is_plain_fact(value: Any) -> bool:
-    """Numbers, booleans, None, lists of them (a shape) and dotted names (a type).
-
-    None of them can hold a sentence, a ``key: value`` line or a score.
-    """
-    if value is None or isinstance(value, (bool, int, float)):
-        return True
-    if isinstance(value, str):
-        return _IDENTIFIER_PATH.fullmatch(value) is not None
-    return isinstance(value, (list, tuple)) and all(
-        v is None or isinstance(v, (bool, int, float)) for v in value
-    )
-
-
-def _split_facts(facts: Mapping[str, Any]) -> tuple[list[str], list[str]]:
-    """``(key=value facts shown inline, key: value facts to quote in a fence)``.
-
-    A fact is shown inline when its value is a number, a boolean, None, a list of those
-    (a shape) or a dotted name (a type such as ``pandas.DataFrame``); any other value (an
-    error message, any text) may carry words agent code chose (a pickle names the module
-    its unpickling error quotes) and is quoted inside an agent-text fence.
-    """
-    inline, quoted = [], []
-    for key, value in facts.items():
-        if _is_plain_fact(value):
-            inline.append(f"{key}={list(value) if isinstance(value, tuple) else value}")
-        else:
-            text = value if isinstance(value, str) else json.dumps(value, default=str)
-            quoted.append(f"{key}: {truncate_middle(text, 300)}")
-    return inline, quoted
-
-
-def _artifact_section(metadata: Mapping[str, Any]) -> str:
-    lines = []
-    artifacts = metadata.get("artifacts")
-    if isinstance(artifacts, Mapping):
-        for name, facts in artifacts.items():
-            inline, quoted = _split_facts(facts if isinstance(facts, Mapping) else {"fact": facts})
-            line = f"- {name}: {', '.join(inline) or '(no plain facts)'}"
-            if quoted:
-                line += "; in words its file or code chose:\n" + agent_text("\n".join(quoted))
-            lines.append(line)
-    cap = metadata.get("skill_cap")
-    if isinstance(cap, (int, float)):
-        # The environment scored test predictions on the answers, as for the outcome.
-        # Its reason may quote an error raised by the agent's files: fenced like them.
-        why = str(metadata.get("skill_cap_reason") or "measured on held-out answers")
-        lines.append(
-            f"- Score cap from how well these files predict held-out answers: at most "
-            f"{int(cap)}. Do not exceed it, whatever the quality of the code. Why:\n"
-            + agent_text(truncate_middle(why, 300))
-        )
-    missing = metadata.get("missing_upstream")
-    if missing:
-        names = ", ".join(str(name) for name in missing)
-        lines.append(
-            f"- Needed from earlier agents but missing or unusable: {names}. Failures caused "
-            "by these belong to the earlier agents (blame rule)."
-        )
-    return "\n".join(lines)
-
-
-def _outcome_section(outcome: Mapping[str, Any]) -> str:
-    lines = []
-    if outcome.get("success") is False:
-        # The scorer's reason quotes the submission (its column names, its labels).
-        reason = truncate_middle(str(outcome.get("reason") or "no reason given"), 600)
-        lines.append(
-            "- The submission could not be scored; the scorer's reason, which quotes the "
-            f"submission:\n{agent_text(reason)}"
-        )
-    for key in ("metric", "value", "rmse_pct_range", "normalized"):
-        if outcome.get(key) is not None:
-            lines.append(f"- {key}: {_fmt(outcome[key])}")
-    if outcome.get("cap") is not None:
-        # The environment derives the cap from the outcome (e.g. DSBench's metric table).
-        lines.append(
-            f"- Score cap from this outcome: at most {outcome['cap']:g} (cap set by the "
-            "environment from the outcome, which lowers any score above it). Do not exceed "
-            "it, whatever the quality of the code."
-        )
-    return "\n".join(lines) or "(outcome recorded without details)"
-
-
-def _fmt(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
