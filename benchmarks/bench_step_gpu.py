@@ -12,7 +12,14 @@ shape or another model) and reports:
   ``rollout_batch_size`` with the same sampling settings, outside the runner);
 - update tokens/s next to a plain transformers training step on the very same rows
   (CUDA only; see ``bench_train_gpu``);
-- peak GPU memory.
+- peak GPU memory;
+- the decode floor beside the rollout tokens/s (``--decode-floor``, on by default): one
+  decode step of the same model at the step's batch (its episodes), captured as a CUDA
+  graph and replayed in the same process (:mod:`benchmarks.decode_floor`);
+- with ``--sweep-runs R``, a sweep of R runs (the same settings, ``process`` and
+  ``outcome`` credit in turn, a seed each) of ``--sweep-steps`` steps in this process
+  (:class:`~mappa_train.sweep.Sweep`), timed from building the first run to the end of
+  the last: its device minutes, and seconds per run-step.
 
 With ``--rollout-engine vllm`` the agents roll out on in-process vLLM engines (new
 weights loaded after every update), and the report adds the compiled Hugging Face
@@ -25,6 +32,7 @@ The ratios compare figures of one process, measured one after the other.
 Run:  python -m benchmarks.bench_step_gpu                       # SmolLM2, 64 episodes
       python -m benchmarks.bench_step_gpu --micro-batch-tokens 16384 --name step_smollm2_tb
       python -m benchmarks.bench_step_gpu --rollout-engine vllm --name step_smollm2_vllm
+      python -m benchmarks.bench_step_gpu --schedule episodes --sweep-runs 4 --name recipe
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ from benchmarks.bench_train_gpu import (
     parameter_counts,
     random_model_dir,
 )
+from benchmarks.decode_floor import decode_floor
 
 
 def step_breakdown(wall_s: float, metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -295,6 +304,47 @@ def engine_weights(trainer: Any) -> dict[str, Any]:
     return result
 
 
+def timed_sweep(config: Any, work: Path, runs: int, steps: int) -> dict[str, Any]:
+    """Train ``runs`` copies of ``config`` for ``steps`` steps as one sweep, timed whole.
+
+    Runs alternate ``process`` and ``outcome`` credit, each with its own seed and
+    folder, as a credit test's arms and seeds do. The seconds count from building the
+    first run (model loading included) to the last run's last step: a sweep's device
+    time on this machine.
+
+    Returns:
+        ``runs``, ``steps``, ``seconds``, ``device_minutes``, ``s_per_run_step`` and
+        the runs that failed (``failed``, empty when all finished).
+    """
+    from mappa_train.sweep import Sweep
+
+    configs = {
+        f"run{index}": dataclasses.replace(
+            config,
+            credit_mode=("process", "outcome")[index % 2],
+            seed=index,
+            steps=steps,
+            output_dir=str(work / "sweep" / f"run{index}"),
+        )
+        for index in range(runs)
+    }
+    started = time.perf_counter()
+    sweep = Sweep.from_configs(configs)
+    outcomes = sweep.run()
+    seconds = time.perf_counter() - started
+    for trainer in sweep.runs.values():
+        if trainer.learners:  # a run that failed to set up holds none
+            free_trainer(trainer)
+    return {
+        "runs": runs,
+        "steps": steps,
+        "seconds": round(seconds, 1),
+        "device_minutes": round(seconds / 60, 2),
+        "s_per_run_step": round(seconds / (runs * steps), 2),
+        "failed": [name for name, outcome in outcomes.items() if not outcome.ok],
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -310,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--micro-batch-tokens", type=int, default=0, help="token-budget micro-batches (0: rows)"
     )
-    parser.add_argument("--schedule", choices=("ticks", "continuous"), default="ticks")
+    parser.add_argument("--schedule", choices=("ticks", "continuous", "episodes"), default="ticks")
     parser.add_argument(
         "--sandbox", default="jupyter", help="the env's sandbox: jupyter, or none (no kernels)"
     )
@@ -327,6 +377,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--naive-repeats", type=int, default=3)
     parser.add_argument("--peak-tflops", type=float, default=796.0)
+    parser.add_argument(
+        "--decode-floor",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="time the model's decode step at the step's batch (a CUDA graph on a GPU)",
+    )
+    parser.add_argument("--sweep-runs", type=int, default=0, help="runs of a timed sweep")
+    parser.add_argument("--sweep-steps", type=int, default=2, help="steps of each sweep run")
     parser.add_argument("--name", default=None, help="results file name (default step_<shape>)")
     parser.add_argument(
         "--out", default=os.environ.get("OUT", str(Path("benchmarks") / "results" / "gpu"))
@@ -400,13 +458,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         hf["first_call_seconds"] = first_call["seconds"]
         print(f"compiled HF on the same prompts: {hf['tok_s']} tok/s")
     peak_gib = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
-    body, head = parameter_counts(next(iter(trainer.learners.values())).model)
+    first_model = next(iter(trainer.learners.values())).model
+    floor: dict[str, Any] = {}
+    if args.decode_floor:
+        # The step's batch: every episode has a turn of each agent in flight at once.
+        context = 2 * max(64, args.max_new_tokens)
+        floor = decode_floor(first_model, episodes, context)
+        print(f"decode floor: {floor}")
+    body, head = parameter_counts(first_model)
+    del first_model
     agents = list(trainer.agents)
     free_trainer(trainer)
     del trainer
 
     steady = steady_state(steps)
     rollout_tok_s = steady["response_tokens"] / steady["rollout_s"] if steady["rollout_s"] else None
+    sweep = timed_sweep(config, work, args.sweep_runs, args.sweep_steps) if args.sweep_runs else {}
     update_tok_s = steady["train_tokens"] / steady["update_s"] if steady["update_s"] else None
     naive: dict[str, Any] = {}
     if torch.cuda.is_available():
@@ -437,6 +504,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "rollout_vs_policy": round(rollout_tok_s / engine["tok_s"], 3)
         if rollout_tok_s and engine["tok_s"]
         else None,
+        "decode_floor": floor or None,
+        "rollout_vs_floor": round(rollout_tok_s / floor["tokens_per_s"], 3)
+        if rollout_tok_s and floor.get("tokens_per_s")
+        else None,
+        "sweep": sweep or None,
         "hf_same_prompts": hf or None,
         "vllm_vs_hf": round(engine["tok_s"] / hf["tok_s"], 3)
         if hf.get("tok_s") and engine["tok_s"]
@@ -466,6 +538,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             {"what": "rollout tok/s", "value": summary["rollout_tok_s"]},
             {"what": "policy tok/s, same prompts", "value": engine["tok_s"]},
             {"what": "compiled HF tok/s, same prompts", "value": hf.get("tok_s")},
+            {
+                "what": f"decode floor tok/s ({floor.get('method', 'off')})",
+                "value": floor.get("tokens_per_s"),
+            },
+            {"what": "  rollout / floor", "value": summary["rollout_vs_floor"]},
+            {"what": "sweep device minutes", "value": sweep.get("device_minutes")},
+            {"what": "  s per run-step", "value": sweep.get("s_per_run_step")},
             {"what": "update tok/s", "value": summary["update_tok_s"]},
             {"what": "plain step tok/s, same rows", "value": naive.get("tok_s")},
             {"what": "peak GiB", "value": summary["peak_memory_gib"]},

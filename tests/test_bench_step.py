@@ -38,7 +38,8 @@ def test_bench_step_runs_whole_steps_and_writes_the_figures(tmp_path):
         [
             "--shape", str(model), "--steps", "2", "--prompts", "2", "--samples", "2",
             "--max-new-tokens", "8", "--sandbox", "none", "--out", str(out),
-            "--name", "step_tiny", "--train-truncated",
+            "--name", "step_tiny", "--train-truncated", "--schedule", "episodes",
+            "--sweep-runs", "2", "--sweep-steps", "1",
         ]
     )  # fmt: skip
     written = json.loads((out / "step_tiny.json").read_text())
@@ -56,6 +57,14 @@ def test_bench_step_runs_whole_steps_and_writes_the_figures(tmp_path):
     assert summary["rollout_vs_policy"] > 0
     assert summary["update_tok_s"] > 0
     assert summary["naive_same_rows"] == {}  # the plain step needs CUDA
+    # On the CPU the decode step is timed eagerly, and says so: no floor is claimed.
+    floor = summary["decode_floor"]
+    assert (floor["method"], floor["batch"]) == ("eager", 4)
+    assert floor["tokens_per_s"] > 0
+    assert summary["rollout_vs_floor"] > 0
+    sweep = summary["sweep"]
+    assert (sweep["runs"], sweep["steps"], sweep["failed"]) == (2, 1, [])
+    assert sweep["device_minutes"] == pytest.approx(sweep["seconds"] / 60, abs=0.01)
     # torch.compile's totals after each step: never fewer graphs later than earlier.
     first, last = summary["first_step_compile"], summary["last_step_compile"]
     assert set(first) == {"graphs", "compile_s", "inductor_s"}
@@ -101,3 +110,17 @@ def test_engine_agreement_tells_a_synced_engine_from_the_base_weights(tmp_path):
     finally:
         learner.engine = None
         trainer.close()
+
+
+def test_the_decode_floor_refuses_a_cache_too_short_and_times_the_step():
+    from benchmarks.decode_floor import decode_floor
+    from mappa_agents.tiny_models import build_tiny_model, build_tiny_tokenizer
+
+    model = build_tiny_model(build_tiny_tokenizer())
+    with pytest.raises(ValueError, match="give at least 26"):
+        decode_floor(model, 2, 20, repeats=10)
+    model.train()
+    timed = decode_floor(model, 3, 32, repeats=4)
+    assert (timed["method"], timed["batch"], timed["context_tokens"]) == ("eager", 3, 32)
+    assert timed["tokens_per_s"] == pytest.approx(3 / (timed["step_ms"] / 1000), rel=0.01)
+    assert model.training  # left as it was found
