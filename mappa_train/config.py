@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from mappa_env.credit import CREDIT_MODES
+from mappa_env.credit import CREDIT_MODES, CreditSettings
 from mappa_env.errors import SettingsError
 from mappa_env.typecheck import check_fields
 
@@ -521,6 +521,15 @@ class TrainConfig:
         if unknown:
             raise SettingsError(f"unknown config fields {unknown}; known fields: {sorted(known)}")
         return cls(**data)
+
+    @property
+    def credit(self) -> CreditSettings:
+        """The credit the run's environments pay, as one value (mode and weights).
+
+        Made from :attr:`credit_mode`, :attr:`outcome_weight` and :attr:`backprop_decay`;
+        what the trainer passes to its environments and holds episodes to.
+        """
+        return CreditSettings(self.credit_mode, self.outcome_weight, self.backprop_decay)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON/YAML-serialisable)."""
