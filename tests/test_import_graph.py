@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "mappa_train"
 
@@ -233,3 +235,43 @@ def test_no_import_circles_in_any_package_type_only_imports_included():
     gone = sorted(sorted(c) for c in KNOWN_CIRCLES - circles)
     assert not new, f"modules that import each other (TYPE_CHECKING imports count): {new}"
     assert not gone, f"no longer a circle, remove it from KNOWN_CIRCLES: {gone}"
+
+
+# ------------------------------------------------ the Ray package and its former paths
+
+RAY_MOVES = {
+    "ray_support": "support",
+    "placement": "placement",
+    "rollout_engines": "rollout_engines",
+    "weight_sync": "weight_sync",
+    "learner_rank": "learner_rank",
+    "ray_learner": "learner",
+    "sync_modes": "sync_modes",
+    "ray_backend": "backend",
+    "ray_trainer": "trainer",
+}
+
+
+def test_the_former_ray_module_paths_are_the_modules_themselves():
+    code = (
+        "import importlib, json, sys\n"
+        "import mappa_train.ray\n"
+        "light = 'ray' not in sys.modules and 'torch' not in sys.modules\n"
+        f"moves = {RAY_MOVES!r}\n"
+        "same = {old: importlib.import_module('mappa_train.' + old)\n"
+        "        is importlib.import_module('mappa_train.ray.' + new)\n"
+        "        for old, new in moves.items()}\n"
+        "from mappa_train.ray.support import import_ray\n"
+        "real = getattr(import_ray(), 'init', None) is not None\n"
+        "print(json.dumps([light, same, real]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    if "MissingExtraError" in result.stderr:
+        pytest.skip("needs the distributed extra (ray)")
+    assert result.returncode == 0, result.stderr
+    light, same, real = json.loads(result.stdout.strip().splitlines()[-1])
+    assert light, "importing mappa_train.ray imported Ray or torch"
+    assert same == dict.fromkeys(RAY_MOVES, True)
+    assert real, "mappa_train.ray shadowed the real Ray"
