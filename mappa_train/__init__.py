@@ -20,7 +20,7 @@ from mappa_train.algorithms.registry import (
 from mappa_train.config import TrainConfig
 
 if TYPE_CHECKING:
-    from mappa_train.ray_trainer import RayTrainer
+    from mappa_train.ray.trainer import RayTrainer
     from mappa_train.trainer import Trainer, make_trainer
 
 __all__ = [
@@ -44,7 +44,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(trainer, name)
     if name == "RayTrainer":
-        from mappa_train.ray_trainer import RayTrainer
+        from mappa_train.ray.trainer import RayTrainer
 
         return RayTrainer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -79,7 +79,7 @@ def audited_run(value: str) -> AuditedRun:
         data["env_options"] = {**(data.get("env_options") or {}), **(arm.get("env_options") or {})}
         data["credit_mode"] = arm.get("credit_mode", data.get("credit_mode", "process"))
     config = TrainConfig.from_dict(data)
-    if config.credit_mode not in COACH_MODES:
+    if not config.credit.uses_coach:
         raise SettingsError(
             f"--config {value} trains under credit_mode={config.credit_mode!r}: its coach "
             f"pays no reward, so there is no coach to audit; give a run under "

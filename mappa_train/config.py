@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from mappa_env.credit import CREDIT_MODES
+from mappa_env.credit import CREDIT_MODES, CreditSettings
 from mappa_env.errors import SettingsError
 from mappa_env.typecheck import check_fields
 
@@ -267,7 +267,7 @@ class TrainConfig:
     distributed: str = "none"
     """``none``: one process trains every agent. ``ray``: each trained agent's learner is
     a group of ``ranks_per_agent`` Ray actors that shard its model, reference and AdamW
-    with FSDP2 (:mod:`mappa_train.ray_trainer`); the loop, rollouts, coach, credit and
+    with FSDP2 (:mod:`mappa_train.ray.trainer`); the loop, rollouts, coach, credit and
     advantages stay in the driver, which gets the new weights after each update."""
 
     ranks_per_agent: int = 1
@@ -304,7 +304,7 @@ class TrainConfig:
     same time."""
 
     weight_sync: str = "auto"
-    """How new weights reach the rollout engine actors (:mod:`mappa_train.weight_sync`):
+    """How new weights reach the rollout engine actors (:mod:`mappa_train.ray.weight_sync`):
     ``"cuda_ipc"`` (an engine on the GPU of one of its group's ranks copies from that
     rank's buffer on the GPU), ``"broadcast"`` (rank 0 broadcasts to the engines over a
     process group of their own: NCCL on GPUs, for engines on other GPUs; gloo on CPU),
@@ -521,6 +521,15 @@ class TrainConfig:
         if unknown:
             raise SettingsError(f"unknown config fields {unknown}; known fields: {sorted(known)}")
         return cls(**data)
+
+    @property
+    def credit(self) -> CreditSettings:
+        """The credit the run's environments pay, as one value (mode and weights).
+
+        Made from :attr:`credit_mode`, :attr:`outcome_weight` and :attr:`backprop_decay`;
+        what the trainer passes to its environments and holds episodes to.
+        """
+        return CreditSettings(self.credit_mode, self.outcome_weight, self.backprop_decay)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON/YAML-serialisable)."""

@@ -48,15 +48,6 @@ class EnvFactories:
     the caller's own)."""
 
 
-def _credit(config: TrainConfig) -> dict[str, Any]:
-    """The credit settings every environment of the config is made with."""
-    return {
-        "credit_mode": config.credit_mode,
-        "outcome_weight": config.outcome_weight,
-        "backprop_decay": config.backprop_decay,
-    }
-
-
 def make_env_factories(
     config: TrainConfig,
     env_factory: EnvFactory | None = None,
@@ -88,7 +79,7 @@ def make_env_factories(
                 f"{given!r} disagree: set one of them"
             )
     # The environment owns each action's reward: it is asked for the config's credit.
-    credit = _credit(config)
+    credit = config.credit.env_options()
     given_options = (
         config.env_options,
         config.eval_env_options or {},
@@ -214,12 +205,8 @@ def check_credit(episodes: Sequence[Any], config: TrainConfig) -> None:
     Raises:
         ValueError: Naming the settings that differ and how to make them agree.
     """
-    wanted = {
-        "mode": config.credit_mode,
-        "outcome_weight": config.outcome_weight,
-        "backprop_decay": config.backprop_decay,
-    }
-    used = {"mixed": ("outcome_weight",), "backprop": ("backprop_decay",)}
+    wanted = config.credit.to_dict()
+    keys = config.credit.compared_keys()
     for episode in episodes:
         for sample in episode.actions:
             credit = sample.credit
@@ -231,7 +218,6 @@ def check_credit(episodes: Sequence[Any], config: TrainConfig) -> None:
                     f"credit its reward was paid, and credit_mode={config.credit_mode!r} "
                     "cannot be taken on trust: roll it out again with this version"
                 )
-            keys = ("mode", *used.get(config.credit_mode, ()))
             differ = {k: credit.get(k) for k in keys if credit.get(k) != wanted[k]}
             if differ:
                 raise SettingsError(

@@ -7,9 +7,9 @@ agent and only ever calls the methods below; it never asks which kind it holds. 
 - :class:`~mappa_train.local_backend.LocalBackend` (``distributed: none``): every agent's
   model, frozen reference and AdamW in this process
   (:class:`~mappa_train.local_learner.LocalLearner`).
-- :class:`~mappa_train.ray_backend.RayBackend` (``distributed: ray``): every agent's
+- :class:`~mappa_train.ray.backend.RayBackend` (``distributed: ray``): every agent's
   learner is a group of Ray actors sharding it with FSDP2, its rollout copy in the driver
-  or on engine actors (:class:`~mappa_train.ray_learner.RayLearner`).
+  or on engine actors (:class:`~mappa_train.ray.learner.RayLearner`).
 
 A new backend (several nodes, LoRA on Ray, an asynchronous pipeline) is one module with
 a learner class and a backend class, given to the trainer as ``Trainer(config,
@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
+from mappa_train.rows import TokenRows
+
 if TYPE_CHECKING:
     import torch
 
@@ -38,20 +40,6 @@ T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
 __all__ = ["Backend", "Done", "Learner", "Pending", "RunSpec", "Started", "TokenRows"]
-
-
-class TokenRows(Protocol):
-    """What a learner reads of an action: its exact prompt and response token ids."""
-
-    @property
-    def prompt_ids(self) -> Sequence[int]:
-        """The prompt's token ids, as the agent's tokenizer made them."""
-        ...
-
-    @property
-    def response_ids(self) -> Sequence[int]:
-        """The sampled response's token ids."""
-        ...
 
 
 class Pending(Protocol[T_co]):

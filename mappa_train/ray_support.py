@@ -1,21 +1,11 @@
-"""Ray for the driver: the import with the install hint, and the collective timeout.
+"""Former home of :mod:`mappa_train.ray.support`, where the code lives now.
 
-Needs the ``distributed`` extra (``pip install 'mappa-rl[distributed]'``).
+This path stays importable for one release: it is the same module object, so what is
+set on it (a test's ``monkeypatch``) is seen by the code that reads it.
 """
 
-from __future__ import annotations
+import sys
 
-from typing import Any
+from mappa_train.ray import support
 
-__all__ = ["COLLECTIVE_TIMEOUT_S", "import_ray"]
-
-#: How long a collective may wait for the other ranks before the group fails (a rank
-#: that died would otherwise hang the others forever).
-COLLECTIVE_TIMEOUT_S = 600.0
-
-
-def import_ray() -> Any:
-    """The ``ray`` module, or an error naming the extra to install."""
-    from mappa_env._optional import require
-
-    return require("ray", "distributed", purpose="distributed: ray")
+sys.modules[__name__] = support

@@ -22,7 +22,7 @@ optimizer, learning-rate schedule and frozen reference, wherever they live. A st
 
 Where learners live is the backend's choice (:mod:`mappa_train.learner`): in this process
 (:class:`~mappa_train.local_backend.LocalBackend`), on Ray
-(:class:`~mappa_train.ray_backend.RayBackend`), or one of your own, given as ``backend``.
+(:class:`~mappa_train.ray.backend.RayBackend`), or one of your own, given as ``backend``.
 Rollouts made elsewhere train through :meth:`Trainer.learn`, or replace the trainer's own
 by a ``rollout`` function (the documentation's *Trainer seams* page shows both).
 """
@@ -106,7 +106,7 @@ class StepRollouts:
 def make_backend(config: TrainConfig) -> Backend:
     """The backend of ``config.distributed``: in process (``none``) or on Ray (``ray``)."""
     if config.distributed == "ray":
-        from mappa_train.ray_backend import RayBackend
+        from mappa_train.ray.backend import RayBackend
 
         return RayBackend()
     from mappa_train.local_backend import LocalBackend

@@ -33,10 +33,10 @@ from torch import Tensor
 from mappa_agents.seeds import derive_seed
 from mappa_train.algorithms.reinforce_pp import clip_fraction, kl_penalty, ppo_clip_loss
 from mappa_train.config import TrainConfig
-from mappa_train.learner import TokenRows
 from mappa_train.logprobs import PackedBatch, move_to, pack
 from mappa_train.packing import token_budget_batches
 from mappa_train.precision import MasterWeightAdamW
+from mappa_train.rows import TokenRows
 
 Scorer = Callable[[PackedBatch], Tensor]
 """Log-probs ``[B, T]`` of a packed batch's response tokens under one model."""

@@ -2,7 +2,8 @@
 
 A learner rank (a Ray actor) imports what it trains with and the rows it reads, not the
 environments: a rank's process then starts without PettingZoo, Gymnasium, sandboxes or
-coaches.
+coaches. And across all three packages no module imports another that imports it back,
+not even for type hints only.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "mappa_train"
@@ -125,3 +128,150 @@ def test_the_learner_rank_modules_import_no_environment_code():
         "mappa_env.errors",
         "mappa_env.typecheck",
     }
+
+
+# ------------------------------------------------ every package, type-only imports included
+
+PACKAGES = ("mappa_env", "mappa_agents", "mappa_train")
+ALL_MODULES = {
+    _module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))
+}
+
+#: Circles that other work is removing: each must disappear from this list when it goes
+#: (the test fails on a listed circle that no longer exists), and none may be added.
+KNOWN_CIRCLES = {
+    frozenset({"mappa_env.sandbox._kernel", "mappa_env.sandbox.isolation"}),
+    frozenset({"mappa_env.dsbench.builtin", "mappa_env.dsbench.tasks"}),
+}
+
+
+def _all_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement, ``if TYPE_CHECKING:`` blocks and functions included."""
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
+
+
+def _imported_module(name: str, node: ast.ImportFrom) -> str:
+    """The absolute module a ``from ... import`` names (relative ones resolved)."""
+    if not node.level:
+        return node.module or ""
+    package = name.split(".")
+    if ALL_MODULES[name].name != "__init__.py":
+        package = package[:-1]
+    base = package[: len(package) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def _known_prefix(dotted: str) -> str | None:
+    while dotted and dotted not in ALL_MODULES:
+        dotted = dotted.rpartition(".")[0]
+    return dotted or None
+
+
+def _all_edges(name: str) -> set[str]:
+    """The project modules ``name`` imports in any way (``from pkg import sub``: ``sub``)."""
+    targets: set[str] = set()
+    for node in _all_imports(ast.parse(ALL_MODULES[name].read_text())):
+        if isinstance(node, ast.Import):
+            targets |= {m for a in node.names if (m := _known_prefix(a.name))}
+            continue
+        module = _imported_module(name, node)
+        if module not in ALL_MODULES:
+            found = _known_prefix(module)
+            targets |= {found} if found else set()
+            continue
+        subs = {f"{module}.{a.name}" for a in node.names} & ALL_MODULES.keys()
+        targets |= subs
+        if len(subs) < len(node.names):  # names defined in the module itself
+            targets.add(module)
+    return targets - {name}
+
+
+def _circles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: set[frozenset[str]] = set()
+
+    def visit(name: str) -> None:
+        index[name] = low[name] = len(index)
+        stack.append(name)
+        on_stack.add(name)
+        for target in sorted(graph[name]):
+            if target not in index:
+                visit(target)
+                low[name] = min(low[name], low[target])
+            elif target in on_stack:
+                low[name] = min(low[name], index[target])
+        if low[name] == index[name]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == name:
+                    break
+            if len(component) > 1:
+                found.add(frozenset(component))
+
+    for name in sorted(graph):
+        if name not in index:
+            visit(name)
+    return found
+
+
+def test_the_circle_finder_finds_type_only_circles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _circles(graph) == {frozenset("abc")}
+    code = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from x import y\n"
+    assert [node.module for node in _all_imports(ast.parse(code))] == ["typing", "x"]
+
+
+def test_no_import_circles_in_any_package_type_only_imports_included():
+    graph = {name: _all_edges(name) for name in ALL_MODULES}
+    circles = _circles(graph)
+    new = sorted(sorted(c) for c in circles - KNOWN_CIRCLES)
+    gone = sorted(sorted(c) for c in KNOWN_CIRCLES - circles)
+    assert not new, f"modules that import each other (TYPE_CHECKING imports count): {new}"
+    assert not gone, f"no longer a circle, remove it from KNOWN_CIRCLES: {gone}"
+
+
+# ------------------------------------------------ the Ray package and its former paths
+
+RAY_MOVES = {
+    "ray_support": "support",
+    "placement": "placement",
+    "rollout_engines": "rollout_engines",
+    "weight_sync": "weight_sync",
+    "learner_rank": "learner_rank",
+    "ray_learner": "learner",
+    "sync_modes": "sync_modes",
+    "ray_backend": "backend",
+    "ray_trainer": "trainer",
+}
+
+
+def test_the_former_ray_module_paths_are_the_modules_themselves():
+    code = (
+        "import importlib, json, sys\n"
+        "import mappa_train.ray\n"
+        "light = 'ray' not in sys.modules and 'torch' not in sys.modules\n"
+        f"moves = {RAY_MOVES!r}\n"
+        "same = {old: importlib.import_module('mappa_train.' + old)\n"
+        "        is importlib.import_module('mappa_train.ray.' + new)\n"
+        "        for old, new in moves.items()}\n"
+        "from mappa_train.ray.support import import_ray\n"
+        "real = getattr(import_ray(), 'init', None) is not None\n"
+        "print(json.dumps([light, same, real]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    if "MissingExtraError" in result.stderr:
+        pytest.skip("needs the distributed extra (ray)")
+    assert result.returncode == 0, result.stderr
+    light, same, real = json.loads(result.stdout.strip().splitlines()[-1])
+    assert light, "importing mappa_train.ray imported Ray or torch"
+    assert same == dict.fromkeys(RAY_MOVES, True)
+    assert real, "mappa_train.ray shadowed the real Ray"

@@ -18,35 +18,46 @@ that lives as long as the coach, and lets the blocking :meth:`LLMCoach.score` wo
 inside a running event loop (a notebook cell).
 
 litellm is imported only when the first verdict is requested, so ``import
-mappa_env.coach.llm`` and prompt building work without the ``llm`` extra.
+mappa_env.coach.llm`` and prompt building work without the ``llm`` extra. Retries,
+failure causes, budgets and litellm's import live in :mod:`mappa_env.coach.transport`
+(their names stay importable from here).
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime
-import email.utils
 import logging
 import math
-import os
-import random
 import threading
 import time
-from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
 from mappa_env._async import BackgroundLoop
 from mappa_env._optional import require
-from mappa_env.api_errors import ApiSetupError, setup_error, setup_error_message
-from mappa_env.coach.base import CoachRequest, CoachStop, CoachVerdict
+from mappa_env.api_errors import setup_error, setup_error_message
+from mappa_env.coach.base import CoachRequest, CoachVerdict
 from mappa_env.coach.cache import CachedVerdict, CoachCache, CoachCacheMiss, cache_key
 from mappa_env.coach.ledger import CoachLedger, LedgerEntry
 from mappa_env.coach.parsing import parse_reply, visible_text
+from mappa_env.coach.specs import parse_model_spec, parse_spec_bool
 from mappa_env.coach.templates import VERDICT_JSON_SCHEMA, CoachTemplates
+from mappa_env.coach.transport import (
+    TIMEOUT_GRACE_S,
+    CoachSetupError,
+    MinuteRateLimiter,
+    VerdictBill,
+    VerdictFailure,
+    backoff_s,
+    describe_failure,
+    failure_cause,
+    from_api_stack,
+    import_litellm,
+    is_transient_error,
+    retry_after_s,
+)
 from mappa_env.text import truncate_middle
 
 logger = logging.getLogger(__name__)
@@ -59,223 +70,18 @@ StructuredOutput = Literal["auto", "json", "text"]
 - ``"auto"``: ``"json"`` when litellm reports the model supports response schemas.
 """
 
-# HTTP statuses worth retrying besides 5xx: request timeout, conflict, too early, rate limit.
-_TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
-# Slack over the per-call timeout given to litellm before our own guard cancels the call.
-_TIMEOUT_GRACE_S = 5.0
-# Modules whose exceptions are API failures (turned into verdicts), not programming errors.
-_API_STACK = ("litellm", "openai", "httpx", "httpcore", "aiohttp", "anthropic", "google")
+# Its former private name (the class lives in mappa_env.coach.transport now).
+_MinuteRateLimiter = MinuteRateLimiter
 
-
-def _import_litellm() -> ModuleType:
-    # Without this, litellm downloads a price list when imported.
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    litellm = require("litellm", "llm", purpose="the LLM coach")
-    # Otherwise litellm prints a "Give Feedback / Get Help" banner on every failed call;
-    # failures are logged here, with their cause.
-    litellm.suppress_debug_info = True
-    return litellm
-
-
-def failure_cause(exc: BaseException) -> str:
-    """The cause of an API failure, for counting: what to fix differs by cause.
-
-    Args:
-        exc: The exception raised by the API call.
-
-    Returns:
-        ``"timeout"``, ``"connection"`` (no server answered: a wrong ``api_base``, a
-        dead server), ``"http_<status>"`` (an HTTP error status, e.g. ``"http_429"``)
-        or ``"api_error"``.
-    """
-    # litellm reraises a refused connection as an InternalServerError (status 500): the
-    # exceptions it was raised from say what happened.
-    chain: list[BaseException] = []
-    link: BaseException | None = exc
-    while link is not None and len(chain) < 16:
-        chain.append(link)
-        link = link.__cause__ or link.__context__
-    names = {cls.__name__ for link in chain for cls in type(link).__mro__}
-    if any(isinstance(link, TimeoutError) for link in chain) or names & {
-        "Timeout",
-        "APITimeoutError",
-        "TimeoutException",
-    }:
-        return "timeout"
-    if any(isinstance(link, ConnectionError) for link in chain) or names & {
-        "APIConnectionError",
-        "ConnectError",
-    }:
-        return "connection"
-    status = getattr(exc, "status_code", None)
-    if isinstance(status, int) and status >= 400:
-        return f"http_{status}"
-    return "api_error"
-
-
-def retry_after_s(exc: BaseException | None) -> float | None:
-    """The delay a server asked for before the next call (``retry-after``), in seconds.
-
-    Read from the response headers the exception carries (``retry-after-ms`` or
-    ``retry-after``, in seconds or as an HTTP date); ``None`` when there is none.
-    """
-    if exc is None:
-        return None
-    sources = (
-        getattr(getattr(exc, "response", None), "headers", None),
-        getattr(exc, "litellm_response_headers", None),
-        getattr(exc, "headers", None),
-    )
-    for headers in sources:
-        if headers is None:
-            continue
-        try:
-            millis = headers.get("retry-after-ms")
-            text = headers.get("retry-after")
-        except AttributeError:
-            continue
-        try:
-            if millis is not None:
-                return max(float(millis) / 1000.0, 0.0)
-            if text is not None:
-                return max(float(text), 0.0)
-        except ValueError:
-            try:
-                when = email.utils.parsedate_to_datetime(str(text))
-            except (TypeError, ValueError):
-                continue
-            return max((when - datetime.datetime.now(when.tzinfo)).total_seconds(), 0.0)
-    return None
-
-
-def backoff_s(
-    retry: int, initial_s: float, max_s: float, failure: BaseException | None = None
-) -> float:
-    """Seconds to wait before retry number ``retry`` (0 for the first).
-
-    ``min(initial_s * 2**retry, max_s) + U(0, initial_s)``: a doubling delay, capped,
-    plus jitter that spreads out the retries of many episodes; at least the delay the
-    server asked for in ``failure`` (429/503 ``retry-after``, :func:`retry_after_s`).
-    """
-    delay = min(initial_s * 2.0**retry, max_s) + random.uniform(0.0, initial_s)
-    return max(delay, retry_after_s(failure) or 0.0)
-
-
-def is_transient_error(exc: BaseException) -> bool:
-    """Whether an API error is worth retrying.
-
-    Transient: timeouts, connection errors, HTTP 408/409/425/429 and 5xx. Everything
-    else (401, 403, 400, 404, context too long, unsupported parameters) is not: retrying
-    cannot fix it. Nor is a missing key, which litellm reports as a server error (500).
-
-    Args:
-        exc: The exception raised by the API call.
-
-    Returns:
-        True for errors that a later attempt may not meet.
-    """
-    if isinstance(exc, (TimeoutError, ConnectionError)):
-        return True
-    if setup_error(exc) is not None:
-        return False
-    status = getattr(exc, "status_code", None)
-    if isinstance(status, int):
-        return status in _TRANSIENT_STATUS or status >= 500
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    return bool(names & {"APIConnectionError", "APITimeoutError", "Timeout", "RateLimitError"})
-
-
-def _from_api_stack(exc: BaseException) -> bool:
-    if isinstance(exc, (TimeoutError, OSError)):
-        return True
-    return any(cls.__module__.split(".")[0] in _API_STACK for cls in type(exc).__mro__)
-
-
-def _describe(exc: BaseException) -> str:
-    message = str(exc).strip() or repr(exc)
-    return f"{type(exc).__name__}: {truncate_middle(message, 500)}"
-
-
-class CoachSetupError(CoachStop, ApiSetupError):
-    """The coach's model API refuses every call: no verdict can come, so the run stops.
-
-    The cause is a missing or rejected key, an unknown model or an invalid request; the
-    message names the fix.
-
-    A :class:`~mappa_env.coach.base.CoachStop` (environments re-raise it rather than
-    turn it into an invalid verdict) and a :class:`~mappa_env.errors.SettingsError`
-    (the ``mappa`` command prints its message as one line and exits with status 2).
-    """
-
-
-class _MinuteRateLimiter:
-    """Requests- and tokens-per-minute budgets over a sliding window.
-
-    Lives on the coach's event loop (no locking needed). Token use is reserved with an
-    estimate before a call and settled with the real count after it.
-    """
-
-    def __init__(self, requests: int | None, tokens: int | None, *, window_s: float = 60.0) -> None:
-        self.requests = requests
-        self.tokens = tokens
-        self.window_s = window_s
-        self._events: deque[list[float]] = deque()  # [time, tokens] per call
-
-    async def acquire(self, tokens_estimate: int) -> list[float]:
-        """Wait until a call of ``tokens_estimate`` tokens fits both budgets."""
-        while True:
-            now = time.monotonic()
-            while self._events and self._events[0][0] <= now - self.window_s:
-                self._events.popleft()
-            used_tokens = sum(e[1] for e in self._events)
-            fits_requests = self.requests is None or len(self._events) < self.requests
-            # A single call larger than the whole budget still runs once the window is empty.
-            fits_tokens = (
-                self.tokens is None
-                or not self._events
-                or used_tokens + tokens_estimate <= self.tokens
-            )
-            if fits_requests and fits_tokens:
-                event = [now, float(tokens_estimate)]
-                self._events.append(event)
-                return event
-            await asyncio.sleep(max(self._events[0][0] + self.window_s - now, 0.001))
-
-    @staticmethod
-    def settle(event: list[float], tokens_used: int) -> None:
-        """Replace a call's token estimate by its real count."""
-        event[1] = float(tokens_used)
-
-
-@dataclass
-class _Bill:
-    """What one verdict has cost so far, and how long it may still take."""
-
-    deadline_s: float
-    started: float = field(default_factory=time.monotonic)
-    queued_s: float = 0.0  # time spent waiting for a concurrency slot or rate budget
-    attempts: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost_usd: float = 0.0
-    last_error: str | None = None
-
-    def remaining_s(self) -> float:
-        """Deadline left; waiting in the local queue does not count against it."""
-        return self.deadline_s - (time.monotonic() - self.started - self.queued_s)
-
-
-class _VerdictFailure(Exception):
-    """Internal: the verdict cannot be produced; carries the error kind for the ledger."""
-
-    def __init__(
-        self, kind: str, message: str, analysis: str | None = None, cause: str = "api_error"
-    ) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-        self.analysis = analysis
-        self.cause = cause  # CoachVerdict.failure
+__all__ = [
+    "CoachSetupError",
+    "LLMCoach",
+    "StructuredOutput",
+    "backoff_s",
+    "failure_cause",
+    "is_transient_error",
+    "retry_after_s",
+]
 
 
 class LLMCoach:
@@ -415,7 +221,7 @@ class LLMCoach:
         # Loop-bound primitives are created on the loop that uses them (see _primitives).
         self._primitives_loop: asyncio.AbstractEventLoop | None = None
         self._semaphore: asyncio.Semaphore | None = None
-        self._limiter: _MinuteRateLimiter | None = None
+        self._limiter: MinuteRateLimiter | None = None
 
     # ----------------------------------------------------------------- construction
 
@@ -441,8 +247,6 @@ class LLMCoach:
         Raises:
             ValueError: On an empty model or an unknown option.
         """
-        from mappa_env.coach import parse_model_spec
-
         model, options = parse_model_spec(
             spec, prefix="llm:", options=_SPEC_OPTIONS, aliases=_SPEC_ALIASES, what="coach"
         )
@@ -584,17 +388,17 @@ class LLMCoach:
 
     def _litellm_module(self) -> ModuleType:
         if self._litellm is None:
-            self._litellm = _import_litellm()
+            self._litellm = import_litellm()
         return self._litellm
 
-    def _primitives(self) -> tuple[asyncio.Semaphore, _MinuteRateLimiter | None]:
+    def _primitives(self) -> tuple[asyncio.Semaphore, MinuteRateLimiter | None]:
         loop = asyncio.get_running_loop()
         with self._runtime_lock:
             if self._primitives_loop is not loop or self._semaphore is None:
                 self._semaphore = asyncio.Semaphore(self.max_concurrency)
                 self._limiter = None
                 if self.requests_per_minute or self.tokens_per_minute:
-                    self._limiter = _MinuteRateLimiter(
+                    self._limiter = MinuteRateLimiter(
                         self.requests_per_minute, self.tokens_per_minute
                     )
                 self._primitives_loop = loop
@@ -630,10 +434,10 @@ class LLMCoach:
                     "Run once without replay=True to fill the cache."
                 )
 
-        bill = _Bill(deadline_s=self.deadline_s)
+        bill = VerdictBill(deadline_s=self.deadline_s)
         try:
             score, analysis, reply = await self._converse(messages, params, structured, bill)
-        except _VerdictFailure as failure:
+        except VerdictFailure as failure:
             verdict = CoachVerdict.invalid(
                 failure.message,
                 analysis=failure.analysis or failure.message,
@@ -690,7 +494,7 @@ class LLMCoach:
         messages: list[dict[str, str]],
         params: dict[str, Any],
         structured: bool,
-        bill: _Bill,
+        bill: VerdictBill,
     ) -> tuple[float, str, str]:
         """Ask, and on an unusable reply ask again once with the problem quoted."""
         conversation = list(messages)
@@ -719,7 +523,7 @@ class LLMCoach:
                 ]
         replies = self.format_retries + 1
         shown = truncate_middle(reply, 2_000) if reply else "(empty)"
-        raise _VerdictFailure(
+        raise VerdictFailure(
             "format",
             f"no usable score after {replies} replies: {error}",
             analysis=f"no usable score after {replies} replies: {error}\n\nLast reply:\n{shown}",
@@ -727,7 +531,7 @@ class LLMCoach:
         )
 
     async def _call_with_retries(
-        self, conversation: list[dict[str, str]], params: dict[str, Any], bill: _Bill
+        self, conversation: list[dict[str, str]], params: dict[str, Any], bill: VerdictBill
     ) -> Any:
         tenacity = require("tenacity", "llm", purpose="the LLM coach's retries")
 
@@ -763,10 +567,10 @@ class LLMCoach:
             async for attempt in retrying:
                 with attempt:
                     return await self._call_once(conversation, params, bill)
-        except _VerdictFailure:
+        except VerdictFailure:
             raise
         except Exception as exc:  # API errors of any provider end here, bugs re-raise
-            if not _from_api_stack(exc):
+            if not from_api_stack(exc):
                 raise
             kind = setup_error(exc)
             if kind is not None:
@@ -780,29 +584,29 @@ class LLMCoach:
                         where="the coach spec (llm:<model>?api_key=...)",
                     )
                 ) from exc
-            message = _describe(exc)
+            message = describe_failure(exc)
             cause = failure_cause(exc)
             if bill.remaining_s() <= 0:
-                raise _VerdictFailure(
+                raise VerdictFailure(
                     "deadline",
                     f"deadline_s={self.deadline_s:g} passed after {bill.attempts} calls; "
                     f"last error: {message}",
                     cause="timeout",
                 ) from exc
             if is_transient_error(exc):
-                raise _VerdictFailure(
+                raise VerdictFailure(
                     "transient",
                     f"transient API error persisted through {bill.attempts} calls: {message}",
                     cause=cause,
                 ) from exc
             logger.error("coach %s: non-retryable API error: %s", self.name, message)
-            raise _VerdictFailure(
+            raise VerdictFailure(
                 "fatal", f"non-retryable API error: {message}", cause=cause
             ) from exc
         raise AssertionError("tenacity ended without a result or an exception")
 
     async def _call_once(
-        self, conversation: list[dict[str, str]], params: dict[str, Any], bill: _Bill
+        self, conversation: list[dict[str, str]], params: dict[str, Any], bill: VerdictBill
     ) -> Any:
         litellm = self._litellm_module()
         semaphore, limiter = self._primitives()
@@ -815,7 +619,7 @@ class LLMCoach:
             bill.queued_s += time.monotonic() - queued_from
             remaining = bill.remaining_s()
             if remaining <= 0:
-                raise _VerdictFailure(
+                raise VerdictFailure(
                     "deadline",
                     f"deadline_s={self.deadline_s:g} passed after {bill.attempts} calls; "
                     f"last error: {bill.last_error}",
@@ -834,10 +638,10 @@ class LLMCoach:
                         max_retries=0,  # retries are ours, bounded and logged
                         **params,
                     ),
-                    timeout=call_timeout + _TIMEOUT_GRACE_S,
+                    timeout=call_timeout + TIMEOUT_GRACE_S,
                 )
             except Exception as exc:  # recorded, then classified by the caller
-                bill.last_error = _describe(exc)
+                bill.last_error = describe_failure(exc)
                 raise
         usage = getattr(response, "usage", None)
         prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
@@ -872,8 +676,6 @@ class LLMCoach:
 
 
 def _parse_bool(raw: str) -> bool:
-    from mappa_env.coach import parse_spec_bool
-
     return parse_spec_bool(raw)
 
 

@@ -48,9 +48,7 @@ from mappa_env.credit import (
     COACH_MODES,
     CREDIT_MODES,
     CreditMode,
-    check_credit,
-    episode_action_rewards,
-    provisional_reward,
+    CreditSettings,
 )
 from mappa_env.envs._prestart import PrestartedSandbox, new_workspace
 from mappa_env.options import integer_option, number_option, seed_option
@@ -424,19 +422,19 @@ class PipelineEnv(AECEnv):
                 stacklevel=2,
             )
             credit_mode = reward_mode  # type: ignore[assignment]
-        check_credit(credit_mode, outcome_weight, backprop_decay)
-        if coach is None and credit_mode in COACH_MODES:
+        credit = CreditSettings(credit_mode, outcome_weight, backprop_decay)
+        if coach is None and credit.uses_coach:
             free = [m for m in CREDIT_MODES if m not in COACH_MODES]
             raise ValueError(
                 f"credit_mode={credit_mode!r} needs a coach; pass coach=... "
                 f"or use a credit mode that needs none ({', '.join(free)})"
             )
-        if credit_mode == "agent_oracle" and not self.reports_agent_correct:
+        if credit.needs_agent_correct and not self.reports_agent_correct:
             raise ValueError(
-                f"{type(self).__name__} cannot pay agent_oracle credit: its episode_outcome() "
+                f"{type(self).__name__} cannot pay {credit_mode} credit: its episode_outcome() "
                 "does not say whether each agent's own answer was right (set the class "
                 "attribute reports_agent_correct = True once it returns 'agent_correct'); "
-                f"use one of {[m for m in CREDIT_MODES if m != 'agent_oracle']}"
+                f"use one of {[m for m in CREDIT_MODES if m != credit_mode]}"
             )
         if reveal is None:
             reveal = getattr(coach, "default_reveal", "last_agent")
@@ -457,9 +455,10 @@ class PipelineEnv(AECEnv):
                 f"got {render_mode!r}"
             )
         self.coach = coach
+        self.credit = credit
         self.credit_mode: CreditMode = credit_mode
-        self.outcome_weight = float(outcome_weight)
-        self.backprop_decay = float(backprop_decay)
+        self.outcome_weight = credit.outcome_weight
+        self.backprop_decay = credit.backprop_decay
         self.reveal: RevealPolicy = reveal
         self.max_action_chars = max_action_chars
         self.max_cycles = max_cycles
@@ -1001,17 +1000,13 @@ class PipelineEnv(AECEnv):
     def _provisional_reward(self, verdict: CoachVerdict | None) -> tuple[float, bool]:
         """``(reward, valid)`` of an action when it is taken (see :mod:`mappa_env.credit`)."""
         score = None if verdict is None else verdict.reward
-        reward = provisional_reward(score, self.credit_mode, self.outcome_weight)
+        reward = self.credit.provisional(score)
         return (self.invalid_reward, False) if reward is None else (reward, True)
 
     @property
     def credit_settings(self) -> dict[str, Any]:
         """The credit mode and its weights, as recorded in ``infos`` and trajectories."""
-        return {
-            "mode": self.credit_mode,
-            "outcome_weight": self.outcome_weight,
-            "backprop_decay": self.backprop_decay,
-        }
+        return self.credit.to_dict()
 
     def _final_rewards(self, outcome: Mapping[str, Any]) -> list[float | None]:
         """Every action's final reward under the credit mode, in transcript order."""
@@ -1020,7 +1015,7 @@ class PipelineEnv(AECEnv):
             for r in self.transcript
         ]
         agent_correct = None
-        if self.credit_mode == "agent_oracle":
+        if self.credit.needs_agent_correct:
             correct = outcome.get("agent_correct")
             if not isinstance(correct, Mapping):
                 raise RuntimeError(
@@ -1031,14 +1026,7 @@ class PipelineEnv(AECEnv):
                 None if correct.get(r.agent) is None else float(bool(correct[r.agent]))
                 for r in self.transcript
             ]
-        return episode_action_rewards(
-            scores,
-            float(outcome.get("reward", 0.0)),
-            self.credit_mode,
-            outcome_weight=self.outcome_weight,
-            backprop_decay=self.backprop_decay,
-            agent_correct=agent_correct,
-        )
+        return self.credit.settle(scores, float(outcome.get("reward", 0.0)), agent_correct)
 
     def _step_info(self, record: ActionRecord) -> dict[str, Any]:
         verdict = record.verdict
