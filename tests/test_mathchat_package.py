@@ -62,6 +62,13 @@ def test_the_old_task_module_is_the_new_one():
     assert old is tasks
 
 
+def test_the_package_parts_are_its_modules():
+    import mappa_env.envs.mathchat as package
+
+    found = sorted(p.stem for p in Path(package.__file__).parent.glob("*.py"))
+    assert sorted(package.PARTS) == [name for name in found if name != "__init__"]
+
+
 def test_the_package_gives_every_name_of_the_environment_module():
     import mappa_env.envs.mathchat as package
     from mappa_env.envs.mathchat import env
@@ -102,6 +109,7 @@ def test_the_rules_coach_imports_no_environment():
         "mappa_env.envs.mathchat.generator",
         "mappa_env.tasks.secret",
         "mappa_env.tasks.timeouts",
+        "mappa_env.tasks.math",
     ],
 )
 def test_a_part_of_the_package_imports_first_without_the_environment(first):

@@ -27,7 +27,24 @@ ENV_MODULE = "mappa_env.envs.mathchat.env"
 """The module that holds the environment; its names are this package's names."""
 
 
+PARTS = (
+    "answers",
+    "checks",
+    "env",
+    "generator",
+    "grading",
+    "problem",
+    "rubric",
+    "symbolic",
+    "tasks",
+    "word_problems",
+)
+"""The package's modules: ``from mappa_env.envs.mathchat import tasks`` imports only that."""
+
+
 def __getattr__(name: str) -> Any:
+    if name in PARTS:
+        return importlib.import_module(f"{__name__}.{name}")
     if name.startswith("__"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(ENV_MODULE), name)
