@@ -1,7 +1,10 @@
-"""Whether an agent's code repeats its earlier code: a rule several rubrics share.
+"""Whether an agent's code repeats its earlier code: a rule for any rules rubric.
 
-A rerun of code that already ran adds nothing; MathChat-v0's and DSBench-v0's rules
-rubrics both pay it nothing, and both find it with :func:`repeats_code`.
+A rerun of code that already ran adds nothing. :func:`repeats_code` reads the earlier
+code from the request's metadata under the keys the environments give it
+(``earlier_code``, ``earlier_codes``); DSBench-v0's rubric pays a rerun nothing by it.
+It lives apart from :mod:`mappa_env.coach.rules` so that a rubric can use it without
+importing the coach (``mappa_env.coach.rules`` still gives it).
 """
 
 from __future__ import annotations
