@@ -199,7 +199,7 @@ def test_the_llm_coachs_prompt_of_a_hostile_action_renders_quickly():
 def test_reading_agent_text_never_blocks_other_episodes(monkeypatch):
     # A reader slowed on purpose stands for any expensive reading of agent text: it runs
     # in a worker thread, so other episodes in the same event loop keep stepping.
-    import mappa_env.envs.mathchat as mathchat
+    import mappa_env.envs.mathchat.env as mathchat
 
     def slow_blocks(text: str) -> list[str]:
         time.sleep(0.6)

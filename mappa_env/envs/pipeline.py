@@ -2,9 +2,12 @@
 
 Both MathChat-v0 and DSBench-v0 are pipelines: agents act in a fixed order, each for
 one or more turns; every action may run code in a sandbox and is scored by a coach.
-This module holds what they share: the PettingZoo bookkeeping, credit (each action's
-reward, :mod:`mappa_env.credit`), coach calls, action validation, transcripts and the
-sync layer over the async core.
+This module holds the shell they share: the options, turn order, the PettingZoo
+bookkeeping, action validation, the hooks a subclass fills in and the sync layer over
+the async core. :class:`PipelineEnv` is composed of three parts that live in modules of
+their own: the workspace and sandboxes (:mod:`mappa_env.envs.workspace`), judging by the
+coach (:mod:`mappa_env.envs.judging`) and the transcript's records with the episode's
+outcome and credit (:mod:`mappa_env.envs.records`, :mod:`mappa_env.credit`).
 
 The async core (:meth:`PipelineEnv.areset`, :meth:`PipelineEnv.astep`) lets a batched
 runner drive many episodes in one event loop, so coach calls and sandbox runs of
@@ -15,17 +18,12 @@ thin synchronous wrappers over it.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import math
 import os
-import reprlib
-import shutil
-import time
-import warnings
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -33,36 +31,20 @@ import gymnasium
 from pettingzoo import AECEnv
 
 from mappa_env._async import BackgroundLoop
-from mappa_env._fs import remove_tree
-from mappa_env.coach.base import (
-    Coach,
-    CoachRequest,
-    CoachStop,
-    CoachVerdict,
-    FileInfo,
-    RevealPolicy,
-    Rubric,
-    cap_verdict,
+from mappa_env.coach.base import Coach, RevealPolicy, Rubric
+from mappa_env.credit import CreditMode
+from mappa_env.envs.judging import REVEAL_POLICIES, CoachJudging, check_invalid_reward  # noqa: F401
+from mappa_env.envs.records import ActionRecord, EpisodeRecords, ToolOutcome
+from mappa_env.envs.workspace import (
+    DEFAULT_WORKSPACE_QUOTA_MB,
+    MAX_CODE_TIMEOUT_S,
+    MIN_CODE_TIMEOUT_S,
+    EpisodeWorkspace,
+    resolve_sandbox_factory,  # noqa: F401
 )
-from mappa_env.credit import (
-    COACH_MODES,
-    CREDIT_MODES,
-    CreditMode,
-    CreditSettings,
-)
-from mappa_env.envs._prestart import PrestartedSandbox, new_workspace
 from mappa_env.options import integer_option, number_option, seed_option
-from mappa_env.sandbox.base import ExecError, ExecResult, Sandbox, SandboxFactory, check_sandbox
-from mappa_env.sandbox.isolation import (
-    Confinement,
-    IsolationMode,
-    IsolationUnavailableError,
-    UidLease,
-    declared_confinement,
-    isolation_required,
-    resolve_confinement,
-)
-from mappa_env.sandbox.quota import QUOTA_ERROR, quota_error, trim_workspace, workspace_usage
+from mappa_env.sandbox.base import SandboxFactory
+from mappa_env.sandbox.isolation import IsolationMode
 from mappa_env.spaces import UnicodeText, make_observation, text_observation_space
 
 if TYPE_CHECKING:
@@ -70,18 +52,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-REVEAL_POLICIES: tuple[str, ...] = ("never", "last_agent", "always")
-
 #: Largest ``max_new_tokens`` accepted (a budget stated in prompts, not a buffer size).
 MAX_NEW_TOKENS = 1_048_576
-#: Smallest ``code_timeout_s`` accepted. A kernel round trip alone takes milliseconds and
-#: a timed-out run is interrupted (or its kernel restarted) before the next: below this
-#: every code action would time out, whatever it does.
-MIN_CODE_TIMEOUT_S = 0.1
-#: Default ``workspace_quota_mb``: 1 GiB, room for a data set, its copies and models.
-DEFAULT_WORKSPACE_QUOTA_MB = 1024
-#: Largest ``code_timeout_s`` accepted: a day; an infinite wait is never meant.
-MAX_CODE_TIMEOUT_S = 86_400.0
 #: Largest turn limit of one agent.
 MAX_TURNS = 1_000
 
@@ -104,73 +76,7 @@ class AgentSpec:
     max_turns: int
 
 
-@dataclass
-class ToolOutcome:
-    """What an action did besides producing text.
-
-    Attributes:
-        code: The code that ran (all blocks joined), or ``None`` when none ran.
-        result: The sandbox's result, or ``None`` when no code ran.
-        output: The result as rendered for the agent and the coach.
-        ends_slot: True when this action ends the agent's slot early.
-        extra: Environment-specific facts for ``infos`` and the coach (e.g. files).
-    """
-
-    code: str | None = None
-    result: ExecResult | None = None
-    output: str | None = None
-    ends_slot: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class ActionRecord:
-    """One action of one agent, as kept in the transcript.
-
-    Attributes:
-        agent: Agent id.
-        turn: 0-based turn of this agent.
-        messages: The exact chat messages the agent was prompted with.
-        action: The action text as used by the environment (after cutting oversize text).
-        action_truncated: True when the submitted action was longer than allowed.
-        tool: What running the action did.
-        verdict: The coach's verdict, or ``None`` when no coach was called.
-        reward: The action's reward under the environment's credit mode: provisional
-            while the episode runs, final once it has ended
-            (:mod:`mappa_env.credit`); ``invalid_reward`` (NaN by default) when it
-            rests on an invalid coach verdict.
-        reward_valid: False when ``reward`` rests on an invalid verdict (or the episode
-            could not be credited): it must not be trained on.
-    """
-
-    agent: str
-    turn: int
-    messages: tuple[dict[str, str], ...]
-    action: str
-    action_truncated: bool
-    tool: ToolOutcome
-    verdict: CoachVerdict | None = None
-    reward: float = 0.0
-    reward_valid: bool = True
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-data form (JSON-serialisable) of the record."""
-        return {
-            "agent": self.agent,
-            "turn": self.turn,
-            "messages": [dict(m) for m in self.messages],
-            "action": self.action,
-            "action_truncated": self.action_truncated,
-            "code": self.tool.code,
-            "tool": None if self.tool.result is None else self.tool.result.to_dict(),
-            "tool_output": self.tool.output,
-            "coach": None if self.verdict is None else self.verdict.to_dict(),
-            "reward": self.reward,
-            "reward_valid": self.reward_valid,
-        }
-
-
-class PipelineEnv(AECEnv):
+class PipelineEnv(EpisodeWorkspace, CoachJudging, EpisodeRecords, AECEnv):
     """Base class of the pipeline environments (an ``AECEnv`` with an async core).
 
     A subclass is one environment: its agents, prompts, tools, tasks, outcome grading and
@@ -371,21 +277,7 @@ class PipelineEnv(AECEnv):
             r.name: replace(r, max_turns=limits[r.name]) for r in self.roles
         }
         # Checked now: isolation="namespaces" where it cannot work fails here, by name.
-        self.isolation: IsolationMode = isolation
-        self._confinement = resolve_confinement(isolation)
-        self._sandbox_factory = resolve_sandbox_factory(
-            sandbox, isolation, workspace_bytes=self.workspace_quota_bytes
-        )
-        self._agent_confinement = _agent_confinement(self._sandbox_factory, self._confinement)
-        if (
-            isolation != "none"
-            and not self._agent_confinement.isolated
-            # The same reason as the environment's own: resolve_confinement warned.
-            and self._agent_confinement.reason != self._confinement.reason
-        ):
-            _warn_unconfined_agents(self._agent_confinement.reason)
-        self._workspace_lease: UidLease | None = None
-        self._sandboxes: dict[str, Sandbox] = {}
+        self._open_workspace(sandbox, isolation)
         if prestart_sandbox is not None and not isinstance(prestart_sandbox, bool):
             raise TypeError(
                 f"prestart_sandbox must be True, False or None, got {prestart_sandbox!r}"
@@ -393,53 +285,9 @@ class PipelineEnv(AECEnv):
         self.prestart_sandbox = self._sandbox_factory is not None and (
             _cold_starts(self._sandbox_factory) if prestart_sandbox is None else prestart_sandbox
         )
-        # This episode's sandbox started ahead (until its first code run takes it), and the
-        # next episode's, started while this one runs.
-        self._prestarted: PrestartedSandbox | None = None
-        self._spare: PrestartedSandbox | None = None
-        # Whether the last episode ran code: kernels start ahead only after one that did
-        # (a policy that seldom writes code would leave most of them unused).
-        self._code_ran: bool = True
-        self._code_ran_now: bool = False
-        # A coach built here from a spec string belongs to this env and is closed with it;
-        # a coach object passed in is shared (e.g. by every env of a runner) and is not.
-        self._owns_coach = isinstance(coach, str)
-        if coach is not None and not isinstance(coach, (str, Coach)):
-            # Taken as is, it failed at the first reset with an AttributeError.
-            raise TypeError(
-                f"coach={reprlib.repr(coach)}: coach must be a Coach object (with name, "
-                "score() and ascore()), a spec string ('rules' or 'llm:<model>') or None, "
-                f"got {type(coach).__name__}"
-            )
-        if isinstance(coach, str):
-            from mappa_env.coach import make_coach
-
-            coach = make_coach(coach)
-        if reward_mode is not None:
-            warnings.warn(
-                "reward_mode is deprecated: pass credit_mode (the same values, and more)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            credit_mode = reward_mode  # type: ignore[assignment]
-        credit = CreditSettings(credit_mode, outcome_weight, backprop_decay)
-        if coach is None and credit.uses_coach:
-            free = [m for m in CREDIT_MODES if m not in COACH_MODES]
-            raise ValueError(
-                f"credit_mode={credit_mode!r} needs a coach; pass coach=... "
-                f"or use a credit mode that needs none ({', '.join(free)})"
-            )
-        if credit.needs_agent_correct and not self.reports_agent_correct:
-            raise ValueError(
-                f"{type(self).__name__} cannot pay {credit_mode} credit: its episode_outcome() "
-                "does not say whether each agent's own answer was right (set the class "
-                "attribute reports_agent_correct = True once it returns 'agent_correct'); "
-                f"use one of {[m for m in CREDIT_MODES if m != credit_mode]}"
-            )
-        if reveal is None:
-            reveal = getattr(coach, "default_reveal", "last_agent")
-        if reveal not in REVEAL_POLICIES:
-            raise ValueError(f"reveal must be one of {REVEAL_POLICIES}, got {reveal!r}")
+        coach, credit, credit_mode, reveal = self._take_coach(
+            coach, credit_mode, outcome_weight, backprop_decay, reward_mode, reveal
+        )
         max_action_chars = integer_option(
             "max_action_chars", max_action_chars, high=MAX_OBSERVATION_CHARS
         )
@@ -771,19 +619,6 @@ class PipelineEnv(AECEnv):
             return None
         return text
 
-    def state(self) -> dict[str, Any]:
-        """A JSON-serialisable snapshot of the episode: task, actions so far, outcome."""
-        task_id, task_text, _ = self.task_facts()
-        return {
-            "env_id": self.env_id,
-            "episode_index": self.episode_index,
-            "task_id": task_id,
-            "task": task_text,
-            "agent_selection": self.agent_selection if self.agents else None,
-            "actions": [r.to_dict() for r in self.transcript],
-            "outcome": self.outcome,
-        }
-
     def close(self) -> None:
         """Close sandboxes, remove temporary files and stop the private event loop."""
         if self._closed:
@@ -812,32 +647,6 @@ class PipelineEnv(AECEnv):
 
     # ------------------------------------------------------------------ helpers
 
-    def transcript_text(self) -> str:
-        """The episode so far as readable text."""
-        task_id, task_text, _ = self.task_facts()
-        lines = [f"=== {self.env_id} | task {task_id} ===", task_text, ""]
-        for r in self.transcript:
-            lines.append(f"--- {r.agent} (turn {r.turn + 1}) ---")
-            lines.append(r.action)
-            if r.tool.output is not None:
-                lines.append(f"--- tool output ---\n{r.tool.output}")
-            if r.verdict is not None:
-                score = "invalid" if not r.verdict.valid else f"{r.verdict.score:g}/10"
-                lines.append(f"--- coach: {score} | {r.verdict.analysis}")
-            lines.append("")
-        if self.outcome is not None:
-            lines.append(f"=== outcome: {self.outcome} ===")
-        return "\n".join(lines)
-
-    @property
-    def workdir(self) -> Path:
-        """This episode's workspace directory (created on first use, removed at episode end)."""
-        if self._workdir is None:
-            self._workdir, self._workspace_lease = new_workspace(
-                self.env_id.lower(), self._confinement
-            )
-        return self._workdir
-
     @property
     def code_timeout_s(self) -> float:
         """Wall-clock limit of one code run in this episode, in seconds.
@@ -861,59 +670,9 @@ class PipelineEnv(AECEnv):
             hint="seconds one code run may take, e.g. 30 (below 0.1 every run would time out)",
         )
 
-    def task_code_timeout_s(self) -> float | None:
-        """The code timeout the episode's task carries or implies, or ``None``.
-
-        By default :func:`mappa_env.tasks.task_code_timeout_s` of ``self.task``: a
-        ``code_timeout_s`` in the task's metadata, else the limit of its kind (a short
-        arithmetic problem needs seconds, not the class default). Override for tasks
-        of another shape.
-
-        Raises:
-            ValueError: If the task's ``code_timeout_s`` is not a number above 0 and at
-                most :data:`MAX_CODE_TIMEOUT_S`.
-        """
-        from mappa_env.tasks import task_code_timeout_s
-
-        return task_code_timeout_s(getattr(self, "task", None), high=MAX_CODE_TIMEOUT_S)
-
-    def copy_workspace(self, destination: Path) -> None:
-        """Copy this episode's workspace to ``destination`` (links copied as links)."""
-        shutil.copytree(self.workdir, destination, symlinks=True)
-
-    def restore_workspace(self, source: Path) -> None:
-        """Copy the files of ``source`` (a :meth:`copy_workspace`) into the workspace.
-
-        They are handed over to the confined user, as files the agents' own code wrote.
-        """
-        shutil.copytree(source, self.workdir, symlinks=True, dirs_exist_ok=True)
-        self._confinement.prepare_writable(self.workdir, contents=True)
-
-    def coach_sees_truth(self, agent: str) -> bool:
-        """Whether the coach judges ``agent``'s actions with the ground truth in view.
-
-        As :attr:`reveal` says: every agent (``"always"``), the last one
-        (``"last_agent"``) or none (``"never"``). Environments that hand the coach more
-        facts (:meth:`coach_metadata`) hold back the ones that give the answer away when
-        this is False.
-        """
-        is_last = agent == self.possible_agents[-1]
-        return self.reveal == "always" or (self.reveal == "last_agent" and is_last)
-
     def spec_of(self, agent: str) -> AgentSpec:
         """The :class:`AgentSpec` of ``agent``."""
         return self._specs[agent]
-
-    def last_record(self, agent: str) -> ActionRecord | None:
-        """The most recent action of ``agent`` in this episode, if any."""
-        for record in reversed(self.transcript):
-            if record.agent == agent:
-                return record
-        return None
-
-    def records_of(self, agent: str) -> list[ActionRecord]:
-        """All actions of ``agent`` in this episode, in order."""
-        return [r for r in self.transcript if r.agent == agent]
 
     def _check_open(self) -> None:
         if self._closed:
@@ -938,113 +697,6 @@ class PipelineEnv(AECEnv):
         if len(action) > self.max_action_chars:
             return action[: self.max_action_chars], True
         return action, False
-
-    async def _judge(self, record: ActionRecord) -> CoachVerdict:
-        assert self.coach is not None
-        result = record.tool.result
-        if result is not None and result.error is not None and result.error.name == "SandboxError":
-            # The environment failed to run the code, not the agent: no score, flagged.
-            return CoachVerdict.invalid(
-                f"not scored: the sandbox could not run this action's code ({result.error.value})",
-                coach=self.coach.name,
-            )
-        failure = record.tool.extra.get("environment_error")
-        if failure is not None:
-            # The environment could not carry the action out: whatever a coach made of
-            # it would score the environment's fault as the agent's.
-            return CoachVerdict.invalid(
-                f"not scored: the environment could not carry out this action ({failure})",
-                coach=self.coach.name,
-            )
-        # The request's facts are read from agent text (answers, code): off the loop.
-        request = await asyncio.to_thread(self._coach_request, record)
-        try:
-            verdict = await self.coach.ascore(request)
-        except CoachStop:
-            raise
-        except Exception as exc:  # a coach bug must not lose the episode
-            logger.exception("coach %s raised while scoring %s", self.coach.name, record.agent)
-            return CoachVerdict.invalid(
-                f"coach raised {type(exc).__name__}: {exc}", coach=self.coach.name
-            )
-        # A cap from a measured outcome binds the verdict, whatever the coach made of it.
-        return cap_verdict(verdict, request.score_cap)
-
-    def _coach_request(self, record: ActionRecord) -> CoachRequest:
-        """What the coach is shown about ``record``."""
-        task_id, task_text, truth = self.task_facts()
-        is_last = record.agent == self.possible_agents[-1]
-        tool = record.tool
-        return CoachRequest(
-            env_id=self.env_id,
-            task_id=task_id,
-            task=task_text,
-            agent=record.agent,
-            system_description=self.system_description,
-            role_description=self.role_description(record.agent),
-            agent_input=record.messages,
-            action=record.action,
-            turn=record.turn,
-            is_last_agent=is_last,
-            tool_result=None if tool.result is None else tool.result.to_dict(),
-            tool_output=tool.output,
-            files=_file_infos(tool.extra.get("files", ())),
-            upstream_files=_file_infos(tool.extra.get("upstream_files", ())),
-            ground_truth=truth if self.coach_sees_truth(record.agent) else None,
-            metadata=self.coach_metadata(record),
-            rubric=self.coach_rubrics.get(record.agent),
-            shows_workspace=self.shows_workspace,
-            rules_rubric=type(self).rules_rubric,
-        )
-
-    def _provisional_reward(self, verdict: CoachVerdict | None) -> tuple[float, bool]:
-        """``(reward, valid)`` of an action when it is taken (see :mod:`mappa_env.credit`)."""
-        score = None if verdict is None else verdict.reward
-        reward = self.credit.provisional(score)
-        return (self.invalid_reward, False) if reward is None else (reward, True)
-
-    @property
-    def credit_settings(self) -> dict[str, Any]:
-        """The credit mode and its weights, as recorded in ``infos`` and trajectories."""
-        return self.credit.to_dict()
-
-    def _final_rewards(self, outcome: Mapping[str, Any]) -> list[float | None]:
-        """Every action's final reward under the credit mode, in transcript order."""
-        scores = [
-            None if r.verdict is None or not r.verdict.valid else r.verdict.reward
-            for r in self.transcript
-        ]
-        agent_correct = None
-        if self.credit.needs_agent_correct:
-            correct = outcome.get("agent_correct")
-            if not isinstance(correct, Mapping):
-                raise RuntimeError(
-                    f"{type(self).__name__}.episode_outcome() returned no 'agent_correct' "
-                    "mapping, which agent_oracle credit pays"
-                )
-            agent_correct = [
-                None if correct.get(r.agent) is None else float(bool(correct[r.agent]))
-                for r in self.transcript
-            ]
-        return self.credit.settle(scores, float(outcome.get("reward", 0.0)), agent_correct)
-
-    def _step_info(self, record: ActionRecord) -> dict[str, Any]:
-        verdict = record.verdict
-        task_id, _, _ = self.task_facts()
-        return {
-            "env_id": self.env_id,
-            "task_id": task_id,
-            "episode_index": self.episode_index,
-            "turn": record.turn,
-            "action_truncated": record.action_truncated,
-            "code": record.tool.code,
-            "tool": None if record.tool.result is None else record.tool.result.to_dict(),
-            "tool_output": record.tool.output,
-            "coach": None if verdict is None else verdict.to_dict(),
-            "credit": self.credit_settings,
-            "reward_valid": record.reward_valid,
-            **record.tool.extra,
-        }
 
     def next_agent(self, agent: str, record: ActionRecord) -> str | None:
         """Who acts after ``agent``'s action ``record``; ``None`` ends the episode.
@@ -1101,201 +753,11 @@ class PipelineEnv(AECEnv):
         """
         return {}
 
-    async def _finish(self, truncated: bool) -> None:
-        outcome = dict(await self.episode_outcome())
-        outcome["truncated"] = truncated
-        self.outcome = outcome
-        # Each action's reward becomes final; every agent is paid what its actions were
-        # not paid along the way, so its return is the sum of their final rewards.
-        owed = dict.fromkeys(self.agents, 0.0)
-        for record, final in zip(self.transcript, self._final_rewards(outcome)):
-            paid = record.reward if record.reward_valid else None
-            record.reward, record.reward_valid = (
-                (self.invalid_reward, False) if final is None else (final, True)
-            )
-            if final is not None and final != paid and record.agent in owed:
-                owed[record.agent] += final - (paid or 0.0)
-        for agent in self.agents:
-            if owed[agent]:
-                self.rewards[agent] += owed[agent]
-            self.infos[agent] = {
-                **self.infos[agent],
-                "outcome": outcome,
-                "action_rewards": [
-                    r.reward if r.reward_valid else None for r in self.records_of(agent)
-                ],
-            }
-            if truncated:
-                self.truncations[agent] = True
-            else:
-                self.terminations[agent] = True
-        await self.on_episode_end()
-
     def _release(self) -> None:
         self.on_close()
         close_coach = getattr(self.coach, "close", None)
         if self._owns_coach and callable(close_coach):
             close_coach()
-
-    async def run_code(
-        self, code: str, owner: str, timeout: float, output_chars: int
-    ) -> tuple[ExecResult | None, str]:
-        """Run ``code`` in ``owner``'s sandbox in the episode's workspace.
-
-        Each owner (an agent, or one name for a whole episode) keeps its interpreter, and
-        so its variables, until :meth:`release_sandbox` or the end of the episode. The
-        sandbox is made off the event loop: a kernel start or pooled hand-out blocks.
-
-        Returns:
-            ``(result, rendered output)``; ``(None, note)`` when code execution is disabled.
-        """
-        if self._sandbox_factory is None:
-            return None, "(code execution is disabled in this environment)"
-        self._code_ran_now = True
-        sandbox = self._sandboxes.get(owner)
-        if sandbox is None:
-            self.workdir.mkdir(parents=True, exist_ok=True)  # agent code may have removed it
-            sandbox = await self._take_prestarted()
-            if sandbox is None:
-                try:
-                    sandbox = await asyncio.to_thread(self._sandbox_factory, self.workdir)
-                except Exception as exc:  # e.g. a closed pool: a tool failure, not a crash
-                    logger.exception("making a sandbox failed")
-                    error = ExecError("SandboxError", f"no sandbox could be made: {exc}")
-                    result = ExecResult(error=error)
-                    return result, result.render(output_chars)
-            self._sandboxes[owner] = sandbox
-        started_ns = time.time_ns()
-        result = await sandbox.arun(code, timeout=timeout)
-        if self.workspace_quota_bytes is not None and (
-            result.error is None or result.error.name != QUOTA_ERROR
-        ):
-            result = await asyncio.to_thread(self._hold_quota, owner, result, started_ns)
-        return result, result.render(output_chars)
-
-    def _hold_quota(self, owner: str, result: ExecResult, started_ns: int) -> ExecResult:
-        """``result``, or a quota error when the run left the workspace over its quota.
-
-        The sandbox's own watch (the Jupyter sandbox's) stops code while it writes; this
-        check after the run holds for any sandbox. Closing the owner's sandbox stops what
-        its code left running before the files it wrote are deleted.
-        """
-        quota = self.workspace_quota_bytes
-        assert quota is not None
-        usage = workspace_usage(self.workdir)
-        if not usage.over(quota):
-            return result
-        sandbox = self._sandboxes.pop(owner, None)
-        if sandbox is not None:
-            sandbox.close()
-        removed, after = trim_workspace(self.workdir, quota, started_ns)
-        logger.info("%s's code took the workspace over its quota (%s)", owner, usage.describe())
-        return replace(result, error=quota_error(quota, usage, removed, after), restarted=True)
-
-    @property
-    def sandbox_confinement(self) -> Confinement:
-        """How agents' code is confined: what the sandbox factory declares.
-
-        For ``sandbox="jupyter"`` the confinement ``isolation`` resolved to; for a
-        callable, its ``confinement`` attribute (see
-        :func:`~mappa_env.sandbox.isolation.declared_confinement`), or none when it
-        declares none; without code execution, that of the helper interpreters.
-        """
-        return self._agent_confinement
-
-    @property
-    def helper_confinement(self) -> Confinement:
-        """How the interpreters the environment itself starts on agents' files are confined.
-
-        For example DSBench's artifact inspector, which loads pickles agent code wrote.
-        """
-        return self._confinement
-
-    def isolation_report(self) -> dict[str, Any]:
-        """What isolation resolved to, for ``report.json``, configs and metrics.
-
-        Returns:
-            ``isolation`` (``"namespaces"`` or ``"none"``) and what the confinement
-            enforces (:meth:`Confinement.describe
-            <mappa_env.sandbox.isolation.Confinement.describe>`), with ``requested``
-            (the ``isolation`` option), ``required`` (whether ``MAPPA_REQUIRE_ISOLATION``
-            is set) and ``code_execution`` (whether agents' code runs at all).
-        """
-        return {
-            **self.sandbox_confinement.describe(),
-            "requested": self.isolation,
-            "required": isolation_required(),
-            "code_execution": self._sandbox_factory is not None,
-        }
-
-    def check_sandbox(self) -> None:
-        """Run one trivial cell in a sandbox made as this environment makes them.
-
-        Trainers and evaluation scripts call it before a run, so a sandbox that cannot
-        work (no kernel starts) stops the run with its cause instead of turning every
-        code action into a tool error. Does nothing when code execution is disabled.
-
-        Raises:
-            SandboxUnavailableError: With the cause and what to do.
-        """
-        if self._sandbox_factory is not None:
-            check_sandbox(self._sandbox_factory)
-
-    def _prestart(self) -> PrestartedSandbox | None:
-        """A fresh workspace with a sandbox starting in it; None (logged) when that fails."""
-        if self._sandbox_factory is None or self._closed:
-            return None
-        try:
-            return PrestartedSandbox(self.env_id.lower(), self._confinement, self._sandbox_factory)
-        except Exception:  # the first code run makes its sandbox then, and reports why
-            logger.warning("making a sandbox ahead failed", exc_info=True)
-            return None
-
-    async def _take_prestarted(self) -> Sandbox | None:
-        """The sandbox started ahead in this episode's workspace, once; else None."""
-        spare, self._prestarted = self._prestarted, None
-        if spare is None or spare.workdir != self._workdir:
-            if spare is not None:
-                await asyncio.to_thread(spare.close)
-            return None
-        sandbox = await spare.take()
-        confinement = getattr(sandbox, "confinement", None)
-        if isinstance(confinement, Confinement):
-            # Files the environment put in the workspace after the kernel started (task
-            # inputs) become the agents' to change, as a start at this point would make them.
-            await asyncio.to_thread(confinement.prepare_writable, self.workdir, contents=True)
-        return sandbox
-
-    def _close_spare(self) -> None:
-        """Stop the next episode's sandbox and remove its workspace."""
-        spare, self._spare = self._spare, None
-        if spare is not None:
-            spare.close()
-
-    async def release_sandbox(self, owner: str) -> None:
-        """Close ``owner``'s sandbox, if it has one (off the event loop)."""
-        sandbox = self._sandboxes.pop(owner, None)
-        if sandbox is None:
-            return
-        try:
-            await asyncio.to_thread(sandbox.close)
-        except OSError:
-            logger.warning("closing the sandbox of %s failed", owner, exc_info=True)
-
-    def _remove_workdir(self) -> None:
-        prestarted, self._prestarted = self._prestarted, None
-        if prestarted is not None:
-            prestarted.close()  # started for this episode, and no code ran
-        if self._workdir is not None:
-            # Agents' code may have left a tree shutil.rmtree cannot remove (it recurses).
-            left = remove_tree(self._workdir)
-            if left:
-                logger.warning("could not remove %d entries of %s", len(left), self._workdir)
-            self._workdir = None
-        if self._workspace_lease is not None:
-            # The episode's sandboxes are closed (on_episode_end runs first): its uid is free.
-            self._workspace_lease.release()
-            self._workspace_lease = None
 
     def __del__(self) -> None:
         # Best effort: a forgotten env should not leave kernels or temp dirs behind.
@@ -1333,35 +795,6 @@ def _cold_starts(factory: SandboxFactory) -> bool:
     return isinstance(factory, JupyterSandboxFactory) and _usable_cpus() >= PRESTART_MIN_CPUS
 
 
-@functools.cache
-def _warn_unconfined_agents(reason: str) -> None:
-    """Warn once per process and reason that agents' code runs unconfined."""
-    logger.warning(
-        "agents' code runs without namespace isolation: %s; reports say so (isolation: "
-        "none). Pass isolation='none' to accept it.",
-        reason,
-    )
-
-
-def _agent_confinement(factory: SandboxFactory | None, helpers: Confinement) -> Confinement:
-    """What a sandbox factory's code runs under (see ``PipelineEnv.sandbox_confinement``)."""
-    if factory is None:
-        return helpers
-    declared = declared_confinement(factory)
-    if declared is not None:
-        return declared
-    return Confinement(
-        mode="none",
-        reason=f"the sandbox factory {factory!r} declares no confinement, so its code is "
-        "taken to run unconfined",
-    )
-
-
-def _file_infos(files: Sequence[Mapping[str, Any] | FileInfo]) -> tuple[FileInfo, ...]:
-    """File listings travel as plain dicts in ``infos``; coaches get :class:`FileInfo`."""
-    return tuple(f if isinstance(f, FileInfo) else FileInfo(f["name"], f["size"]) for f in files)
-
-
 def parse_turn_limits(
     defaults: Mapping[str, int], turns: Mapping[str, int] | None
 ) -> dict[str, int]:
@@ -1381,77 +814,3 @@ def parse_turn_limits(
             raise ValueError(f"unknown agent {agent!r} in turns; agents: {list(limits)}")
         limits[agent] = integer_option(f"turns[{agent!r}]", limit, high=MAX_TURNS)
     return limits
-
-
-def check_invalid_reward(value: Any) -> float:
-    """``invalid_reward`` checked: NaN, or a number in ``[-1, 0]``.
-
-    The reward recorded for an action whose verdict is invalid must never pay more
-    than the worst real score (0): NaN (the default) marks it unmistakably; a number
-    in ``[-1, 0]`` is accepted for code that cannot hold NaN.
-
-    Raises:
-        TypeError: For a value that is not a number.
-        ValueError: For a number outside ``[-1, 0]`` other than NaN.
-    """
-    if isinstance(value, float) and math.isnan(value):
-        return value
-    return number_option(
-        "invalid_reward",
-        value,
-        low=-1.0,
-        high=0.0,
-        hint="an invalid verdict must never pay more than the worst real score; "
-        "NaN (the default) marks such rewards unmistakably",
-    )
-
-
-def resolve_sandbox_factory(
-    sandbox: str | SandboxFactory | None,
-    isolation: IsolationMode = "auto",
-    *,
-    workspace_bytes: int | None = DEFAULT_WORKSPACE_QUOTA_MB * 1024**2,
-) -> SandboxFactory | None:
-    """The sandbox factory named by ``sandbox``.
-
-    ``"jupyter"`` gives a Jupyter kernel per sandbox, confined as ``isolation`` says, with
-    ``workspace_bytes`` as its workspace quota (``SandboxLimits.workspace_bytes``);
-    ``None`` disables code execution. A callable must declare its confinement (a
-    :class:`~mappa_env.sandbox.isolation.Confinement` as its ``confinement``
-    attribute, as :meth:`JupyterSandbox.factory
-    <mappa_env.sandbox.JupyterSandbox.factory>` and
-    :class:`~mappa_env.sandbox.KernelPool` do) for ``isolation="namespaces"`` (or
-    ``MAPPA_REQUIRE_ISOLATION``) to accept it; one that declares none is taken to run
-    code unconfined, and is reported so.
-
-    Raises:
-        ValueError: For an unknown name.
-        IsolationUnavailableError: For a callable whose declared confinement is not
-            namespaces, when ``isolation="namespaces"`` or isolation is required.
-    """
-    if sandbox is None:
-        return None
-    if callable(sandbox):
-        declared = declared_confinement(sandbox)
-        if (isolation == "namespaces" or isolation_required()) and not (
-            declared is not None and declared.isolated
-        ):
-            said = "declares no confinement" if declared is None else "declares no namespaces"
-            raise IsolationUnavailableError(
-                f"isolation={isolation!r} needs agents' code confined, but the sandbox "
-                f"factory {sandbox!r} {said} (a Confinement with isolated=True as its "
-                "`confinement` attribute): pass sandbox='jupyter', a factory made by "
-                "JupyterSandbox.factory(isolation='namespaces'), or declare the "
-                "confinement your factory enforces"
-                + ("" if isolation == "namespaces" else "; MAPPA_REQUIRE_ISOLATION is set")
-            )
-        return sandbox
-    if sandbox == "jupyter":
-        from mappa_env.sandbox import JupyterSandbox, SandboxLimits
-
-        limits = SandboxLimits(workspace_bytes=workspace_bytes)
-        return JupyterSandbox.factory(limits=limits, isolation=isolation)
-    raise ValueError(
-        f"unknown sandbox {sandbox!r}: pass 'jupyter', None (no code execution) "
-        "or a callable workdir -> Sandbox"
-    )

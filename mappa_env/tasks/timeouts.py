@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from mappa_env.envs.mathchat.word_problems import WORD_KINDS
 from mappa_env.options import number_option
-from mappa_env.tasks.word_problems import WORD_KINDS
 
 #: Seconds one code run of a generated problem of these kinds may take.
 KIND_CODE_TIMEOUT_S: Mapping[str, float] = {

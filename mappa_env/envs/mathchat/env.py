@@ -24,11 +24,15 @@ Card:
   code printed last, else the answer it stated, the verifier's graded answer) and
   ``agent_correct`` (that number graded like the verifier's).
 - **Tasks**: generated problems (offline default), AIME/AMC files, or ``MathTask`` lists.
-- **Coaches**: ``"rules"`` (offline, :data:`~mappa_env.coach.rules.mathchat_rubric`) or
-  an LLM coach judging by :data:`COACH_RUBRICS`.
+- **Coaches**: ``"rules"`` (offline,
+  :data:`~mappa_env.envs.mathchat.rubric.mathchat_rubric`) or an LLM coach judging by
+  :data:`COACH_RUBRICS`.
 - **Options**: ``tasks``, ``verifier_sees_solver``, ``strict_boxed``, ``verifier_reply``,
   and every option of :class:`~mappa_env.envs.pipeline.PipelineEnv`.
 - **Versions**: v0, the paper's MathChat.
+
+This module owns the environment class and its options; the package's other modules
+hold its tasks, grading and rubric (see :mod:`mappa_env.envs.mathchat`).
 """
 
 from __future__ import annotations
@@ -47,7 +51,11 @@ from mappa_env.audit.battery import (
     stderr_injector,
     stdout_injector,
 )
-from mappa_env.coach.rules import mathchat_rubric
+from mappa_env.envs.mathchat.answers import code_executor_answer, stated_answer
+from mappa_env.envs.mathchat.grading import answers_match_any, extract_boxed
+from mappa_env.envs.mathchat.rubric import mathchat_rubric
+from mappa_env.envs.mathchat.tasks import MathTask
+from mappa_env.envs.mathchat.word_problems import solution_expression
 from mappa_env.envs.pipeline import (
     ActionRecord,
     AgentSpec,
@@ -55,11 +63,7 @@ from mappa_env.envs.pipeline import (
     ToolOutcome,
 )
 from mappa_env.errors import SettingsError
-from mappa_env.grading.answers import code_executor_answer, stated_answer
-from mappa_env.grading.math import answers_match_any, extract_boxed
 from mappa_env.options import integer_option, seed_option
-from mappa_env.tasks import MathTask
-from mappa_env.tasks.word_problems import solution_expression
 from mappa_env.text import extract_code_blocks, strip_think
 
 logger = logging.getLogger(__name__)
@@ -165,7 +169,11 @@ def _generated_tasks(spec: Mapping[str, Any], seed: int) -> list[MathTask]:
     and numbers as one of its tasks, and every repeat (``generate_unseen_tasks``):
     held-out problems that are not paraphrases of training ones.
     """
-    from mappa_env.tasks import MAX_GENERATED_TASKS, generate_math_tasks, generate_unseen_tasks
+    from mappa_env.envs.mathchat.generator import (
+        MAX_GENERATED_TASKS,
+        generate_math_tasks,
+        generate_unseen_tasks,
+    )
 
     unknown = sorted(set(spec) - set(_GENERATOR_OPTIONS))
     if unknown or "n" not in spec:
@@ -302,7 +310,8 @@ def _resolve_tasks(
         ValueError: For an empty list or file, or a generated count outside
             ``[1, MAX_GENERATED_TASKS]``.
     """
-    from mappa_env.tasks import MAX_GENERATED_TASKS, generate_math_tasks, load_math_tasks
+    from mappa_env.envs.mathchat.generator import MAX_GENERATED_TASKS, generate_math_tasks
+    from mappa_env.envs.mathchat.tasks import load_math_tasks
 
     if tasks is None:
         return generate_math_tasks(64, seed=seed)
@@ -350,10 +359,10 @@ class MathChatEnv(PipelineEnv):
     r"""MathChat-v0: problem solver -> code executor -> verifier.
 
     Args:
-        tasks: A list of :class:`~mappa_env.tasks.MathTask`, a task file or short name
-            understood by :func:`~mappa_env.tasks.load_math_tasks`, ``"gen:N"`` /
+        tasks: A list of :class:`~mappa_env.envs.mathchat.tasks.MathTask`, a task file or short name
+            understood by :func:`~mappa_env.envs.mathchat.tasks.load_math_tasks`, ``"gen:N"`` /
             ``"gen:N:SEED"`` for N generated problems, a mapping of
-            :func:`~mappa_env.tasks.generate_math_tasks` arguments (``{"n": 512,
+            :func:`~mappa_env.envs.mathchat.generator.generate_math_tasks` arguments (``{"n": 512,
             "seed": 1, "kinds": ["expression"], "difficulty": "medium"}``; handy in
             YAML configs), or ``None`` for 64 generated problems (offline default).
         verifier_sees_solver: Also show the problem solver's draft to the verifier.
@@ -503,7 +512,7 @@ class MathChatEnv(PipelineEnv):
         ``code_executor``: the last number its code printed, from its latest run that
         printed one, else the answer its last message states; ``verifier``: its graded
         answer (boxed only when ``strict_boxed``). Several different boxed answers are
-        no answer. Read with :mod:`mappa_env.grading.answers`, as the rules coach does.
+        no answer. Read with :mod:`mappa_env.envs.mathchat.answers`, as the rules coach does.
         """
         answers: dict[str, str | None] = {}
         draft = self.last_record(PROBLEM_SOLVER)
@@ -561,7 +570,7 @@ class MathChatEnv(PipelineEnv):
         if flags.get("tasks"):
             return {"tasks": flags["tasks"]}
         if flags.get("num_tasks"):
-            from mappa_env.tasks import generate_math_tasks
+            from mappa_env.envs.mathchat.generator import generate_math_tasks
 
             return {
                 "tasks": generate_math_tasks(
@@ -603,7 +612,7 @@ class MathChatEnv(PipelineEnv):
         copies the code executor's final message (a right boxed answer) does its job.
 
         A generated word problem is worked out the same way from its solution
-        (:func:`~mappa_env.tasks.word_problems.solution_expression`: arithmetic on the
+        (:func:`~mappa_env.envs.mathchat.word_problems.solution_expression`: arithmetic on the
         numbers its story states), so the tasks a recipe trains on can be audited too.
 
         Raises:

@@ -7,7 +7,7 @@ from typing import Any
 
 
 @dataclass(frozen=True)
-class _Problem:
+class Problem:
     """A generated problem before it becomes a task."""
 
     prompt: str
