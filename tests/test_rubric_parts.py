@@ -130,6 +130,33 @@ def test_the_environments_infos_carry_the_parts():
     env.close()
 
 
+def test_the_trainer_logs_each_parts_mean_per_agent(tmp_path):
+    pytest.importorskip("torch")
+    from mappa_agents.tiny_models import tiny_model_dir
+    from mappa_train.command import main
+
+    out = tmp_path / "run"
+    code = main(
+        [
+            "train", "--env", "examples.custom_env:PlannerCoderEnv",
+            "--system", str(tiny_model_dir(tmp_path / "model")),
+            "--env-options", json.dumps({"sandbox": None}), "--steps", "1",
+            "--prompts-per-step", "2", "--samples-per-prompt", "2", "--max-new-tokens", "8",
+            "--train-batch-size", "4", "--micro-batch-size", "2", "--output-dir", str(out),
+            "--no-progress", "--no-tensorboard", "--save-every", "0",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    rows = [json.loads(line) for line in (out / "rollouts" / "step-000000.jsonl").open()]
+    for agent in ("planner", "coder"):
+        scores = [r["coach"]["score"] for r in rows if r["agent"] == agent and r["coach"]["valid"]]
+        assert scores
+        # The custom rubric's scores are rows only: the base part is the score.
+        assert metrics[f"{agent}/reward_part/base"] == pytest.approx(sum(scores) / len(scores) / 10)
+    assert not [key for key in metrics if "reward_part" in key and not key.endswith("/base")]
+
+
 #: The rubrics, the coach that dispatches to them and the example a new environment copies.
 RUBRIC_FILES = (
     "mappa_env/coach/rules.py",
