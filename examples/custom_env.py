@@ -39,6 +39,7 @@ import numpy as np
 import mappa_env
 from mappa_env import ActionRecord, AgentSpec, PipelineEnv, ToolOutcome
 from mappa_env.coach.base import CoachRequest
+from mappa_env.coach.rubric import AgentRubric, RubricScore
 from mappa_env.text import extract_code_blocks, strip_think
 
 PLANNER = "planner"
@@ -159,35 +160,44 @@ COACH_RUBRICS = {
 }
 
 
-def planner_coder_rubric(request: CoachRequest) -> tuple[float, str]:
-    """The rules coach's rubric: a score in [0, 10] and why.
+def _planner_score(request: CoachRequest) -> RubricScore:
+    """The rules coach's score of the planner's plan, and why.
 
-    planner: 6 for a plan that names the function and has no code, 2 for a plan that
-    does not name it, 0 for code or nothing (a check of form only: an LLM coach, or the
-    outcome in ``mixed`` mode, judges whether the plan helps). coder: 9 when its code
-    passes the example and the hidden check, 4 when it passes the example only (a
-    special case, not the function), 3 when it runs but gets the example wrong, 1 when
-    it raises, 0 with no code.
+    6 for a plan that names the function and has no code, 2 for a plan that does not
+    name it, 0 for code or nothing (a check of form only: an LLM coach, or the outcome
+    in ``mixed`` mode, judges whether the plan helps).
+    """
+    plan = strip_think(request.action)
+    if not plan.strip() or "```" in plan:
+        return RubricScore.row(0.0, "No plan (empty, or code instead of a plan).")
+    if str(request.metadata.get("function", "")) in plan:
+        return RubricScore.row(6.0, "A plan that names the function.")
+    return RubricScore.row(2.0, "The plan does not name the function to write.")
+
+
+def _coder_score(request: CoachRequest) -> RubricScore:
+    """The rules coach's score of a coder's turn, and why.
+
+    9 when its code passes the example and the hidden check, 4 when it passes the
+    example only (a special case, not the function), 3 when it runs but gets the
+    example wrong, 1 when it raises, 0 with no code.
     """
     facts = request.metadata
-    if request.agent == PLANNER:
-        plan = strip_think(request.action)
-        if not plan.strip() or "```" in plan:
-            return 0.0, "No plan (empty, or code instead of a plan)."
-        if str(facts.get("function", "")) in plan:
-            return 6.0, "A plan that names the function."
-        return 2.0, "The plan does not name the function to write."
-    if request.agent == CODER:
-        if not facts.get("code_ran"):
-            return 0.0, "No code block."
-        if facts.get("code_error"):
-            return 1.0, f"The code raised {facts['code_error']}."
-        if facts.get("example_passed") and facts.get("check_passed"):
-            return 9.0, "The code passes the example and the hidden check."
-        if facts.get("example_passed"):
-            return 4.0, "The code passes the example but not the hidden check."
-        return 3.0, "The code runs but gives the example a wrong value."
-    raise ValueError(f"no rubric for agent {request.agent!r}")
+    if not facts.get("code_ran"):
+        return RubricScore.row(0.0, "No code block.")
+    if facts.get("code_error"):
+        return RubricScore.row(1.0, f"The code raised {facts['code_error']}.")
+    if facts.get("example_passed") and facts.get("check_passed"):
+        return RubricScore.row(9.0, "The code passes the example and the hidden check.")
+    if facts.get("example_passed"):
+        return RubricScore.row(4.0, "The code passes the example but not the hidden check.")
+    return RubricScore.row(3.0, "The code runs but gives the example a wrong value.")
+
+
+#: The rules coach's rubric: each agent's scoring function (a score in [0, 10] and why),
+#: called for that agent's actions only. A score of more than one part names each
+#: (``RubricScore.row(...).adjusted("cap", ...)``); the trainer logs their means.
+planner_coder_rubric = AgentRubric({PLANNER: _planner_score, CODER: _coder_score})
 
 
 class PlannerCoderEnv(PipelineEnv):
@@ -203,7 +213,7 @@ class PlannerCoderEnv(PipelineEnv):
     roles = (AgentSpec(PLANNER, "planner", 1), AgentSpec(CODER, "coder", 3))
     task_class = CodingTask
     coach_rubrics = COACH_RUBRICS
-    rules_rubric = staticmethod(planner_coder_rubric)
+    rules_rubric = planner_coder_rubric
     tool_agent = CODER
 
     def __init__(self, tasks: Sequence[CodingTask] | None = None, **options: Any) -> None:
@@ -233,23 +243,9 @@ class PlannerCoderEnv(PipelineEnv):
             f"Task: {self.task.prompt}\n"
             f"Example: {self.task.function}{_call(args)} == {self.task.expected(args)}"
         )
-        messages = [{"role": "system", "content": self.role_description(agent)}]
-        if agent == PLANNER:
-            messages.append({"role": "user", "content": f"{task}\n\nWrite the plan."})
-            return messages
-        plan = self.last_record(PLANNER)
-        plan_text = strip_think(plan.action).strip() if plan else "(no plan)"
-        messages.append(
-            {
-                "role": "user",
-                "content": f"{task}\n\nThe planner's plan:\n{plan_text}\n\n"
-                f"Write `{self.task.function}` in one ```python block.",
-            }
-        )
-        for record in self.records_of(CODER):
-            messages.append({"role": "assistant", "content": record.action})
-            messages.append({"role": "user", "content": record.tool.output or "(no code ran)"})
-        return messages
+        system = {"role": "system", "content": self.role_description(agent)}
+        turns = {PLANNER: self._planner_turns, CODER: self._coder_turns}[agent]
+        return [system, *turns(task)]
 
     async def run_action(self, agent: str, action: str) -> ToolOutcome:
         """Run the coder's code, then the example and a hidden check in that interpreter."""
@@ -317,8 +313,8 @@ class PlannerCoderEnv(PipelineEnv):
     def next_agent(self, agent: str, record: ActionRecord) -> str | None:
         """The coder's slot ends as soon as its code passes the example and the check."""
         extra = record.tool.extra
-        if agent == CODER and extra.get("example_passed") and extra.get("check_passed"):
-            return None
+        if extra.get("example_passed") and extra.get("check_passed"):
+            return None  # only the coder's actions carry these facts
         return super().next_agent(agent, record)
 
     def coach_metadata(self, record: ActionRecord) -> dict[str, Any]:
@@ -333,6 +329,26 @@ class PlannerCoderEnv(PipelineEnv):
         return {"cases_passed": passed / total if total else 0.0}
 
     # Helpers -----------------------------------------------------------------------
+
+    def _planner_turns(self, task: str) -> list[dict[str, str]]:
+        """The planner's prompt after its system message: the task."""
+        return [{"role": "user", "content": f"{task}\n\nWrite the plan."}]
+
+    def _coder_turns(self, task: str) -> list[dict[str, str]]:
+        """The coder's prompt after its system message: task, plan, its earlier turns."""
+        plan = self.last_record(PLANNER)
+        plan_text = strip_think(plan.action).strip() if plan else "(no plan)"
+        messages = [
+            {
+                "role": "user",
+                "content": f"{task}\n\nThe planner's plan:\n{plan_text}\n\n"
+                f"Write `{self.task.function}` in one ```python block.",
+            }
+        ]
+        for record in self.records_of(CODER):
+            messages.append({"role": "assistant", "content": record.action})
+            messages.append({"role": "user", "content": record.tool.output or "(no code ran)"})
+        return messages
 
     async def _call_function(self, owner: str, calls: Sequence[tuple[Any, ...]]) -> list[str]:
         """``repr`` of the function's value for each argument tuple ([] when it fails).

@@ -66,6 +66,7 @@ from mappa_train.memory import check_memory
 from mappa_train.metrics_log import MetricsLog, plain
 from mappa_train.plots import plot_history
 from mappa_train.resume import checkpoint_to_resume
+from mappa_train.reward_parts import reward_part_means
 from mappa_train.schedule import warmup_cosine
 from mappa_train.stop_rules import UnscoredStopRule
 from mappa_train.update import PreparedRows, needs_old_logprobs
@@ -577,7 +578,9 @@ class Trainer:
 
         Returns:
             Metrics: per-agent statistics (frozen agents: ``actions``, ``mean_reward``,
-            tool use and lengths), rewards, success rate and timings.
+            tool use and lengths; every agent: ``reward_part/<name>``, the mean of each
+            named part of its coach reward, :func:`~mappa_train.reward_parts.reward_part_means`),
+            rewards, success rate and timings.
         """
         samples = [a for e in episodes for a in e.actions]
         check_credit(episodes, self.config)
@@ -602,6 +605,7 @@ class Trainer:
                 valid = [r for r in own if r is not None]
                 metrics[f"{agent}/actions"] = float(len(own))
                 metrics[f"{agent}/mean_reward"] = float(np.mean(valid)) if valid else None
+        metrics.update(reward_part_means(samples))
         _sync_device(self.device)
         train_s = time.perf_counter() - train_started
         report = summarize(episodes)

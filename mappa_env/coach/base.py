@@ -169,6 +169,9 @@ class CoachVerdict:
             ``"connection"`` (no server answered), ``"http_<status>"`` (e.g.
             ``"http_429"``, ``"http_500"``), ``"format"`` (replies without a usable
             score), ``"api_error"`` (another API error); ``None`` when valid or unknown.
+        parts: The score's named parts, from a rules-coach rubric that names them
+            (:class:`~mappa_env.coach.rubric.RubricScore`): ``{"base": 9.0,
+            "skill_cap": -4.0}``, summing to the rubric's score; empty otherwise.
     """
 
     score: float | None
@@ -213,6 +216,9 @@ class CoachVerdict:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["reward"] = self.reward
         return data
+
+    # Last, so that positional construction keeps its order; a dict, so out of the hash.
+    parts: Mapping[str, float] = field(default_factory=dict, hash=False)
 
 
 def cap_verdict(verdict: CoachVerdict, cap: float | None) -> CoachVerdict:

@@ -1,8 +1,12 @@
 """The rules coach: deterministic, offline per-role rubrics that use the ground truth.
 
 It is the offline default coach and the reference for tests. Each environment has a
-rubric (a function ``CoachRequest -> (score, analysis)``); :class:`RulesCoach` picks
-the rubric by ``request.env_id``. Users add rubrics for their own environments by
+rubric: a mapping ``{agent: function(request) -> RubricScore}``
+(:class:`~mappa_env.coach.rubric.AgentRubric`), whose scores name their parts (the
+table's row, each cap), or a plain function ``CoachRequest -> (score, analysis)``.
+:class:`RulesCoach` picks the rubric by ``request.env_id`` and, for a mapping, the
+function by ``request.agent``; the verdict carries the parts
+(:attr:`~mappa_env.coach.base.CoachVerdict.parts`). Users add rubrics for their own environments by
 passing ``rubrics={"MyEnv-v0": my_rubric}``. A rubric wrapped in
 :class:`~mappa_env.coach.base.VersionedRubric` names the version of its score table,
 and every verdict it scores carries that version.
@@ -25,6 +29,7 @@ from typing import Any
 
 from mappa_env.coach.base import CoachRequest, CoachVerdict, RevealPolicy, Rubric
 from mappa_env.coach.reruns import repeats_code
+from mappa_env.coach.rubric import judge
 from mappa_env.registry import registered_env_attribute
 
 __all__ = ["RulesCoach", "repeats_code", "rubric_version"]
@@ -125,6 +130,10 @@ class RulesCoach:
     def score(self, request: CoachRequest) -> CoachVerdict:
         """Score ``request`` by its environment's rubric.
 
+        A rubric that maps agents to functions (:class:`~mappa_env.coach.rubric.AgentRubric`
+        or a plain mapping) scores the action by its agent's function only, and the
+        verdict carries the score's named parts.
+
         Returns an invalid verdict (never a made-up score) when no rubric applies or the
         rubric cannot judge the request.
         """
@@ -135,17 +144,18 @@ class RulesCoach:
             rubric = getattr(rubric, "blind", None) or rubric
         version = rubric_version(rubric)
         try:
-            score, analysis = rubric(request)
+            scored = judge(rubric, request)
         except (ValueError, KeyError, TypeError) as exc:
             return CoachVerdict.invalid(
                 f"rubric failed: {exc}", coach=self.name, rubric_version=version
             )
         return CoachVerdict(
-            score=float(score),
+            score=float(scored.score),
             valid=True,
-            analysis=analysis,
+            analysis=scored.analysis,
             coach=self.name,
             rubric_version=version,
+            parts={name: float(value) for name, value in scored.parts.items()},
         )
 
     async def ascore(self, request: CoachRequest) -> CoachVerdict:

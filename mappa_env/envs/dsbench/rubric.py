@@ -73,6 +73,10 @@ Caps over every row above:
            earns, over the slot, what the best cell would alone. A hand-over (no code)
            is scored as above.
 
+    Each score names its parts (:class:`~mappa_env.coach.rubric.RubricScore`): the row
+    as ``"base"``, then what each cap took off as ``"skill_cap"``, ``"rerun_cap"`` and
+    ``"later_turn"`` (absent where it did not lower the score).
+
 analyst (must leave submission.csv):
     cap  submission scored: the outcome cap of the spec (3-9; classification by ROC-AUC /
          accuracy bands, regression by RMSE as % of the target range once it has some
@@ -89,10 +93,11 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from mappa_env.coach.base import CoachRequest, pay_what_it_adds
+from mappa_env.coach.rubric import AgentRubric, AgentScorer, RubricScore
 from mappa_env.coach.rules import repeats_code
 from mappa_env.envs.dsbench.caps import UNSENT_OUTCOME_CAP
 from mappa_env.text import extract_code_blocks, ipython_as_python
@@ -389,58 +394,89 @@ def _analyst(request: CoachRequest, artifacts: Mapping[str, Any]) -> tuple[float
     return 4.0, "The code ran, but submission.csv is not written yet."
 
 
-_ROLES = {"data_engineer": _data_engineer, "modeler": _modeler, "analyst": _analyst}
+_Row = Callable[[CoachRequest, Mapping[str, Any]], tuple[float, str]]
 
 
-def dsbench_rubric(request: CoachRequest) -> tuple[float, str]:
-    """Score one DSBench-v0 action; see the module docstring for the table."""
-    score, analysis = _first_turn_score(request)
-    earlier = [
-        turn for turn in request.metadata.get("earlier_turns") or () if isinstance(turn, Mapping)
-    ]
-    if request.tool_result is None or not earlier or not request.action.strip():
-        return score, analysis
-    scores = [
-        _first_turn_score(
-            dataclasses.replace(
-                request,
-                action=str(turn.get("action") or ""),
-                tool_result=turn.get("tool_result"),
-                metadata=dict(turn.get("metadata") or {}),
+def _scorer(row: _Row | None) -> AgentScorer:
+    """An agent's scorer: its ``row`` of the table, the caps, then the later-turn pay.
+
+    Its parts: ``"base"`` (the row), ``"skill_cap"``, ``"rerun_cap"`` and
+    ``"later_turn"`` where they lower the score. ``row=None`` scores an agent the
+    table has no row for: the checks every action meets first, then an error.
+    """
+
+    def first_turn(request: CoachRequest) -> RubricScore:
+        """An action's score before the later-turn rule: its row, caps and the rerun cap."""
+        if not request.action.strip():
+            return RubricScore.row(0.0, "Empty action.")
+        artifacts = request.metadata.get("artifacts")
+        if artifacts is None:
+            raise ValueError("DSBench rubric needs metadata['artifacts'] from the environment")
+        if row is None:
+            raise ValueError(f"no DSBench rubric for agent {request.agent!r}")
+        scored = RubricScore.row(*row(request, artifacts))
+        cap = request.metadata.get("skill_cap")
+        if isinstance(cap, (int, float)) and scored.score > cap:
+            why = (
+                request.metadata.get("skill_cap_reason") or "its test predictions have little skill"
             )
-        )[0]
-        for turn in earlier
-    ]
-    return pay_what_it_adds(score, analysis, scores, "its earlier cells (the best scored {best})")
-
-
-def _first_turn_score(request: CoachRequest) -> tuple[float, str]:
-    """An action's score before the later-turn rule: its row, caps and the rerun cap."""
-    if not request.action.strip():
-        return 0.0, "Empty action."
-    artifacts = request.metadata.get("artifacts")
-    if artifacts is None:
-        raise ValueError("DSBench rubric needs metadata['artifacts'] from the environment")
-    role = _ROLES.get(request.agent)
-    if role is None:
-        raise ValueError(f"no DSBench rubric for agent {request.agent!r}")
-    score, analysis = role(request, artifacts)
-    cap = request.metadata.get("skill_cap")
-    if isinstance(cap, (int, float)) and score > cap:
-        why = request.metadata.get("skill_cap_reason") or "its test predictions have little skill"
-        score, analysis = float(cap), f"{analysis} Capped at {cap:g}: {why}."
-    if request.tool_result is not None and repeats_code(request.action, request.metadata):
-        # A cell run again adds nothing: it earns less than handing over would.
-        handover, _ = role(dataclasses.replace(request, tool_result=None), artifacts)
-        if isinstance(cap, (int, float)):
-            handover = min(handover, float(cap))
-        most = max(handover - 1.0, 0.0)
-        if score > most:
-            score, analysis = (
-                most,
-                (
-                    f"{analysis} It reran code it had already run: capped at {most:g}, one "
-                    "below handing over."
-                ),
+            scored = scored.adjusted(
+                "skill_cap", float(cap), f"{scored.analysis} Capped at {cap:g}: {why}."
             )
-    return score, analysis
+        if request.tool_result is not None and repeats_code(request.action, request.metadata):
+            # A cell run again adds nothing: it earns less than handing over would.
+            handover, _ = row(dataclasses.replace(request, tool_result=None), artifacts)
+            if isinstance(cap, (int, float)):
+                handover = min(handover, float(cap))
+            most = max(handover - 1.0, 0.0)
+            if scored.score > most:
+                scored = scored.adjusted(
+                    "rerun_cap",
+                    most,
+                    f"{scored.analysis} It reran code it had already run: capped at "
+                    f"{most:g}, one below handing over.",
+                )
+        return scored
+
+    def scorer(request: CoachRequest) -> RubricScore:
+        first = first_turn(request)
+        earlier = [
+            turn
+            for turn in request.metadata.get("earlier_turns") or ()
+            if isinstance(turn, Mapping)
+        ]
+        if request.tool_result is None or not earlier or not request.action.strip():
+            return first
+        scores = [
+            first_turn(
+                dataclasses.replace(
+                    request,
+                    action=str(turn.get("action") or ""),
+                    tool_result=turn.get("tool_result"),
+                    metadata=dict(turn.get("metadata") or {}),
+                )
+            ).score
+            for turn in earlier
+        ]
+        paid = pay_what_it_adds(
+            first.score, first.analysis, scores, "its earlier cells (the best scored {best})"
+        )
+        return first.adjusted("later_turn", *paid)
+
+    return scorer
+
+
+dsbench_rubric = AgentRubric(
+    {
+        "data_engineer": _scorer(_data_engineer),
+        "modeler": _scorer(_modeler),
+        "analyst": _scorer(_analyst),
+    },
+    fallback=_scorer(None),
+)
+"""Score one DSBench-v0 action; see the module docstring for the table.
+
+``dsbench_rubric(request) -> (score, analysis)``; by agent,
+``dsbench_rubric[agent](request) -> RubricScore`` with the parts ``"base"``,
+``"skill_cap"``, ``"rerun_cap"`` and ``"later_turn"``.
+"""

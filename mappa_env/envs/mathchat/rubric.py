@@ -4,7 +4,10 @@ r"""MathChat-v0's rules rubric: the offline coach's per-role score tables.
 (every request carries its environment's rubric; see :mod:`mappa_env.coach.rules`).
 
 MathChat-v0's table below is version ``"mathchat-rules-v5"``
-(:data:`MATHCHAT_RUBRIC_VERSION`).
+(:data:`MATHCHAT_RUBRIC_VERSION`). Both tables are an
+:class:`~mappa_env.coach.rubric.AgentRubric`, one function per agent; each score names
+its parts: the row as ``"base"`` and, for a later code turn, ``"later_turn"`` (what the
+later-turn pay took off).
 
 MathChat-v0 rubric (scores out of 10). "Answer" means the boxed answer of the action
 (:func:`mappa_env.grading.math.extract_boxed`: several different boxed answers, an
@@ -133,6 +136,7 @@ from mappa_env.coach.evidence import (
     stated_numbers,
     uses_problem_numbers,
 )
+from mappa_env.coach.rubric import AgentRubric, RubricScore
 from mappa_env.envs.mathchat.answers import last_number, numbers_in, stated_answer
 from mappa_env.envs.mathchat.grading import answers_match, answers_match_any, boxed_answers
 from mappa_env.text import extract_code_blocks, strip_think
@@ -243,10 +247,9 @@ def _fenced(code: str) -> str:
 
 def _progress(
     request: CoachRequest,
-    score: float,
-    analysis: str,
+    first: RubricScore,
     judge: Callable[[CoachRequest], tuple[float, str]],
-) -> tuple[float, str]:
+) -> RubricScore:
     """A later code turn is paid what it adds over the best earlier turn of its slot.
 
     Each earlier code turn is scored again as a first turn (``judge`` on its code and
@@ -255,20 +258,21 @@ def _progress(
     earns 0, below handing over; a turn that fixes an error or a wrong number earns
     the difference. Summed over a slot, code turns pay no more than the best turn
     would alone: splitting the work or padding never out-earns doing it and handing
-    over.
+    over. What it takes off ``first`` is the part ``"later_turn"``.
     """
     runs = earlier_runs(request.metadata)
     if not runs:
-        return score, analysis
+        return first
     earlier = [
         judge(
             dataclasses.replace(request, action=_fenced(code), tool_result=dict(tool), metadata={})
         )[0]
         for code, tool in runs
     ]
-    return pay_what_it_adds(
-        score, analysis, earlier, "its earlier code (scored {best} as a first turn)"
+    paid = pay_what_it_adds(
+        first.score, first.analysis, earlier, "its earlier code (scored {best} as a first turn)"
     )
+    return first.adjusted("later_turn", *paid)
 
 
 def _code_turn(
@@ -299,73 +303,112 @@ def _truth_code_turn(request: CoachRequest) -> tuple[float, str]:
     return _code_turn(request, request.tool_result or {}, truth)  # type: ignore[arg-type]
 
 
-def _score_mathchat_action(request: CoachRequest) -> tuple[float, str]:
-    """Score one MathChat-v0 action against the truth; see the module docstring."""
-    if request.ground_truth is None:
-        raise ValueError(
-            "the truth-aware rules rubric needs the ground truth: use reveal='always' "
-            "(the default for this coach) or 'last_agent' (the answer-blind rubric judges "
-            "the agents before the last)"
-        )
-    # Some problems accept several answers; the environment lists them in the metadata.
-    truth = tuple(request.metadata.get("accepted_answers") or (request.ground_truth,))
+def _truth_aware(
+    row: Callable[[CoachRequest, tuple[str, ...]], RubricScore],
+) -> Callable[[CoachRequest], RubricScore]:
+    """``row`` behind the checks every truth-aware score starts with.
+
+    The ground truth must be given, and an empty action scores 0, before ``row`` judges
+    the action against the accepted answers.
+    """
+
+    def scorer(request: CoachRequest) -> RubricScore:
+        if request.ground_truth is None:
+            raise ValueError(
+                "the truth-aware rules rubric needs the ground truth: use reveal='always' "
+                "(the default for this coach) or 'last_agent' (the answer-blind rubric "
+                "judges the agents before the last)"
+            )
+        if not request.action.strip():
+            return RubricScore.row(0.0, "Empty action.")
+        # Some problems accept several answers; the environment lists them in the metadata.
+        truth = tuple(request.metadata.get("accepted_answers") or (request.ground_truth,))
+        return row(request, truth)
+
+    return scorer
+
+
+@_truth_aware
+def _problem_solver(request: CoachRequest, truth: tuple[str, ...]) -> RubricScore:
+    """The problem solver's row of the truth-aware table."""
     action = request.action
-    if not action.strip():
-        return 0.0, "Empty action."
     boxed, loose = _answers(action)
-
-    if request.agent == "problem_solver":
-        if _grade(boxed, truth):
-            _, false_steps = checked_steps(action)
-            if false_steps:
-                return 8.0, (
-                    f"Boxed answer {boxed} is correct, but a step does not hold: {false_steps[0]}."
-                )
-            return 10.0, f"Boxed answer {boxed} is correct."
-        if boxed is None and _grade(loose, truth):
-            return 7.0, f"Correct answer {loose}, but not in \\boxed{{}}."
-        answer = boxed or loose
-        working = shows_working(action, answer)
-        if answer is not None:
-            if working:
-                return 3.0, f"Answer {answer} is wrong; the draft shows working."
-            return 1.0, f"Answer {answer} is wrong, and no working is shown: a bare guess."
+    if _grade(boxed, truth):
+        _, false_steps = checked_steps(action)
+        if false_steps:
+            return RubricScore.row(
+                8.0,
+                f"Boxed answer {boxed} is correct, but a step does not hold: {false_steps[0]}.",
+            )
+        return RubricScore.row(10.0, f"Boxed answer {boxed} is correct.")
+    if boxed is None and _grade(loose, truth):
+        return RubricScore.row(7.0, f"Correct answer {loose}, but not in \\boxed{{}}.")
+    answer = boxed or loose
+    working = shows_working(action, answer)
+    if answer is not None:
         if working:
-            return 2.0, f"No answer given{_why_no_answer(action)}, but the draft shows working."
-        return 1.0, f"No answer given{_why_no_answer(action)}, and no working shown."
+            return RubricScore.row(3.0, f"Answer {answer} is wrong; the draft shows working.")
+        return RubricScore.row(
+            1.0, f"Answer {answer} is wrong, and no working is shown: a bare guess."
+        )
+    if working:
+        return RubricScore.row(
+            2.0, f"No answer given{_why_no_answer(action)}, but the draft shows working."
+        )
+    return RubricScore.row(1.0, f"No answer given{_why_no_answer(action)}, and no working shown.")
 
-    if request.agent == "code_executor":
-        tool = request.tool_result
-        if tool is not None:
-            score, analysis = _code_turn(request, tool, truth)
-            return _progress(request, score, analysis, _truth_code_turn)
-        answer = boxed or loose
-        if answer is None:
-            return 1.0, f"No code and no answer{_why_no_answer(action)}."
-        if not _grade(answer, truth):
-            return 2.0, f"Answer {answer} is wrong."
-        earlier = last_number(request.metadata.get("earlier_stdout", ""))
-        earlier_code = request.metadata.get("earlier_code", "")
-        copied = None if earlier is None else copy_reason(earlier, earlier_code, request.task)
-        computed = earlier is not None and copied is None
-        if computed and _grade(earlier, truth):
-            return 8.0, f"Correct answer {answer}, backed by its code's output."
-        return 6.0, f"Correct answer {answer}, but not backed by code output."
 
-    if request.agent == "verifier":
-        if _grade(boxed, truth):
-            return 10.0, f"Final boxed answer {boxed} is correct."
-        if boxed is None and _grade(loose, truth):
-            return 4.0, f"Correct answer {loose}, but not in \\boxed{{}}."
-        if boxed is not None:
-            return 2.0, f"Final boxed answer {boxed} is wrong."
-        if loose is not None:
-            # Each step of the ladder (none < wrong < boxed < correct) is a signal: a
-            # verifier scored 0 on every action learns nothing.
-            return 1.0, f"Answer {loose} is wrong and not in \\boxed{{}}."
-        return 0.0, f"No final answer{_why_no_answer(action)}."
+@_truth_aware
+def _code_executor(request: CoachRequest, truth: tuple[str, ...]) -> RubricScore:
+    """The code executor's row of the truth-aware table, then the later-turn pay."""
+    action = request.action
+    tool = request.tool_result
+    if tool is not None:
+        first = RubricScore.row(*_code_turn(request, tool, truth))
+        return _progress(request, first, _truth_code_turn)
+    boxed, loose = _answers(action)
+    answer = boxed or loose
+    if answer is None:
+        return RubricScore.row(1.0, f"No code and no answer{_why_no_answer(action)}.")
+    if not _grade(answer, truth):
+        return RubricScore.row(2.0, f"Answer {answer} is wrong.")
+    earlier = last_number(request.metadata.get("earlier_stdout", ""))
+    earlier_code = request.metadata.get("earlier_code", "")
+    copied = None if earlier is None else copy_reason(earlier, earlier_code, request.task)
+    computed = earlier is not None and copied is None
+    if computed and _grade(earlier, truth):
+        return RubricScore.row(8.0, f"Correct answer {answer}, backed by its code's output.")
+    return RubricScore.row(6.0, f"Correct answer {answer}, but not backed by code output.")
 
+
+@_truth_aware
+def _verifier(request: CoachRequest, truth: tuple[str, ...]) -> RubricScore:
+    """The verifier's row of the truth-aware table."""
+    action = request.action
+    boxed, loose = _answers(action)
+    if _grade(boxed, truth):
+        return RubricScore.row(10.0, f"Final boxed answer {boxed} is correct.")
+    if boxed is None and _grade(loose, truth):
+        return RubricScore.row(4.0, f"Correct answer {loose}, but not in \\boxed{{}}.")
+    if boxed is not None:
+        return RubricScore.row(2.0, f"Final boxed answer {boxed} is wrong.")
+    if loose is not None:
+        # Each step of the ladder (none < wrong < boxed < correct) is a signal: a
+        # verifier scored 0 on every action learns nothing.
+        return RubricScore.row(1.0, f"Answer {loose} is wrong and not in \\boxed{{}}.")
+    return RubricScore.row(0.0, f"No final answer{_why_no_answer(action)}.")
+
+
+@_truth_aware
+def _unknown_agent(request: CoachRequest, truth: tuple[str, ...]) -> RubricScore:
     raise ValueError(f"no MathChat rubric for agent {request.agent!r}")
+
+
+_TRUTH_AWARE = AgentRubric(
+    {"problem_solver": _problem_solver, "code_executor": _code_executor, "verifier": _verifier},
+    fallback=_unknown_agent,
+)
+"""Score one MathChat-v0 action against the truth; see the module docstring."""
 
 
 def _blind_basis(number: str, code: str, problem: str, draft: str | None) -> tuple[float, str]:
@@ -421,75 +464,100 @@ def _draft(request: CoachRequest) -> str | None:
     return draft if isinstance(draft, str) and draft else None
 
 
-def _score_mathchat_blind(request: CoachRequest) -> tuple[float, str]:
-    """Score a MathChat-v0 problem solver or code executor action without the truth."""
-    if request.agent not in ("problem_solver", "code_executor"):
-        raise ValueError(
-            f"the answer-blind MathChat rubric judges the problem solver and the code "
-            f"executor; {request.agent!r} is judged against the ground truth: use "
-            "reveal='last_agent' or 'always'"
-        )
+def _blind_problem_solver(request: CoachRequest) -> RubricScore:
+    """The problem solver's row of the answer-blind table."""
     action = request.action
     if not action.strip():
-        return 0.0, "Empty action."
+        return RubricScore.row(0.0, "Empty action.")
     boxed, loose = _answers(action)
     answer = boxed or loose
+    working = shows_working(action, answer)
+    good, bad = checked_steps(action)
+    if bad:
+        return RubricScore.row(2.0, f"A step does not hold: {bad[0]}.")
+    sound = bool(good) and _uses_stated(action, request.task)
+    if boxed is not None and sound:
+        if any(answers_match(boxed, value) for value in _step_values(good)):
+            return RubricScore.row(
+                8.0, f"A boxed final answer ({boxed}), reached by steps that check."
+            )
+        return RubricScore.row(
+            6.0, f"A boxed final answer ({boxed}) and steps that check, but no step reaches it."
+        )
+    if loose is not None and sound:
+        return RubricScore.row(
+            5.0, f"A final answer ({loose}) with checked steps, but not in \\boxed{{}}."
+        )
+    if working:
+        why = (
+            "no step uses the problem's numbers"
+            if good
+            else "no arithmetic step that can be recomputed"
+        )
+        return RubricScore.row(
+            3.0,
+            f"Working in form{'' if answer is None else f' and an answer ({answer})'}, "
+            f"but {why}{_why_no_answer(action)}.",
+        )
+    if answer is not None:
+        return RubricScore.row(2.0, f"A final answer ({answer}) without working: a bare guess.")
+    return RubricScore.row(1.0, f"Neither a final answer{_why_no_answer(action)} nor working.")
 
-    if request.agent == "problem_solver":
-        working = shows_working(action, answer)
-        good, bad = checked_steps(action)
-        if bad:
-            return 2.0, f"A step does not hold: {bad[0]}."
-        sound = bool(good) and _uses_stated(action, request.task)
-        if boxed is not None and sound:
-            if any(answers_match(boxed, value) for value in _step_values(good)):
-                return 8.0, f"A boxed final answer ({boxed}), reached by steps that check."
-            return 6.0, (
-                f"A boxed final answer ({boxed}) and steps that check, but no step reaches it."
-            )
-        if loose is not None and sound:
-            return 5.0, f"A final answer ({loose}) with checked steps, but not in \\boxed{{}}."
-        if working:
-            why = (
-                "no step uses the problem's numbers"
-                if good
-                else "no arithmetic step that can be recomputed"
-            )
-            return 3.0, (
-                f"Working in form{'' if answer is None else f' and an answer ({answer})'}, "
-                f"but {why}{_why_no_answer(action)}."
-            )
-        if answer is not None:
-            return 2.0, f"A final answer ({answer}) without working: a bare guess."
-        return 1.0, f"Neither a final answer{_why_no_answer(action)} nor working."
 
+def _blind_code_executor(request: CoachRequest) -> RubricScore:
+    """The code executor's row of the answer-blind table, then the later-turn pay."""
+    action = request.action
+    if not action.strip():
+        return RubricScore.row(0.0, "Empty action.")
     tool = request.tool_result
     if tool is not None:
-        score, analysis = _blind_code_turn(request)
-        return _progress(request, score, analysis, _blind_code_turn)
+        first = RubricScore.row(*_blind_code_turn(request))
+        return _progress(request, first, _blind_code_turn)
+    boxed, loose = _answers(action)
+    answer = boxed or loose
     if answer is None:
-        return 1.0, f"No code and no answer{_why_no_answer(action)}."
+        return RubricScore.row(1.0, f"No code and no answer{_why_no_answer(action)}.")
     earlier = last_number(str(request.metadata.get("earlier_stdout") or ""))
     earlier_code = str(request.metadata.get("earlier_code") or "")
     if earlier is None:
-        return 3.0, f"Answer {answer}, not backed by a number its code computed."
+        return RubricScore.row(3.0, f"Answer {answer}, not backed by a number its code computed.")
     basis, _ = _blind_basis(earlier, earlier_code, request.task, _draft(request))
     if not answers_match(answer, earlier):
-        return 2.0, f"Answer {answer} contradicts the number its code printed ({earlier})."
-    if basis >= 8.0:
-        return 7.0, f"Answer {answer}: the number its code computed from the problem."
-    if basis >= 5.0:
-        return 5.0, (
-            f"Answer {answer}: the number its code printed, computed partly from numbers "
-            "the problem does not state."
+        return RubricScore.row(
+            2.0, f"Answer {answer} contradicts the number its code printed ({earlier})."
         )
-    return 3.0, f"Answer {answer}, not backed by a number its code computed."
+    if basis >= 8.0:
+        return RubricScore.row(
+            7.0, f"Answer {answer}: the number its code computed from the problem."
+        )
+    if basis >= 5.0:
+        return RubricScore.row(
+            5.0,
+            f"Answer {answer}: the number its code printed, computed partly from numbers "
+            "the problem does not state.",
+        )
+    return RubricScore.row(3.0, f"Answer {answer}, not backed by a number its code computed.")
+
+
+def _blind_unknown_agent(request: CoachRequest) -> RubricScore:
+    raise ValueError(
+        f"the answer-blind MathChat rubric judges the problem solver and the code "
+        f"executor; {request.agent!r} is judged against the ground truth: use "
+        "reveal='last_agent' or 'always'"
+    )
+
+
+_BLIND = AgentRubric(
+    {"problem_solver": _blind_problem_solver, "code_executor": _blind_code_executor},
+    fallback=_blind_unknown_agent,
+)
+"""Score a MathChat-v0 problem solver or code executor action without the truth."""
 
 
 MATHCHAT_BLIND_RUBRIC_VERSION = "mathchat-rules-blind-v2"
 """The answer-blind MathChat-v0 score table (see the module docstring)."""
 
-mathchat_blind_rubric = VersionedRubric(_score_mathchat_blind, MATHCHAT_BLIND_RUBRIC_VERSION)
+mathchat_blind_rubric = VersionedRubric(_BLIND, MATHCHAT_BLIND_RUBRIC_VERSION)
 """MathChat-v0's answer-blind rubric, for the problem solver and the code executor."""
 
 MATHCHAT_RUBRIC_VERSION = "mathchat-rules-v5"
@@ -498,7 +566,7 @@ literal near it, or a small answer from code that writes none of the problem's n
 a later code turn is paid what it adds; a false step costs a right draft 2 points)."""
 
 mathchat_rubric = VersionedRubric(
-    _score_mathchat_action, MATHCHAT_RUBRIC_VERSION, blind=mathchat_blind_rubric
+    _TRUTH_AWARE, MATHCHAT_RUBRIC_VERSION, blind=mathchat_blind_rubric
 )
 """The MathChat-v0 rubric: ``mathchat_rubric(request) -> (score, analysis)``.
 
