@@ -172,3 +172,17 @@ def test_no_rubric_dispatches_on_the_agent_with_an_if_ladder(path):
     ladder = re.compile(r"\bif (request\.)?agent ==")
     lines = (ROOT / path).read_text().splitlines()
     assert [line for line in lines if ladder.search(line)] == []
+
+
+def test_an_environment_cap_is_a_part_too_and_the_dict_form_is_a_copy():
+    from mappa_env.coach.base import CoachVerdict, cap_verdict
+
+    verdict = CoachVerdict(score=8.0, valid=True, analysis="", coach="rules", parts={"base": 8.0})
+    capped = cap_verdict(verdict, 5.0)
+    assert capped.score == 5.0
+    assert capped.parts == {"base": 8.0, "environment_cap": -3.0}
+    assert sum(capped.parts.values()) == capped.score
+    assert cap_verdict(CoachVerdict(score=8.0, valid=True, analysis="", coach="x"), 5.0).parts == {}
+    data = capped.to_dict()
+    data["parts"]["base"] = 0.0
+    assert capped.parts["base"] == 8.0

@@ -211,9 +211,11 @@ class CoachVerdict:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form for ``infos`` (adds ``reward``)."""
-        # Every field is a number, a string, a bool or None: a shallow copy is a deep one,
-        # without ``asdict``'s deep copy of each value (two verdict dicts per action).
+        # Every field but ``parts`` is a number, a string, a bool or None: a shallow copy
+        # is a deep one there, without ``asdict``'s deep copy of each value (two verdict
+        # dicts per action); ``parts`` is copied, so the dict never aliases the verdict's.
         data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["parts"] = dict(self.parts)
         data["reward"] = self.reward
         return data
 
@@ -240,11 +242,16 @@ def cap_verdict(verdict: CoachVerdict, cap: float | None) -> CoachVerdict:
     if cap is None or not verdict.valid or verdict.score is None or verdict.score <= cap:
         return verdict
     note = f"[the environment capped the score {verdict.score:g} at {cap:g} for this outcome]"
+    # Named parts (a rubric's) keep adding up to the score: the cap is one more.
+    parts = (
+        {**verdict.parts, "environment_cap": float(cap) - verdict.score} if verdict.parts else {}
+    )
     return replace(
         verdict,
         score=float(cap),
         capped_from=verdict.score,
         analysis=f"{verdict.analysis}\n{note}" if verdict.analysis else note,
+        parts=parts,
     )
 
 
