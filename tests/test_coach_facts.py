@@ -20,9 +20,13 @@ import pytest
 from mappa_env.coach.base import CoachRequest, FileInfo
 from mappa_env.coach.facts import CoachFacts, PlainFacts, PromptSections
 from mappa_env.coach.llm import LLMCoach
+from mappa_env.coach.templates import unfenced
 from mappa_env.envs.dsbench import DSBenchEnv
 from mappa_env.envs.dsbench.facts import DSBenchFacts
-from tests.fakes import FixedCoach
+from mappa_env.envs.mathchat import MathChatEnv
+from mappa_env.envs.mathchat.facts import CodeExecutorFacts, MathChatFacts
+from mappa_env.tasks import MathTask
+from tests.fakes import FixedCoach, InProcessSandbox
 from tests.toy_env import LetterEnv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,6 +143,8 @@ def _user_prompt(request: CoachRequest) -> str:
     ("facts_class", "fields"),
     [
         (DSBenchFacts, {"task_type": "regression", "metirc": "rmse"}),
+        (MathChatFacts, {"task_metadat": {}}),
+        (CodeExecutorFacts, {"draft_anwser": "4"}),
     ],
 )
 def test_a_misspelt_fact_raises(facts_class, fields):
@@ -173,6 +179,96 @@ def test_dsbench_caps_by_the_lower_of_its_caps():
     assert DSBenchFacts(outcome_cap=8).score_cap == 8.0
     assert DSBenchFacts().score_cap is None
     assert "skill_cap" not in DSBenchFacts().to_dict()
+
+
+# ----------------------------------------------------------------------- MathChat
+
+STORY = "A farm has 76 rows of 89 trees. A storm fells 230 of them. How many trees stand?"
+DRAFT = "76 * 89 = 6764 trees, and 6764 - 230 = 6534 stand. So \\boxed{6534}."
+CODE = "```python\nprint(76 * 89 - 230)\n```"
+
+
+def _mathchat_requests(*actions: str, reveal: str, **task_metadata: Any) -> list[CoachRequest]:
+    """The requests a coach got for ``actions`` stepped through a MathChat episode."""
+    coach = FixedCoach(5.0)
+    task = MathTask(id="story", prompt=STORY, answer="6534", metadata=task_metadata)
+    env = MathChatEnv(
+        tasks=[task], sandbox=InProcessSandbox, isolation="none", reveal=reveal, coach=coach
+    )
+    try:
+        env.reset()
+        for action in actions:
+            env.step(action)
+    finally:
+        env.close()
+    return coach.requests
+
+
+def test_mathchat_requests_carry_typed_facts_with_the_old_plain_form():
+    requests = _mathchat_requests(DRAFT, CODE, CODE, reveal="always", kind="arithmetic")
+    assert all(isinstance(r.facts, MathChatFacts) for r in requests)
+    assert list(requests[0].metadata) == ["task_metadata", "accepted_answers"]
+    second = requests[2].metadata
+    assert list(second) == [
+        "task_metadata",
+        "accepted_answers",
+        "draft_answer",
+        "earlier_stdout",
+        "earlier_code",
+        "earlier_runs",
+    ]
+    assert second["accepted_answers"] == ["6534"]
+    assert second["draft_answer"] == "6534"
+    assert second["earlier_stdout"].strip() == "6534"
+    assert second["earlier_code"].strip() == "print(76 * 89 - 230)"
+    assert [run["code"].strip() for run in second["earlier_runs"]] == ["print(76 * 89 - 230)"]
+
+
+def test_an_llm_coachs_prompt_shows_mathchats_facts():
+    requests = _mathchat_requests(
+        DRAFT, CODE, CODE, reveal="always", kind="arithmetic", accepted_answers=("6534", "6,534")
+    )
+    user = _user_prompt(requests[2])
+    sections = requests[2].facts.prompt_sections()
+    assert [title for title, _ in sections.facts] == ["Task facts"]
+    assert [title.split(" (")[0] for title, _ in sections.evidence] == [
+        "Answers graded correct",
+        "The answer the problem solver stated",
+        "Earlier runs of this agent's code",
+    ]
+    for title, body in (*sections.facts, *sections.evidence):
+        assert f"## {title}\n{body}\n\n" in user
+    assert "- kind: arithmetic" in user
+    assert "print(76 * 89 - 230)" in user
+    # What agents wrote (the draft's answer, the earlier code and its output) is fenced.
+    outside = unfenced(user)
+    assert "print(76 * 89 - 230)" not in outside
+    assert "- 6534\n- 6,534" in outside  # the accepted answers are the environment's words
+    # One accepted answer is the reference answer, shown already.
+    one = _mathchat_requests(DRAFT, reveal="always")[0]
+    assert "Answers graded correct" not in _user_prompt(one)
+
+
+def test_a_blind_coach_is_shown_no_answer_of_mathchats():
+    requests = _mathchat_requests(
+        DRAFT, CODE, reveal="last_agent", accepted_answers=("6534", "6,534"), raw_answer="6534"
+    )
+    for request in requests:
+        user = _user_prompt(request)
+        assert "Answers graded correct" not in user
+        assert "raw_answer" not in user
+        assert "6534" not in unfenced(user)
+
+
+def test_a_hand_built_mathchat_request_shows_as_the_environments_do():
+    facts = MathChatFacts(
+        task_metadata={"source": "generator", "kind": "arithmetic"},
+        code_executor=CodeExecutorFacts(draft_answer="12", earlier_code="print(3*4)"),
+    )
+    typed = _request("MathChat-v0", "code_executor", facts=facts, rubric=None)
+    plain = _request("MathChat-v0", "code_executor", metadata=facts.to_dict(), rubric=None)
+    assert _user_prompt(plain) == _user_prompt(typed)
+    assert "## The answer the problem solver stated" in _user_prompt(typed)
 
 
 # ----------------------------------------------------------------------- any environment
