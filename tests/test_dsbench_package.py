@@ -122,15 +122,32 @@ def test_the_generic_templates_name_no_environment():
     assert not [m for m in _imported_modules(tree) if m.startswith("mappa_env.envs")]
 
 
-class _SectionsProbeEnv(AECEnv):
-    """Only what the templates read of an environment class: its prompt sections."""
+class _ProbeFacts:
+    """Facts that show a probe section in each place."""
 
-    @staticmethod
-    def coach_prompt_sections(request: CoachRequest) -> PromptSections:
+    score_cap = None
+
+    def __init__(self, data):
+        self.data = data
+
+    @classmethod
+    def from_dict(cls, data):
+        return cls(data)
+
+    def prompt_sections(self) -> PromptSections:
         return PromptSections(
-            facts=(("Probe facts", f"agent {request.agent}"),),
+            facts=(("Probe facts", f"task type {self.data.get('task_type')}"),),
             evidence=(("Probe evidence", "measured"),),
         )
+
+    def to_dict(self):
+        return dict(self.data)
+
+
+class _SectionsProbeEnv(AECEnv):
+    """Only what the templates read of an environment class: its facts class."""
+
+    coach_facts_type = _ProbeFacts
 
 
 def _request(env_id: str, **changes) -> CoachRequest:
@@ -165,7 +182,7 @@ def test_an_environment_adds_its_sections_through_its_class(monkeypatch):
     assert titles.index("Reference answer (hidden from the agents)") < titles.index(
         "Probe evidence"
     )
-    assert "## Probe facts\nagent planner" in user
+    assert "## Probe facts\ntask type regression" in user
 
 
 def test_an_environment_without_sections_gets_none():
@@ -178,9 +195,9 @@ def test_an_environment_without_sections_gets_none():
 
 def test_dsbench_brings_its_sections_through_its_class():
     from mappa_env.envs.dsbench import DSBenchEnv
-    from mappa_env.envs.dsbench.coach_prompts import coach_prompt_sections
+    from mappa_env.envs.dsbench.facts import DSBenchFacts
 
-    assert DSBenchEnv.coach_prompt_sections is coach_prompt_sections
+    assert DSBenchEnv.coach_facts_type is DSBenchFacts
     request = _request(
         "DSBench-v0",
         agent="analyst",

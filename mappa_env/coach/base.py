@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, Protocol, runtime_checkable
+
+from mappa_env.coach.facts import NO_FACTS, CoachFacts, PlainFacts
 
 #: Highest coach score. Scores live on [0, SCORE_MAX]; rewards are score / SCORE_MAX.
 SCORE_MAX = 10.0
@@ -46,7 +49,7 @@ class CoachRequest:
     """Everything the coach sees to score one action.
 
     Attributes:
-        env_id: Environment id, e.g. ``"MathChat-v0"``; selects rubrics/templates.
+        env_id: Environment id, as registered; selects rubrics/templates.
         task_id: Identifier of the task.
         task: The task statement as given to the system.
         agent: Agent id, e.g. ``"code_executor"``.
@@ -59,12 +62,18 @@ class CoachRequest:
         tool_result: Result of running the action's code (``ExecResult.to_dict()``),
             or ``None`` when the action ran nothing.
         tool_output: The tool result rendered as the agent saw it.
-        files: Files present in the workspace after the action (DSBench).
-        upstream_files: Files that earlier agents saved (DSBench).
+        files: Files present in the workspace after the action (environments
+            that keep one).
+        upstream_files: Files that earlier agents saved (environments that keep a
+            workspace).
         ground_truth: The reference answer, present only when the reveal policy allows.
-        metadata: Environment-specific facts (task type, metric, outcome so far, ...);
-            ``"outcome_cap"``, when an environment sets it, is the most the action may
-            score (:attr:`score_cap`).
+        facts: The environment's facts about the action (task type, metric, outcome
+            so far, ...): its :class:`~mappa_env.coach.facts.CoachFacts`, which say the
+            most the action may score (:attr:`score_cap`) and what an LLM coach's
+            prompt shows of them. A plain mapping is taken as
+            :class:`~mappa_env.coach.facts.PlainFacts`; so is ``metadata=``, the
+            keyword requests were built with before facts were typed, which replaces
+            ``facts`` when given (``dataclasses.replace(request, metadata={})`` too).
         rubric: The environment's rubric text for this role (LLM coaches); ``None``
             leaves the coach's general rubric.
         shows_workspace: The environment keeps a workspace whose file list the coach
@@ -88,24 +97,63 @@ class CoachRequest:
     files: Sequence[FileInfo] = ()
     upstream_files: Sequence[FileInfo] = ()
     ground_truth: str | None = None
-    metadata: Mapping[str, Any] = field(default_factory=dict)
+    facts: CoachFacts = NO_FACTS
     rubric: str | None = None
     shows_workspace: bool = False
     rules_rubric: Rubric | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.facts, Mapping):
+            object.__setattr__(self, "facts", PlainFacts(self.facts))
+        elif not isinstance(self.facts, CoachFacts):
+            raise TypeError(
+                "CoachRequest.facts must be a CoachFacts object (score_cap, "
+                f"prompt_sections(), to_dict()) or a mapping, got {type(self.facts).__name__}"
+            )
+
+    @functools.cached_property
+    def metadata(self) -> Mapping[str, Any]:
+        """The facts' plain-data form (:meth:`~mappa_env.coach.facts.CoachFacts.to_dict`).
+
+        What rule-based rubrics read; the same keys and values environments gave as
+        ``metadata`` before their facts were typed. Made once per request.
+        """
+        return self.facts.to_dict()
 
     @property
     def score_cap(self) -> float | None:
         """The most this action may score, set by the environment from a measured outcome.
 
-        The lower of ``metadata["outcome_cap"]`` (e.g. DSBench's cap on the analyst for
-        its submission's metric) and ``metadata["skill_cap"]`` (DSBench's cap on the data
-        engineer and the modeler for the skill of their files' test predictions), or
-        ``None``. The coach is told it, and the environment lowers any verdict above it
-        (:func:`cap_verdict`): a cap is a rule, not advice.
+        The facts' :attr:`~mappa_env.coach.facts.CoachFacts.score_cap`: for plain
+        facts the lower of ``metadata["outcome_cap"]`` and ``metadata["skill_cap"]``
+        (e.g. caps on an agent for its submission's metric or for the skill of its
+        files' test predictions), or ``None``. The coach is told it, and the
+        environment lowers any verdict above it (:func:`cap_verdict`): a cap is a rule,
+        not advice.
         """
-        caps = [self.metadata.get(key) for key in ("outcome_cap", "skill_cap")]
-        given = [float(cap) for cap in caps if cap is not None]
-        return min(given) if given else None
+        return self.facts.score_cap
+
+
+def _taking_metadata(init: Callable[..., None]) -> Callable[..., None]:
+    """``init`` that also takes ``metadata=``: plain facts, which replace ``facts``.
+
+    Not a field: ``dataclasses.replace`` passes ``facts`` on, and passes ``metadata``
+    only where its caller gives it, so ``replace(request, metadata={})`` clears the
+    facts as it did when ``metadata`` was the field.
+    """
+
+    @functools.wraps(init)
+    def __init__(
+        self: CoachRequest, *args: Any, metadata: Mapping[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        if metadata is not None:
+            kwargs["facts"] = PlainFacts(metadata)
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+CoachRequest.__init__ = _taking_metadata(CoachRequest.__init__)  # type: ignore[method-assign]
 
 
 #: A rule-based scorer: ``request -> (score on [0, SCORE_MAX], analysis)``.
@@ -122,7 +170,7 @@ class VersionedRubric:
 
     Attributes:
         fn: The scorer, ``request -> (score, analysis)``.
-        version: Names the score table, e.g. ``"mathchat-rules-v5"``; change it
+        version: Names the score table, e.g. ``"<env>-rules-v5"``; change it
             whenever any score changes.
         blind: The rubric for actions judged without the ground truth (the
             request's ``ground_truth`` is ``None``) by agents other than the last:

@@ -1,6 +1,6 @@
 """Is the coach fair and calibrated? Score distributions, agreement, drift and bias.
 
-The paper's DSBench coach scored regression actions 0.5-1.8 points higher than similar
+The paper's data-science coach scored regression actions 0.5-1.8 points higher than similar
 classification actions; the agents learned to favour regression and classification got
 worse. :func:`coach_report` makes that kind of failure visible from recorded actions:
 

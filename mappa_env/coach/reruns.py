@@ -2,7 +2,7 @@
 
 A rerun of code that already ran adds nothing. :func:`repeats_code` reads the earlier
 code from the request's metadata under the keys the environments give it
-(``earlier_code``, ``earlier_codes``); DSBench-v0's rubric pays a rerun nothing by it.
+(``earlier_code``, ``earlier_codes``); a rubric pays a rerun nothing by it.
 It lives apart from :mod:`mappa_env.coach.rules` so that a rubric can use it without
 importing the coach (``mappa_env.coach.rules`` still gives it).
 """
@@ -35,9 +35,8 @@ def repeats_code(action: str, metadata: Mapping[str, object]) -> bool:
     Args:
         action: The agent's action (its fenced blocks are the code).
         metadata: The request's metadata; ``"earlier_code"`` is the code of the
-            agent's latest earlier turn that ran code (see
-            :meth:`mappa_env.envs.mathchat.MathChatEnv.coach_metadata`), and
-            ``"earlier_codes"`` the code of all its earlier turns (DSBench-v0).
+            agent's latest earlier turn that ran code, and ``"earlier_codes"`` the code
+            of all its earlier turns (an environment gives either).
 
     Returns:
         True for a rerun of an earlier turn's code; False when there is none.

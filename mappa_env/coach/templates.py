@@ -4,10 +4,11 @@ A :class:`CoachTemplates` object turns a :class:`~mappa_env.coach.base.CoachRequ
 into chat messages: a system prompt that sets the scale, and one user message with the
 task, the system and role descriptions, the agent's exact input, its output, the tool
 result, workspace files (where the environment keeps a workspace), the reference answer
-when the environment reveals it, the environment's own sections (:class:`PromptSections`:
-checks of files, a measured outcome), the rubric for this role (the environment's, unless
-overridden here), and the reply format. This module names no environment: each brings
-its rubrics and sections through its class.
+when the environment reveals it, the sections of the environment's facts
+(:class:`~mappa_env.coach.facts.CoachFacts`, :class:`PromptSections`: checks of files, a
+measured outcome), the rubric for this role (the environment's, unless overridden here),
+and the reply format. This module names no environment: each brings its rubrics through
+its class and its facts with each request.
 
 Templates are versioned: :attr:`CoachTemplates.version` enters the coach's cache key, so
 changing a template (or overriding a rubric, which changes the version automatically)
@@ -25,6 +26,7 @@ from types import MappingProxyType
 from typing import Any
 
 from mappa_env.coach.base import SCORE_MAX, CoachRequest, FileInfo
+from mappa_env.coach.facts import CoachFacts, PlainFacts, PromptSections
 from mappa_env.coach.parsing import SCORE_KEY
 from mappa_env.registry import registered_env_attribute
 from mappa_env.text import truncate_middle
@@ -98,38 +100,39 @@ completely, using the tool output as evidence, and whether it leaves the next ag
 what it needs."""
 
 
-@dataclass(frozen=True)
-class PromptSections:
-    """An environment's own sections of the coach's user message, by where they go.
+def request_facts(request: CoachRequest) -> CoachFacts:
+    """The facts of ``request`` as its environment shows them.
 
-    An environment class supplies them as its ``coach_prompt_sections``: a function
-    ``CoachRequest -> PromptSections`` (a ``staticmethod``), found through the registry
-    by ``request.env_id`` (:func:`environment_sections`). Sections show what only that
-    environment measures (checks of the files an agent made, a measured outcome and the
-    score cap it sets); whatever agent code chose belongs inside :func:`agent_text`.
-
-    Attributes:
-        facts: ``(title, body)`` pairs after the judged agent's role, before its input.
-        evidence: ``(title, body)`` pairs after the tool result, the files and the
-            reference answer, before the rubric.
-    """
-
-    facts: Sequence[tuple[str, str]] = ()
-    evidence: Sequence[tuple[str, str]] = ()
-
-
-def environment_sections(request: CoachRequest) -> PromptSections:
-    """The sections the environment registered as ``request.env_id`` adds to the prompt.
+    An environment hands its typed facts with each request. A request built by hand
+    from a plain mapping (``metadata=``) is read with the facts class the environment
+    registered as ``request.env_id`` names as its ``coach_facts_type`` (its
+    ``from_dict``), so it shows as the environment's own requests do.
 
     Args:
         request: The action to judge.
 
     Returns:
-        What the environment class's ``coach_prompt_sections`` makes of ``request``;
-        none for an environment without one, or an id that is not registered.
+        ``request.facts``; for plain facts of an environment with a facts class, that
+        class's reading of them.
     """
-    make = registered_env_attribute(request.env_id, "coach_prompt_sections")
-    return PromptSections() if make is None else make(request)
+    if not isinstance(request.facts, PlainFacts):
+        return request.facts
+    facts_type = registered_env_attribute(request.env_id, "coach_facts_type")
+    return request.facts if facts_type is None else facts_type.from_dict(request.metadata)
+
+
+def environment_sections(request: CoachRequest) -> PromptSections:
+    """The sections the environment's facts about ``request`` add to the prompt.
+
+    Args:
+        request: The action to judge.
+
+    Returns:
+        The :meth:`~mappa_env.coach.facts.CoachFacts.prompt_sections` of
+        :func:`request_facts`; none for plain facts of an environment without a facts
+        class, or an id that is not registered.
+    """
+    return request_facts(request).prompt_sections()
 
 
 @dataclass(frozen=True)

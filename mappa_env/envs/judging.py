@@ -28,6 +28,7 @@ from mappa_env.coach.base import (
     Rubric,
     cap_verdict,
 )
+from mappa_env.coach.facts import CoachFacts, PlainFacts
 from mappa_env.credit import (
     COACH_MODES,
     CREDIT_MODES,
@@ -75,7 +76,7 @@ class CoachJudging:
 
     A mixin: :class:`~mappa_env.envs.pipeline.PipelineEnv` holds the state it reads
     (``coach``, ``reveal``, the agents, the credit options) and the hooks it calls
-    (``task_facts``, ``role_description``, ``coach_metadata``).
+    (``task_facts``, ``role_description``, ``coach_metadata`` or :meth:`coach_facts`).
     """
 
     env_id: ClassVar[str]
@@ -83,6 +84,10 @@ class CoachJudging:
     shows_workspace: ClassVar[bool]
     rules_rubric: ClassVar[Rubric | None]
     reports_agent_correct: ClassVar[bool]
+    #: The environment's facts class, whose ``from_dict`` class method reads their
+    #: plain-data form back: a request built by hand from ``metadata`` then shows in an
+    #: LLM coach's prompt as the environment's own do. ``None``: it shows no sections.
+    coach_facts_type: ClassVar[type | None] = None
     possible_agents: list[str]
     coach: Coach | None
     reveal: RevealPolicy
@@ -151,7 +156,7 @@ class CoachJudging:
 
         As :attr:`reveal` says: every agent (``"always"``), the last one
         (``"last_agent"``) or none (``"never"``). Environments that hand the coach more
-        facts (:meth:`coach_metadata`) hold back the ones that give the answer away when
+        facts (:meth:`coach_facts`) hold back the ones that give the answer away when
         this is False.
         """
         is_last = agent == self.possible_agents[-1]
@@ -209,11 +214,24 @@ class CoachJudging:
             files=file_infos(tool.extra.get("files", ())),
             upstream_files=file_infos(tool.extra.get("upstream_files", ())),
             ground_truth=truth if self.coach_sees_truth(record.agent) else None,
-            metadata=self.coach_metadata(record),
+            facts=self.coach_facts(record),
             rubric=self.coach_rubrics.get(record.agent),
             shows_workspace=self.shows_workspace,
             rules_rubric=type(self).rules_rubric,
         )
+
+    def coach_facts(self, record: ActionRecord) -> CoachFacts:
+        """The environment's facts about ``record`` for the coach (override to type them).
+
+        An environment returns a frozen dataclass of its own that follows
+        :class:`~mappa_env.coach.facts.CoachFacts` (a misspelt fact is then an error):
+        rules coaches read its plain-data form, LLM coaches the sections it shows, and
+        its ``score_cap`` binds the verdict. Naming the class as the environment's
+        ``coach_facts_type`` lets a request built by hand from the plain-data form show
+        as the environment's do. The default: :meth:`coach_metadata`'s mapping, which
+        caps but shows in no section.
+        """
+        return PlainFacts(self.coach_metadata(record))
 
     def _provisional_reward(self, verdict: CoachVerdict | None) -> tuple[float, bool]:
         """``(reward, valid)`` of an action when it is taken (see :mod:`mappa_env.credit`)."""

@@ -62,7 +62,8 @@ from mappa_env.coach.base import FileInfo
 from mappa_env.envs.dsbench.audit import audit_actions as dsbench_audit_actions
 from mappa_env.envs.dsbench.builtin import BuiltinTaskSet
 from mappa_env.envs.dsbench.caps import UNFIT_DATA_CAP, outcome_cap, upstream_skill_cap
-from mappa_env.envs.dsbench.coach_prompts import COACH_RUBRICS, coach_prompt_sections
+from mappa_env.envs.dsbench.coach_prompts import COACH_RUBRICS
+from mappa_env.envs.dsbench.facts import DSBenchFacts
 from mappa_env.envs.dsbench.files import csv_rows, format_listing, list_files
 from mappa_env.envs.dsbench.inspections import (
     INSPECT_OUTPUT_BYTES,
@@ -172,7 +173,7 @@ class DSBenchEnv(PipelineEnv):
     task_class = DSBenchTask
     coach_rubrics = COACH_RUBRICS
     rules_rubric = staticmethod(dsbench_rubric)
-    coach_prompt_sections = staticmethod(coach_prompt_sections)
+    coach_facts_type = DSBenchFacts
     shows_workspace = True
     default_code_timeout_s = 120.0
     hands_over_through_files = True
@@ -693,61 +694,64 @@ class DSBenchEnv(PipelineEnv):
             "fair_value_mean": mean([o.get("fair_value") for o in outcomes]),
         }
 
-    def coach_metadata(self, record: ActionRecord) -> dict[str, Any]:
+    def coach_facts(self, record: ActionRecord) -> DSBenchFacts:
         """Task type, metric, artifact checks, the agent's earlier code and turns, score caps.
 
-        ``earlier_turns``: what the coach was told about each earlier code turn of the
-        agent's slot (``action``, ``tool_result``, ``metadata``), so a later turn can be
-        paid what it adds over them.
-
-        ``skill_cap`` (with ``skill_cap_reason``): for the data engineer and the
-        modeler, the cap from the skill of test predictions (:meth:`_skill_cap`);
-        ``outcome`` and ``outcome_cap``: for the analyst, the submission's score.
+        See :class:`~mappa_env.envs.dsbench.facts.DSBenchFacts`. Each code turn's facts
+        (but its ``earlier_turns``) are kept, for judging the slot's later turns.
         """
         extra = record.tool.extra
         # Missing upstream means absent when the agent's slot began, not after its own
         # code ran: an agent that deletes what it was handed is not excused by the gap.
         # Without a snapshot (its listing failed) nothing counts as missing upstream.
         missing = list(self._missing_at_slot_start.get(record.agent, ()))
-        metadata: dict[str, Any] = {
-            "task_type": self.task.task_type,
-            "metric": self.task.metric,
-            "artifacts": extra.get("artifacts", {}),
-            "missing_upstream": missing,
-            # The agent's earlier cells (the record judged is not in the transcript yet):
-            # their imports live on in its interpreter, and a cell run again adds nothing.
-            "earlier_codes": [r.tool.code for r in self.records_of(record.agent) if r.tool.code],
-        }
-        capped = self._skill_cap(record.agent, metadata["artifacts"])
-        if capped is not None:
-            metadata["skill_cap"], metadata["skill_cap_reason"] = capped
+        artifacts = extra.get("artifacts", {})
+        capped = self._skill_cap(record.agent, artifacts) or (None, None)
         # The earlier code turns of the agent's slot, as the coach judged them: a later
         # turn is paid what it adds over them (mappa_env.envs.dsbench.rubric).
-        facts = getattr(self, "_turn_facts", {})
-        metadata["earlier_turns"] = [
-            facts[(r.agent, r.turn)]
-            for r in self.records_of(record.agent)
-            if r.tool.result is not None and (r.agent, r.turn) in facts
-        ]
+        turn_facts = getattr(self, "_turn_facts", {})
+        outcome = cap = None
         if "submission" in extra and self._submission_score is not None:
-            metadata["outcome"] = extra["submission"]
+            outcome = extra["submission"]
             # The cap binds the verdict (the environment enforces it), so only a
             # submission on disk, scored or not, sets one: without one the rubric's
             # blame rule and its rows for work in progress apply.
-            if (metadata["artifacts"].get(SUBMISSION_FILE) or {}).get("exists"):
-                metadata["outcome_cap"] = outcome_cap(
+            if (artifacts.get(SUBMISSION_FILE) or {}).get("exists"):
+                cap = outcome_cap(
                     self._submission_score,
                     self.task.task_type,
                     target_range=getattr(self.task, "target_range", None),
                 )
+        facts = DSBenchFacts(
+            task_type=self.task.task_type,
+            metric=self.task.metric,
+            artifacts=artifacts,
+            missing_upstream=missing,
+            # The agent's earlier cells (the record judged is not in the transcript yet):
+            # their imports live on in its interpreter, and a cell run again adds nothing.
+            earlier_codes=[r.tool.code for r in self.records_of(record.agent) if r.tool.code],
+            skill_cap=capped[0],
+            skill_cap_reason=capped[1],
+            earlier_turns=[
+                turn_facts[(r.agent, r.turn)]
+                for r in self.records_of(record.agent)
+                if r.tool.result is not None and (r.agent, r.turn) in turn_facts
+            ],
+            outcome=outcome,
+            outcome_cap=cap,
+        )
         if record.tool.result is not None:
-            facts[(record.agent, record.turn)] = {
+            turn_facts[(record.agent, record.turn)] = {
                 "action": record.action,
                 "tool_result": record.tool.result.to_dict(),
-                "metadata": {k: v for k, v in metadata.items() if k != "earlier_turns"},
+                "metadata": {k: v for k, v in facts.to_dict().items() if k != "earlier_turns"},
             }
-            self._turn_facts = facts
-        return metadata
+            self._turn_facts = turn_facts
+        return facts
+
+    def coach_metadata(self, record: ActionRecord) -> dict[str, Any]:
+        """The plain-data form of :meth:`coach_facts` (which it records, as they do)."""
+        return self.coach_facts(record).to_dict()
 
     def _skill_cap(self, agent: str, artifacts: Mapping[str, Any]) -> tuple[int, str] | None:
         """The cap the skill of test predictions puts on an upstream agent's score.

@@ -1,10 +1,10 @@
 """What an LLM coach is told about DSBench-v0: the rubric of each role, and its sections.
 
 :data:`COACH_RUBRICS` is what an LLM coach judges each role by (the rules coach uses
-:func:`~mappa_env.envs.dsbench.rubric.dsbench_rubric`). :func:`coach_prompt_sections`
-adds DSBench's own sections to the coach's prompt (the environment names it as its
-``coach_prompt_sections``; see :class:`~mappa_env.coach.templates.PromptSections`): the
-task's type and metric, the checks of the files the agent makes or needs with the skill
+:func:`~mappa_env.envs.dsbench.rubric.dsbench_rubric`). :func:`prompt_sections` makes
+DSBench's own sections of the coach's prompt from its facts (what
+:meth:`~mappa_env.envs.dsbench.facts.DSBenchFacts.prompt_sections` shows): the task's
+type and metric, the checks of the files the agent makes or needs with the skill
 cap they set, and the measured outcome of a submission with its cap. Whatever agent
 code chose (an error message, a column name) is quoted inside an agent-text fence.
 """
@@ -16,8 +16,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from mappa_env.coach.base import CoachRequest
-from mappa_env.coach.templates import PromptSections, agent_text
+from mappa_env.coach.facts import PromptSections
+from mappa_env.coach.templates import agent_text
 from mappa_env.envs.dsbench.roles import ANALYST, DATA_ENGINEER, MODELER
 from mappa_env.text import truncate_middle
 
@@ -65,27 +65,28 @@ score cap given there is binding.
 }
 
 
-def coach_prompt_sections(request: CoachRequest) -> PromptSections:
-    """DSBench's sections of the coach's prompt for ``request``.
+def prompt_sections(metadata: Mapping[str, Any], score_cap: float | None) -> PromptSections:
+    """DSBench's sections of the coach's prompt for an action with these facts.
 
     Args:
-        request: The action to judge; its ``metadata`` is the environment's
-            (:meth:`~mappa_env.envs.dsbench.DSBenchEnv.coach_metadata`).
+        metadata: The facts' plain-data form
+            (:meth:`~mappa_env.envs.dsbench.facts.DSBenchFacts.to_dict`).
+        score_cap: The most the action may score (the facts' ``score_cap``).
 
     Returns:
         "Task facts" (type and metric) after the agent's role; "Checks of the files this
-        agent makes or needs" and "Measured outcome" (with the request's score cap)
-        after the evidence. A section without content is left out.
+        agent makes or needs" and "Measured outcome" (with the score cap) after the
+        evidence. A section without content is left out.
     """
-    facts = _facts(request.metadata)
+    facts = _facts(metadata)
     evidence: list[tuple[str, str]] = []
-    checks = _artifact_section(request.metadata)
+    checks = _artifact_section(metadata)
     if checks:
         evidence.append(("Checks of the files this agent makes or needs", checks))
-    outcome = request.metadata.get("outcome")
+    outcome = metadata.get("outcome")
     if isinstance(outcome, Mapping):
-        if request.score_cap is not None:
-            outcome = {**outcome, "cap": request.score_cap}
+        if score_cap is not None:
+            outcome = {**outcome, "cap": score_cap}
         evidence.append(("Measured outcome", _outcome_section(outcome)))
     return PromptSections(facts=(("Task facts", facts),) if facts else (), evidence=tuple(evidence))
 

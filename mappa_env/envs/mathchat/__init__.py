@@ -8,9 +8,10 @@ is made of: :mod:`~mappa_env.envs.mathchat.env` (the environment class and its o
 (the seeded problem generator), :mod:`~mappa_env.envs.mathchat.checks` (which tasks a
 copied expression solves), :mod:`~mappa_env.envs.mathchat.grading` and
 :mod:`~mappa_env.envs.mathchat.symbolic` (answer extraction and equivalence),
-:mod:`~mappa_env.envs.mathchat.answers` (an agent's own final number) and
-:mod:`~mappa_env.envs.mathchat.rubric` (the rules coach's rubric). ``mappa_env.tasks``
-and ``mappa_env.grading`` re-export the task and grading names.
+:mod:`~mappa_env.envs.mathchat.answers` (an agent's own final number),
+:mod:`~mappa_env.envs.mathchat.rubric` (the rules coach's rubric) and
+:mod:`~mappa_env.envs.mathchat.facts` (what every coach is told of an action).
+``mappa_env.tasks`` and ``mappa_env.grading`` re-export the task and grading names.
 
 Every name of the environment module imports from here too (``from
 mappa_env.envs.mathchat import MathChatEnv``), looked up on first use: importing one part
@@ -31,6 +32,7 @@ PARTS = (
     "answers",
     "checks",
     "env",
+    "facts",
     "generator",
     "grading",
     "problem",

@@ -52,6 +52,7 @@ from mappa_env.audit.battery import (
     stdout_injector,
 )
 from mappa_env.envs.mathchat.answers import code_executor_answer, stated_answer
+from mappa_env.envs.mathchat.facts import CodeExecutorFacts, MathChatFacts
 from mappa_env.envs.mathchat.grading import answers_match_any, extract_boxed
 from mappa_env.envs.mathchat.rubric import mathchat_rubric
 from mappa_env.envs.mathchat.tasks import MathTask
@@ -385,6 +386,7 @@ class MathChatEnv(PipelineEnv):
     task_class = MathTask
     coach_rubrics = COACH_RUBRICS
     rules_rubric = staticmethod(mathchat_rubric)
+    coach_facts_type = MathChatFacts
     tool_agent = CODE_EXECUTOR
     reports_agent_correct = True
     default_code_timeout_s = 30.0
@@ -691,7 +693,7 @@ class MathChatEnv(PipelineEnv):
         accepted = self.task.metadata.get("accepted_answers")
         return tuple(accepted) if accepted else (self.task.answer,)
 
-    def coach_metadata(self, record: ActionRecord) -> dict[str, Any]:
+    def coach_facts(self, record: ActionRecord) -> MathChatFacts:
         """Facts for the coach.
 
         Task metadata; the accepted answers only when the coach sees the truth for this
@@ -702,22 +704,31 @@ class MathChatEnv(PipelineEnv):
         """
         truth_shown = self.coach_sees_truth(record.agent)
         task_metadata = dict(self.task.metadata)
-        metadata: dict[str, Any] = {"task_metadata": task_metadata}
-        if truth_shown:
-            metadata["accepted_answers"] = list(self.accepted_answers)
-        else:
+        if not truth_shown:
             # An answer-blind judge must not find the answer in the task's metadata.
             task_metadata.pop("accepted_answers", None)
+        executor = None
         if record.agent == CODE_EXECUTOR:
             draft = self.last_record(PROBLEM_SOLVER)
-            metadata["draft_answer"] = stated_answer(draft.action) if draft else None
             # The record being judged is not in the transcript yet: these are earlier turns.
             earlier = [r.tool for r in self.records_of(CODE_EXECUTOR) if r.tool.result]
-            metadata["earlier_stdout"] = earlier[-1].result.stdout if earlier else ""
-            # Its code too: a number it printed as a literal was copied, not computed.
-            metadata["earlier_code"] = (earlier[-1].code or "") if earlier else ""
-            # Every earlier run of its slot: a later turn is paid what it adds over them.
-            metadata["earlier_runs"] = [
-                {"code": tool.code or "", "tool_result": tool.result.to_dict()} for tool in earlier
-            ]
-        return metadata
+            executor = CodeExecutorFacts(
+                draft_answer=stated_answer(draft.action) if draft else None,
+                earlier_stdout=earlier[-1].result.stdout if earlier else "",
+                # Its code too: a number it printed as a literal was copied, not computed.
+                earlier_code=(earlier[-1].code or "") if earlier else "",
+                # Every earlier run of its slot: a later turn is paid what it adds over them.
+                earlier_runs=[
+                    {"code": tool.code or "", "tool_result": tool.result.to_dict()}
+                    for tool in earlier
+                ],
+            )
+        return MathChatFacts(
+            task_metadata=task_metadata,
+            accepted_answers=list(self.accepted_answers) if truth_shown else None,
+            code_executor=executor,
+        )
+
+    def coach_metadata(self, record: ActionRecord) -> dict[str, Any]:
+        """The plain-data form of :meth:`coach_facts`."""
+        return self.coach_facts(record).to_dict()
