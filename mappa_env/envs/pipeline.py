@@ -373,9 +373,10 @@ class PipelineEnv(EpisodeWorkspace, CoachJudging, EpisodeRecords, AECEnv):
         Returns:
             A dict with at least ``"reward"`` (float in [0, 1], the outcome reward);
             it becomes :attr:`outcome`, an :class:`~mappa_env.envs.outcome.EpisodeOutcome`,
-            and its dict form is stored in ``infos[agent]["outcome"]`` for every agent. Reports count
-            an episode as a success by its ``"correct"`` or ``"success"`` key, else by
-            a reward of 1; ``"task_type"`` groups tasks in reports and coach reports.
+            and its dict form is stored in ``infos[agent]["outcome"]`` for every agent.
+            Reports count an episode as a success by its ``"correct"`` or ``"success"``
+            key, else by a reward of 1; ``"task_type"`` groups tasks in reports and coach
+            reports.
         """
 
     def select_task(self, options: Mapping[str, Any] | None) -> Any:
