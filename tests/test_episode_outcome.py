@@ -85,6 +85,10 @@ def test_fields_are_read_by_attribute():
     assert EpisodeOutcome(reward=1.0, task_id="t").to_dict() == {"reward": 1.0, "task_id": "t"}
     with pytest.raises(AttributeError):
         math_outcome.reward = 0.0  # type: ignore[misc]
+    with pytest.raises(ValueError, match="must not repeat typed fields"):
+        EpisodeOutcome(facts={"reward": 1.0})
+    with pytest.raises(ValueError, match="must name every fact"):
+        EpisodeOutcome(reward=1.0, facts={"note": "x"}, order=("reward",))
 
 
 def test_an_aborted_episode_has_no_reward():

@@ -114,6 +114,11 @@ class EpisodeOutcome(Mapping[str, Any]):
                 if getattr(self, key) is not None and (key != "aborted" or self.aborted)
             ]
             object.__setattr__(self, "order", (*typed, *self.facts))
+        unknown = [k for k in self.order if k not in TYPED_KEYS and k not in self.facts]
+        if unknown or not set(self.facts) <= set(self.order):
+            raise ValueError(
+                f"EpisodeOutcome order {self.order} must name every fact and only known keys"
+            )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EpisodeOutcome:
