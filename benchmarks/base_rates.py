@@ -140,22 +140,22 @@ def episode_record(episode: Any) -> dict[str, Any]:
     from mappa_env.grading.math import answers_match_any, extract_boxed
 
     outcome = episode.outcome
-    answer = str(outcome.get("answer", ""))
+    answer = str(outcome.facts.get("answer", ""))
     code_turns = [a for a in episode.actions if a.agent == "code_executor"]
     printed = any(_mentions((a.tool or {}).get("stdout") or "", answer) for a in code_turns)
     reply = next((a.text for a in reversed(episode.actions) if a.agent == "verifier"), "")
     lenient = extract_boxed(reply, fallback=True) if reply else None
     return {
         "task_id": episode.task_id,
-        "kind": outcome.get("task_type"),
+        "kind": outcome.task_type,
         "answer": answer,
-        "predicted": outcome.get("predicted"),
-        "correct": bool(outcome.get("correct")),
+        "predicted": outcome.facts.get("predicted"),
+        "correct": bool(outcome.correct),
         "aborted": episode.aborted,
         "code_turns": len(code_turns),
         "code_turns_with_code": sum(a.code is not None for a in code_turns),
         "answer_printed": printed,
-        "boxed": outcome.get("predicted") is not None,
+        "boxed": outcome.facts.get("predicted") is not None,
         "verifier_states_answer": _mentions(reply, answer),
         "lenient_predicted": lenient,
         "lenient_correct": bool(lenient) and answers_match_any(lenient, [answer]),

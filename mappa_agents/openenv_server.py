@@ -389,7 +389,7 @@ class MappaOpenEnv(Environment[MappaAction, MappaObservation, MappaState]):
         if done:
             info["outcome"] = self._shown_outcome(self.env.outcome)
             final = {
-                a: [r.reward if r.reward_valid else None for r in self.env.records_of(a)]
+                a: [r.usable_reward for r in self.env.records_of(a)]
                 for a in self.env.possible_agents
             }
             info["action_rewards"] = _json_safe(final)

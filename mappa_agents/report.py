@@ -30,8 +30,8 @@ def check_some_finished(episodes: Sequence[EpisodeResult]) -> None:
     if not episodes:
         raise AllEpisodesFailedError("no episodes ran")
     if all(e.aborted for e in episodes):
-        first = next((e for e in episodes if e.outcome.get("error")), episodes[0])
-        error = str(first.outcome.get("error", "unknown error")).rstrip(".")
+        first = next((e for e in episodes if e.outcome.error), episodes[0])
+        error = str(first.outcome.error or "unknown error").rstrip(".")
         raise AllEpisodesFailedError(
             f"all {len(episodes)} episodes failed; the first error ({first.episode_id}): "
             f"{error}. Fix that cause (a model or API that cannot answer, an unreachable "
@@ -86,7 +86,7 @@ def per_task_results(episodes: Sequence[EpisodeResult]) -> list[dict[str, Any]]:
     rows: dict[str, dict[str, Any]] = {}
     rewards: dict[str, list[float]] = {}
     for episode in episodes:
-        task_id = episode.task_id or str(episode.outcome.get("task_id", ""))
+        task_id = episode.task_id or str(episode.outcome.task_id or "")
         if not task_id:
             continue  # an episode whose reset failed: it belongs to no task
         row = rows.setdefault(
@@ -98,9 +98,9 @@ def per_task_results(episodes: Sequence[EpisodeResult]) -> list[dict[str, Any]]:
             continue
         row["samples"] += 1
         row["correct"] += int(episode.succeeded)
-        if row["task_type"] is None and episode.outcome.get("task_type") is not None:
-            row["task_type"] = str(episode.outcome["task_type"])
-        rewards.setdefault(task_id, []).append(float(episode.outcome.get("reward", 0.0)))
+        if row["task_type"] is None and episode.outcome.task_type is not None:
+            row["task_type"] = str(episode.outcome.task_type)
+        rewards.setdefault(task_id, []).append(_outcome_reward(episode))
     for task_id, row in rows.items():
         row["task_type"] = row["task_type"] or UNKNOWN_TASK_TYPE
         row["mean_outcome_reward"] = _mean(rewards.get(task_id, []))
@@ -137,6 +137,12 @@ def summarize_samples(per_task: Sequence[dict[str, Any]], k: int) -> dict[str, A
 def _mean(values: Sequence[float]) -> float | None:
     clean = [v for v in values if v is not None and not math.isnan(v)]
     return statistics.fmean(clean) if clean else None
+
+
+def _outcome_reward(episode: EpisodeResult) -> float:
+    """A finished episode's outcome reward; one that reported none counts as 0.0."""
+    reward = episode.outcome.reward
+    return 0.0 if reward is None else float(reward)
 
 
 def summarize(
@@ -192,7 +198,7 @@ def summarize(
         "aborted_episodes": aborted,
         "actions": len(actions),
         "success_rate": sum(e.succeeded for e in finished) / len(finished) if finished else 0.0,
-        "mean_outcome_reward": _mean([float(e.outcome.get("reward", 0.0)) for e in finished]),
+        "mean_outcome_reward": _mean([_outcome_reward(e) for e in finished]),
         "invalid_coach_rate": (
             sum(1 for v in verdicts if not v.get("valid", False)) / len(verdicts)
             if verdicts

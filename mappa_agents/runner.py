@@ -56,6 +56,7 @@ from mappa_agents.system import AgentSystem
 from mappa_agents.trajectory import ActionSample, EpisodeResult
 from mappa_env._async import run_sync
 from mappa_env.coach.base import CoachStop
+from mappa_env.envs.outcome import EpisodeOutcome
 from mappa_env.envs.pipeline import PipelineEnv
 from mappa_env.errors import SettingsError
 
@@ -242,7 +243,7 @@ class RolloutRunner:
 
     A generation that fails (an API error after its retries, for example) or an
     environment step that raises ends only the episodes concerned: they are returned with
-    ``outcome["error"]`` and ``outcome["aborted"]`` set and no outcome reward, and the
+    ``outcome.error`` and ``outcome.aborted`` set and no outcome reward, and the
     other episodes carry on.
     """
 
@@ -702,22 +703,20 @@ class RolloutRunner:
 
     async def _collect(self, episode: _Live, error: str | None = None) -> EpisodeResult:
         env = episode.env
-        outcome = dict(env.outcome or {})
+        task_id = episode.samples[0].task_id if episode.samples else episode.task_id
         if error is None:
+            outcome = env.outcome if env.outcome is not None else EpisodeOutcome()
             # The episode is over: its actions' rewards are final now.
             for sample, record in zip(episode.samples, env.transcript):
                 sample.reward, sample.reward_valid = float(record.reward), record.reward_valid
         else:
             # The episode could not go on: no graded outcome, so its credit was never
             # settled, and none of its actions is trained on.
-            outcome = {"error": error, "aborted": True}
+            outcome = EpisodeOutcome.aborted_with(error, task_id)
             for sample in episode.samples:
                 sample.reward, sample.reward_valid = math.nan, False
         for sample in episode.samples:
             sample.outcome = outcome
-        task_id = episode.samples[0].task_id if episode.samples else episode.task_id
-        if error is not None and task_id:
-            outcome["task_id"] = task_id
         return EpisodeResult(
             episode_id=f"ep-{episode.index:05d}",
             task_id=task_id,
@@ -729,9 +728,7 @@ class RolloutRunner:
 
     @staticmethod
     def _aborted(index: int, env: PipelineEnv, error: str, task_id: str = "") -> EpisodeResult:
-        outcome: dict[str, Any] = {"error": error, "aborted": True}
-        if task_id:
-            outcome["task_id"] = task_id
+        outcome = EpisodeOutcome.aborted_with(error, task_id)
         return EpisodeResult(
             episode_id=f"ep-{index:05d}",
             task_id=task_id,

@@ -11,10 +11,16 @@ Each row also carries the OpenAI-style pair other RL code expects: ``messages`` 
 prompt, a list of ``{"role", "content"}`` chat messages) and ``completion`` (the
 response text, equal to ``text``). Rows written before ``completion`` existed load the
 same way (it is filled from ``text``).
+
+An action's reward that must not be trained on is NaN with ``reward_valid=False`` in
+memory and ``null`` in the file; :attr:`ActionSample.trainable_reward` reads every such
+form as ``None`` (:func:`mappa_env.envs.outcome.usable_reward`). The episode's outcome is
+an :class:`~mappa_env.envs.outcome.EpisodeOutcome`, written as its dict.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -23,6 +29,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+from mappa_env.envs.outcome import EpisodeOutcome, usable_reward
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +67,8 @@ class ActionSample:
         tool: The sandbox result as a dict, or None when no code ran.
         code: The code that ran, or None.
         action_truncated: True when the env cut an oversize action.
-        outcome: The episode's outcome dict (filled when the episode ends).
+        outcome: The episode's outcome (filled when the episode ends); a dict given
+            here is read with :meth:`EpisodeOutcome.from_dict`.
         sampling: The sampling settings used.
         credit: How the environment made ``reward``: ``{"mode", "outcome_weight",
             "backprop_decay"}`` (:mod:`mappa_env.credit`); ``None`` in rows written
@@ -86,9 +95,13 @@ class ActionSample:
     tool: dict[str, Any] | None = None
     code: str | None = None
     action_truncated: bool = False
-    outcome: dict[str, Any] | None = None
+    outcome: EpisodeOutcome | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
     credit: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.outcome is not None and not isinstance(self.outcome, EpisodeOutcome):
+            self.outcome = EpisodeOutcome.from_dict(self.outcome)
 
     @property
     def coach_score(self) -> float | None:
@@ -102,14 +115,12 @@ class ActionSample:
         ``None`` for a reward that rests on an invalid coach verdict, belongs to an
         aborted episode, or is not a finite number.
         """
-        if not self.reward_valid or not isinstance(self.reward, (int, float)):
-            return None
-        return float(self.reward) if math.isfinite(self.reward) else None
+        return usable_reward(self.reward, self.reward_valid)
 
     @property
     def outcome_reward(self) -> float | None:
-        """The episode's outcome reward in [0, 1], once known."""
-        return None if self.outcome is None else self.outcome.get("reward")
+        """The episode's outcome reward in [0, 1]; ``None`` until known or when it has none."""
+        return None if self.outcome is None else self.outcome.reward
 
     @property
     def used_tool(self) -> bool:
@@ -126,9 +137,12 @@ class ActionSample:
             for name in _TOKEN_FIELDS
             if isinstance(values := getattr(self, name), list)
         }
-        data = asdict(replace(self, **{name: [] for name in token_lists}))
+        data = asdict(replace(self, outcome=None, **{name: [] for name in token_lists}))
         for name, values in token_lists.items():
             data[name] = list(values)
+        if self.outcome is not None:
+            # The outcome's dict form, deep-copied as ``asdict`` copies every other field.
+            data["outcome"] = copy.deepcopy(self.outcome.to_dict())
         if isinstance(data["reward"], float) and math.isnan(data["reward"]):
             data["reward"] = None
         data["completion"] = self.text
@@ -159,32 +173,38 @@ class ActionSample:
 
 @dataclass
 class EpisodeResult:
-    """A finished episode: its actions and outcome."""
+    """A finished episode: its actions and outcome.
+
+    Attributes:
+        episode_id: Identifier of the episode within its run (e.g. ``"ep-00003"``).
+        task_id: The task's id.
+        env_id: Environment id.
+        actions: Its actions, in order.
+        outcome: How it ended; a dict given here is read with
+            :meth:`EpisodeOutcome.from_dict`.
+        wall_time_s: Seconds from its start to its end.
+    """
 
     episode_id: str
     task_id: str
     env_id: str
     actions: list[ActionSample]
-    outcome: dict[str, Any]
+    outcome: EpisodeOutcome
     wall_time_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.outcome, EpisodeOutcome):
+            self.outcome = EpisodeOutcome.from_dict(self.outcome)
 
     @property
     def aborted(self) -> bool:
         """True when the episode could not be finished (it has no graded outcome)."""
-        return bool(self.outcome.get("aborted", False))
+        return bool(self.outcome.aborted)
 
     @property
     def succeeded(self) -> bool:
-        """Whether the episode succeeded.
-
-        By the outcome's ``correct`` (MathChat) or ``success`` (DSBench); for an
-        environment whose outcome has neither, by a full outcome reward (1.0).
-        """
-        for key in ("correct", "success"):
-            if key in self.outcome:
-                return bool(self.outcome[key])
-        reward = self.outcome.get("reward")
-        return isinstance(reward, (int, float)) and not isinstance(reward, bool) and reward >= 1.0
+        """Whether the episode succeeded (:attr:`EpisodeOutcome.succeeded`)."""
+        return self.outcome.succeeded
 
 
 def save_jsonl(path: str | Path, samples: Iterable[ActionSample]) -> Path:

@@ -24,6 +24,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from mappa_env.envs.outcome import EpisodeOutcome
     from mappa_env.envs.pipeline import ActionRecord, AgentSpec, PipelineEnv, ToolOutcome
     from mappa_env.registry import (
         ENV_ENTRY_POINTS,
@@ -41,6 +42,7 @@ __version__ = "0.1.0.dev0"
 _EXPORTS = {
     "ActionRecord": "mappa_env.envs.pipeline",
     "AgentSpec": "mappa_env.envs.pipeline",
+    "EpisodeOutcome": "mappa_env.envs.outcome",
     "PipelineEnv": "mappa_env.envs.pipeline",
     "ToolOutcome": "mappa_env.envs.pipeline",
     "ENV_ENTRY_POINTS": "mappa_env.registry",
@@ -58,6 +60,7 @@ __all__ = [
     "ActionRecord",
     "AgentSpec",
     "EnvSpec",
+    "EpisodeOutcome",
     "PipelineEnv",
     "ToolOutcome",
     "__version__",

@@ -519,7 +519,7 @@ class Trainer:
             # Nothing to learn from, and the next step would most likely fail the same way.
             raise RuntimeError(
                 f"every episode of step {self.step} failed, so there is nothing to train on; "
-                f"the first error: {episodes[0].outcome.get('error')}"
+                f"the first error: {episodes[0].outcome.error}"
             )
         return StepRollouts(self.step, list(episodes), rollout_s)
 

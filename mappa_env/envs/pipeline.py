@@ -34,6 +34,7 @@ from mappa_env._async import BackgroundLoop
 from mappa_env.coach.base import Coach, RevealPolicy, Rubric
 from mappa_env.credit import CreditMode
 from mappa_env.envs.judging import REVEAL_POLICIES, CoachJudging, check_invalid_reward  # noqa: F401
+from mappa_env.envs.outcome import EpisodeOutcome
 from mappa_env.envs.records import ActionRecord, EpisodeRecords, ToolOutcome
 from mappa_env.envs.workspace import (
     DEFAULT_WORKSPACE_QUOTA_MB,
@@ -329,7 +330,7 @@ class PipelineEnv(EpisodeWorkspace, CoachJudging, EpisodeRecords, AECEnv):
         self.agent_selection: str = self.possible_agents[0]
 
         self.transcript: list[ActionRecord] = []
-        self.outcome: dict[str, Any] | None = None
+        self.outcome: EpisodeOutcome | None = None
         self.turns: dict[str, int] = {}
         self.episode_index = -1
         self.np_random, _ = gymnasium.utils.seeding.np_random(seed)
@@ -371,9 +372,11 @@ class PipelineEnv(EpisodeWorkspace, CoachJudging, EpisodeRecords, AECEnv):
 
         Returns:
             A dict with at least ``"reward"`` (float in [0, 1], the outcome reward);
-            it is stored in ``infos[agent]["outcome"]`` for every agent. Reports count
-            an episode as a success by its ``"correct"`` or ``"success"`` key, else by
-            a reward of 1; ``"task_type"`` groups tasks in reports and coach reports.
+            it becomes :attr:`outcome`, an :class:`~mappa_env.envs.outcome.EpisodeOutcome`,
+            and its dict form is stored in ``infos[agent]["outcome"]`` for every agent.
+            Reports count an episode as a success by its ``"correct"`` or ``"success"``
+            key, else by a reward of 1; ``"task_type"`` groups tasks in reports and coach
+            reports.
         """
 
     def select_task(self, options: Mapping[str, Any] | None) -> Any:

@@ -4,7 +4,8 @@ Owns :class:`ToolOutcome` (what an action did besides producing text), :class:`A
 (one action as the transcript keeps it) and :class:`EpisodeRecords`, the part of
 :class:`~mappa_env.envs.pipeline.PipelineEnv` that reads the transcript (an agent's
 records, the transcript as text, the state snapshot, each step's ``infos``) and ends an
-episode: its outcome, and every action's final reward under the credit mode
+episode: its outcome (:class:`~mappa_env.envs.outcome.EpisodeOutcome`, built here from
+``episode_outcome()``), and every action's final reward under the credit mode
 (:mod:`mappa_env.credit`).
 """
 
@@ -16,6 +17,7 @@ from typing import Any, ClassVar
 
 from mappa_env.coach.base import CoachVerdict
 from mappa_env.credit import CreditSettings
+from mappa_env.envs.outcome import EpisodeOutcome, usable_reward
 from mappa_env.sandbox.base import ExecResult
 
 
@@ -55,7 +57,8 @@ class ActionRecord:
             (:mod:`mappa_env.credit`); ``invalid_reward`` (NaN by default) when it
             rests on an invalid coach verdict.
         reward_valid: False when ``reward`` rests on an invalid verdict (or the episode
-            could not be credited): it must not be trained on.
+            could not be credited): it must not be trained on. Read both through
+            :attr:`usable_reward`.
     """
 
     agent: str
@@ -67,6 +70,11 @@ class ActionRecord:
     verdict: CoachVerdict | None = None
     reward: float = 0.0
     reward_valid: bool = True
+
+    @property
+    def usable_reward(self) -> float | None:
+        """The reward to train on or report, ``None`` when there is none."""
+        return usable_reward(self.reward, self.reward_valid)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (JSON-serialisable) of the record."""
@@ -98,7 +106,7 @@ class EpisodeRecords:
     agents: list[str]
     agent_selection: str
     transcript: list[ActionRecord]
-    outcome: dict[str, Any] | None
+    outcome: EpisodeOutcome | None
     rewards: dict[str, float]
     terminations: dict[str, bool]
     truncations: dict[str, bool]
@@ -116,7 +124,7 @@ class EpisodeRecords:
             "task": task_text,
             "agent_selection": self.agent_selection if self.agents else None,
             "actions": [r.to_dict() for r in self.transcript],
-            "outcome": self.outcome,
+            "outcome": None if self.outcome is None else self.outcome.to_dict(),
         }
 
     def transcript_text(self) -> str:
@@ -133,7 +141,7 @@ class EpisodeRecords:
                 lines.append(f"--- coach: {score} | {r.verdict.analysis}")
             lines.append("")
         if self.outcome is not None:
-            lines.append(f"=== outcome: {self.outcome} ===")
+            lines.append(f"=== outcome: {self.outcome.to_dict()} ===")
         return "\n".join(lines)
 
     def last_record(self, agent: str) -> ActionRecord | None:
@@ -152,7 +160,7 @@ class EpisodeRecords:
         """The credit mode and its weights, as recorded in ``infos`` and trajectories."""
         return self.credit.to_dict()
 
-    def _final_rewards(self, outcome: Mapping[str, Any]) -> list[float | None]:
+    def _final_rewards(self, outcome: EpisodeOutcome) -> list[float | None]:
         """Every action's final reward under the credit mode, in transcript order."""
         scores = [
             None if r.verdict is None or not r.verdict.valid else r.verdict.reward
@@ -160,7 +168,7 @@ class EpisodeRecords:
         ]
         agent_correct = None
         if self.credit.needs_agent_correct:
-            correct = outcome.get("agent_correct")
+            correct = outcome.agent_correct
             if not isinstance(correct, Mapping):
                 raise RuntimeError(
                     f"{type(self).__name__}.episode_outcome() returned no 'agent_correct' "
@@ -170,7 +178,9 @@ class EpisodeRecords:
                 None if correct.get(r.agent) is None else float(bool(correct[r.agent]))
                 for r in self.transcript
             ]
-        return self.credit.settle(scores, float(outcome.get("reward", 0.0)), agent_correct)
+        # An outcome without a reward settles as 0.0, as it always has.
+        reward = 0.0 if outcome.reward is None else float(outcome.reward)
+        return self.credit.settle(scores, reward, agent_correct)
 
     def _step_info(self, record: ActionRecord) -> dict[str, Any]:
         verdict = record.verdict
@@ -191,14 +201,14 @@ class EpisodeRecords:
         }
 
     async def _finish(self, truncated: bool) -> None:
-        outcome = dict(await self.episode_outcome())
-        outcome["truncated"] = truncated
+        outcome = EpisodeOutcome.from_dict({**await self.episode_outcome(), "truncated": truncated})
         self.outcome = outcome
+        shown = outcome.to_dict()
         # Each action's reward becomes final; every agent is paid what its actions were
         # not paid along the way, so its return is the sum of their final rewards.
         owed = dict.fromkeys(self.agents, 0.0)
         for record, final in zip(self.transcript, self._final_rewards(outcome)):
-            paid = record.reward if record.reward_valid else None
+            paid = record.usable_reward
             record.reward, record.reward_valid = (
                 (self.invalid_reward, False) if final is None else (final, True)
             )
@@ -209,10 +219,8 @@ class EpisodeRecords:
                 self.rewards[agent] += owed[agent]
             self.infos[agent] = {
                 **self.infos[agent],
-                "outcome": outcome,
-                "action_rewards": [
-                    r.reward if r.reward_valid else None for r in self.records_of(agent)
-                ],
+                "outcome": shown,
+                "action_rewards": [r.usable_reward for r in self.records_of(agent)],
             }
             if truncated:
                 self.truncations[agent] = True
