@@ -351,13 +351,13 @@ def run_stub_server(
     thread = threading.Thread(target=loop.run_forever, name="openai-stub-server", daemon=True)
     thread.start()
     try:
-        port = asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=10)
+        port = asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=60)
         server.base_url = f"http://127.0.0.1:{port}/v1"
         yield server
     finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=60)
         loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
+        thread.join(timeout=60)
         loop.close()
 
 

@@ -565,9 +565,11 @@ def test_transient_errors_then_success():
 
 
 def test_timeout_then_success():
-    replies = [StubReply("PROCESS_SCORE: 1", delay_s=2.0), "PROCESS_SCORE: 6"]
+    # A reply held a minute against a 3 s timeout: the retry's prompt reply fits within
+    # the timeout however busy the machine is, the first reply never does.
+    replies = [StubReply("PROCESS_SCORE: 1", delay_s=60.0), "PROCESS_SCORE: 6"]
     with run_stub_server(scripted(replies)) as server:
-        verdict = stub_coach(server, timeout_s=0.3).score(math_request())
+        verdict = stub_coach(server, timeout_s=3).score(math_request())
         assert verdict.valid
         assert verdict.score == 6.0
         assert verdict.attempts == 2
@@ -948,12 +950,14 @@ def _dead_port() -> int:
         (StubReply(status=429), "http_429"),
         (TOO_LONG, "http_400"),
         ("no score here", "format"),
-        (StubReply(content="PROCESS_SCORE: 5", delay_s=3.0), "timeout"),
+        (StubReply(content="PROCESS_SCORE: 5", delay_s=60.0), "timeout"),
     ],
 )
 def test_an_invalid_verdict_names_its_cause(reply, cause):
     with run_stub_server(scripted([reply])) as server:
-        verdict = stub_coach(server, max_retries=0, timeout_s=0.5).score(math_request())
+        # 3 s: a prompt reply is never taken for a timeout on a busy machine, and the
+        # held reply (a minute) always is.
+        verdict = stub_coach(server, max_retries=0, timeout_s=3).score(math_request())
     assert not verdict.valid
     assert verdict.failure == cause, verdict.error
 
