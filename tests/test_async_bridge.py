@@ -200,7 +200,7 @@ def test_garbage_collection_stops_the_thread():
     (thread,) = [t for t in threading.enumerate() if t.name == "test-gc"]
     del bridge
     gc.collect()
-    thread.join(5)
+    thread.join(60)
     assert not thread.is_alive()
 
 

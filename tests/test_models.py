@@ -145,7 +145,7 @@ def test_losing_a_rename_race_keeps_the_winner(monkeypatch, tmp_path):
 
     def build(work_dir: Path) -> None:
         (work_dir / "who").write_text(threading.current_thread().name)
-        barrier.wait(timeout=10)  # both have built before either renames
+        barrier.wait(timeout=60)  # both have built before either renames
 
     threads = [
         threading.Thread(target=install_atomically, args=(target, build), name=f"t{i}")
@@ -353,7 +353,7 @@ def test_engines_of_one_process_never_step_at_once(fake_vllm, monkeypatch):
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=10)
+        thread.join(timeout=60)
     assert len(results) == 6
     assert all(len(r) == 2 for r in results)
     assert results[0][0].response_ids == [7]
