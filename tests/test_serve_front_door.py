@@ -85,7 +85,7 @@ def closed_by_server(sock: socket.socket, within_s: float = 30.0) -> bool:
     return True
 
 
-def _wait_until(condition, timeout_s: float = 30.0) -> None:
+def _wait_until(condition, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "timed out"
