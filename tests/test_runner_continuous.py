@@ -18,20 +18,21 @@ from tests.test_runner import AGENTS, TASKS, FlakyPolicy, solver_script
 class SlowOnOneTask(FixedCoach):
     """Takes ``delay_s`` to score every action of task t1; the others at once.
 
-    ``batches_meanwhile`` counts, per t1 action, the batches ``policy`` generated while
-    it was being scored: the other episodes' progress in that time.
+    With a ``policy``, ``batches_meanwhile`` counts, per t1 action, the batches it
+    generated while that action was being scored: the other episodes' progress then.
     """
 
-    def __init__(self, policy: RecordingPolicy, delay_s: float) -> None:
+    def __init__(self, delay_s: float, policy: RecordingPolicy | None = None) -> None:
         super().__init__(delay_s=delay_s)
         self.policy = policy
         self.batches_meanwhile: list[int] = []
 
     async def ascore(self, request):
         if request.task_id == "t1":
-            before = len(self.policy.batch_sizes)
+            batches = self.policy.batch_sizes if self.policy is not None else []
+            before = len(batches)
             await asyncio.sleep(self.delay_s)
-            self.batches_meanwhile.append(len(self.policy.batch_sizes) - before)
+            self.batches_meanwhile.append(len(batches) - before)
         return CoachVerdict(score=6.0, valid=True, analysis="fixed", coach=self.name)
 
 
@@ -87,7 +88,7 @@ def test_a_slow_episode_holds_up_only_itself():
     meanwhile = {}
     for schedule in ("ticks", "continuous"):
         policy = RecordingPolicy(solver_script)
-        coach = SlowOnOneTask(policy, delay_s=0.3)
+        coach = SlowOnOneTask(delay_s=0.3, policy=policy)
         episodes = runner_for(policy, schedule, coach=coach).run(12)  # 6 slots, 2 passes
         assert all(not e.aborted for e in episodes)
         meanwhile[schedule] = coach.batches_meanwhile
