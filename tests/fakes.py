@@ -59,14 +59,28 @@ class InProcessSandbox:
         self.closed = True
 
 
+#: Longest a :class:`FixedCoach` call waits for the others it is told to gather: far past
+#: what scheduling takes on a loaded machine, so only calls that never overlap exhaust it.
+GATHER_PATIENCE_S = 30.0
+
+
 class FixedCoach:
-    """Returns the same verdict for every action, after an optional delay."""
+    """Returns the same verdict for every action, after an optional delay.
+
+    Async calls are counted while in flight (``most_in_flight``: the most at once). With
+    ``gather``, each async call first waits until that many have been in flight at once
+    (or :data:`GATHER_PATIENCE_S` passed, after which no call waits): a test of overlap
+    then counts calls instead of timing them.
+    """
 
     default_reveal = "last_agent"
 
-    def __init__(self, score: float | None = 5.0, delay_s: float = 0.0) -> None:
+    def __init__(self, score: float | None = 5.0, delay_s: float = 0.0, gather: int = 0) -> None:
         self._score = score
         self.delay_s = delay_s
+        self.gather = gather
+        self.in_flight = 0
+        self.most_in_flight = 0
         self.requests: list[CoachRequest] = []
 
     @property
@@ -80,8 +94,20 @@ class FixedCoach:
         return CoachVerdict(score=self._score, valid=True, analysis="fixed", coach=self.name)
 
     async def ascore(self, request: CoachRequest) -> CoachVerdict:
-        if self.delay_s:
-            await asyncio.sleep(self.delay_s)
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + GATHER_PATIENCE_S
+            while self.most_in_flight < self.gather:
+                if loop.time() > deadline:
+                    self.gather = 0  # the calls do not overlap: let the rest through
+                    break
+                await asyncio.sleep(0.005)
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+        finally:
+            self.in_flight -= 1
         return self.score(request)
 
 

@@ -145,23 +145,40 @@ def scripted(replies: Sequence[HandlerResult]) -> Handler:
     return handler
 
 
-def counting_in_flight(reply: HandlerResult, delay_s: float) -> tuple[Handler, dict[str, int]]:
+#: Longest a request waits for the others that :func:`counting_in_flight` gathers: far
+#: past what scheduling takes on a loaded machine, so only requests that never overlap
+#: exhaust it.
+GATHER_PATIENCE_S = 30.0
+
+
+def counting_in_flight(
+    reply: HandlerResult, delay_s: float, gather: int = 0
+) -> tuple[Handler, dict[str, int]]:
     """A handler that answers ``reply`` after ``delay_s`` and counts requests in flight.
 
     Args:
         reply: The reply to every request.
         delay_s: Seconds each request is held.
+        gather: Each request is first held until this many have been in flight at once
+            (or :data:`GATHER_PATIENCE_S` passed, after which none is held): a test of
+            overlap then counts requests instead of timing them.
 
     Returns:
         The handler and its counters: ``now`` (in flight) and ``max`` (most at once).
     """
-    state = {"now": 0, "max": 0}
+    state = {"now": 0, "max": 0, "gather": gather}
     lock = threading.Lock()
 
     async def handler(_request: StubRequest) -> HandlerResult:
         with lock:
             state["now"] += 1
             state["max"] = max(state["max"], state["now"])
+        deadline = time.monotonic() + GATHER_PATIENCE_S
+        while state["max"] < state["gather"]:
+            if time.monotonic() > deadline:
+                state["gather"] = 0  # the requests do not overlap: let the rest through
+                break
+            await asyncio.sleep(0.005)
         await asyncio.sleep(delay_s)
         with lock:
             state["now"] -= 1
@@ -334,13 +351,13 @@ def run_stub_server(
     thread = threading.Thread(target=loop.run_forever, name="openai-stub-server", daemon=True)
     thread.start()
     try:
-        port = asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=10)
+        port = asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=60)
         server.base_url = f"http://127.0.0.1:{port}/v1"
         yield server
     finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=60)
         loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
+        thread.join(timeout=60)
         loop.close()
 
 

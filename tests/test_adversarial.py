@@ -47,11 +47,17 @@ TASK = MathTask(id="t-add", prompt="What is 2 + 3?", answer="5")
 ACTION_CHARS = 32_768
 #: A reader of agent text must be linear: at 8x the text, a step may take at most this many
 #: times as long (a linear reader measured 2-6x here, the quadratic readers this module
-#: once caught 40-70x, the cubic one far more). A ratio, not seconds, so a slow or busy
-#: machine slows both sides alike; each side is the fastest of three tries.
+#: once caught 40-70x, the cubic one far more). A ratio, not seconds, so a slow machine
+#: slows both sides alike; each side is the fastest of three tries, timed in this
+#: process's CPU time (``cpu_seconds``), which other processes on the cores do not add to.
 GROWTH_BOUND = 24
 #: Below this a step is too quick to time: a ratio of two such steps is noise.
 TIMING_FLOOR_S = 0.002
+
+
+#: The clock of the growth checks: CPU time of this process (all its threads), the work
+#: done, not the wall time a loaded machine stretches.
+cpu_seconds = time.process_time
 
 
 class EchoSandbox:
@@ -113,24 +119,24 @@ def grows_linearly(seconds_at) -> tuple[bool, float, float]:
 
 def test_the_growth_bound_catches_a_quadratic_reader():
     def quadratic(chars: int) -> float:
-        start = time.perf_counter()
+        start = cpu_seconds()
         text = hostile("\n", chars=chars)
         for _ in range(chars // 4):  # a reader that rescans the text per line it finds
             text.count("\n")
-        return time.perf_counter() - start
+        return cpu_seconds() - start
 
     def linear(chars: int) -> float:
-        start = time.perf_counter()
+        start = cpu_seconds()
         for _ in range(16):
             hostile("\n", chars=chars).count("\n")
-        return time.perf_counter() - start
+        return cpu_seconds() - start
 
     assert not grows_linearly(quadratic)[0]
     assert grows_linearly(linear)[0]
 
 
 def timed_episode(env, actions: dict[str, str]) -> dict[str, float]:
-    """Seconds each agent's step took in one episode of ``actions``."""
+    """CPU seconds each agent's step took in one episode of ``actions``."""
     env.reset(options={"task": TASK})
     took: dict[str, float] = {}
     for agent in env.agent_iter():
@@ -138,9 +144,9 @@ def timed_episode(env, actions: dict[str, str]) -> dict[str, float]:
         if terminated or truncated:
             env.step(None)
             continue
-        start = time.perf_counter()
+        start = cpu_seconds()
         env.step(actions[agent])
-        took[agent] = max(took.get(agent, 0.0), time.perf_counter() - start)
+        took[agent] = max(took.get(agent, 0.0), cpu_seconds() - start)
     return took
 
 
@@ -185,10 +191,10 @@ def test_the_llm_coachs_prompt_of_a_hostile_action_renders_quickly():
                 requests[chars] = list(coach.requests)
 
             def render_all(chars: int, requests=requests) -> float:
-                start = time.perf_counter()
+                start = cpu_seconds()
                 for request in requests[chars]:
                     templates.render(request)
-                return time.perf_counter() - start
+                return cpu_seconds() - start
 
             linear, small, big = grows_linearly(render_all)
             assert linear, (piece, small, big)
@@ -199,10 +205,20 @@ def test_the_llm_coachs_prompt_of_a_hostile_action_renders_quickly():
 def test_reading_agent_text_never_blocks_other_episodes(monkeypatch):
     # A reader slowed on purpose stands for any expensive reading of agent text: it runs
     # in a worker thread, so other episodes in the same event loop keep stepping.
+    # The reader waits until the event loop has ticked 5 more times: a reader run on the
+    # loop's own thread blocks the ticks and waits out its 60 s patience (far past any
+    # scheduling delay on a loaded machine) with fewer.
     import mappa_env.envs.mathchat.env as mathchat
 
+    ticks = [0]
+    seen_while_reading: list[int] = []
+
     def slow_blocks(text: str) -> list[str]:
-        time.sleep(0.6)
+        first = ticks[0]
+        deadline = time.monotonic() + 60
+        while ticks[0] < first + 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen_while_reading.append(ticks[0] - first)
         return []
 
     monkeypatch.setattr(mathchat, "extract_code_blocks", slow_blocks)
@@ -210,27 +226,25 @@ def test_reading_agent_text_never_blocks_other_episodes(monkeypatch):
         "MathChat-v0", tasks=[TASK], sandbox=EchoSandbox, isolation="none", coach=RulesCoach()
     )
 
-    async def main() -> float:
+    async def main() -> None:
         await env.areset(options={"task": TASK})
         await env.astep("The answer is 5.")  # the solver; the code executor is next
-        gaps = []
+        stop = asyncio.Event()
 
-        async def ticker() -> None:
-            last = time.perf_counter()
-            for _ in range(12):
-                await asyncio.sleep(0.05)
-                now = time.perf_counter()
-                gaps.append(now - last)
-                last = now
+        async def ticker() -> None:  # the other episode in the same loop
+            while not stop.is_set():
+                await asyncio.sleep(0.01)
+                ticks[0] += 1
 
         ticking = asyncio.create_task(ticker())
-        await asyncio.sleep(0.08)  # the other episode is under way
         await env.astep(hostile("`"))
+        stop.set()
         await ticking
-        return max(gaps)
 
     try:
-        assert asyncio.run(main()) < 0.3
+        asyncio.run(main())
+        assert seen_while_reading, "the reader was not called"
+        assert min(seen_while_reading) >= 5, seen_while_reading
     finally:
         env.close()
 

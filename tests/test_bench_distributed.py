@@ -102,19 +102,32 @@ def test_the_gpu_poller_reads_nvidia_smi_and_keeps_each_gpus_peak(tmp_path, monk
     readings = tmp_path / "readings"
     readings.write_text("GPU-aaaa, 100\nGPU-bbbb, 7\n")
     fake = tmp_path / "nvidia-smi"
-    # Prints the readings file, then lowers the first GPU's figure for the next read.
-    fake.write_text(f"#!/bin/sh\ncat {readings}\necho 'GPU-aaaa, 40' > {readings}\n")
+    # Prints the readings file, then lowers the first GPU's figure for the next read; each
+    # call adds a line to calls.
+    calls = tmp_path / "calls"
+    fake.write_text(
+        f"#!/bin/sh\ncat {readings}\necho 'GPU-aaaa, 40' > {readings}\necho >> {calls}\n"
+    )
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     poller = GpuMemoryPoller(every_s=0.01)
     assert poller.read() == {"aaaa": 100.0, "bbbb": 7.0}
     assert poller.read() == {"aaaa": 40.0}
-    with poller:
-        import time
+    import time
 
-        time.sleep(0.2)
+    def two_more_reads() -> None:
+        # Counted through the fake's calls, not slept through: starting it takes long
+        # on a busy machine.
+        wanted = len(calls.read_text().splitlines()) + 2
+        deadline = time.monotonic() + 60
+        while len(calls.read_text().splitlines()) < wanted:
+            assert time.monotonic() < deadline, "the poller did not read"
+            time.sleep(0.01)
+
+    with poller:
+        two_more_reads()
     assert poller.peaks_mib == {"aaaa": 40.0}
     readings.write_text("GPU-aaaa, 100\n")
     with GpuMemoryPoller(every_s=0.01) as again:
-        time.sleep(0.2)
+        two_more_reads()  # 100, then 40
     assert again.peaks_mib == {"aaaa": 100.0}  # the peak, not the later 40

@@ -10,6 +10,7 @@ only for artifacts that do the job.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import os
@@ -23,6 +24,7 @@ import pytest
 
 import mappa_env
 from mappa_env._fs import (
+    MAX_WALK_DEPTH,
     UnsafeFileError,
     file_kind,
     read_regular_file,
@@ -89,7 +91,60 @@ def rewards(env: DSBenchEnv) -> dict[tuple[str, int], float]:
 # ---------------------------------------------------------------- walking and removing
 
 
-def test_listing_survives_a_deep_chain_and_skips_links_and_special_files(tmp_path):
+class CountingScandir:
+    """Stands in for ``os.scandir`` and counts the folders it opens and the entries read."""
+
+    def __init__(self) -> None:
+        self.folders = 0
+        self.entries = 0
+        self._scandir = os.scandir
+
+    def __call__(self, path):
+        self.folders += 1
+        return self._Iterator(self._scandir(path), self)
+
+    class _Iterator:
+        def __init__(self, inner, counter: CountingScandir) -> None:
+            self._inner = inner
+            self._counter = counter
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc_info) -> None:
+            self._inner.close()
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            entry = next(self._inner)
+            self._counter.entries += 1
+            return entry
+
+
+@pytest.fixture
+def scandir(monkeypatch) -> CountingScandir:
+    counter = CountingScandir()
+    monkeypatch.setattr(os, "scandir", counter)
+    return counter
+
+
+@pytest.fixture
+def opened(monkeypatch) -> list[str]:
+    """The names given to ``os.open`` while the test runs (a FIFO blocks once opened)."""
+    names: list[str] = []
+    real_open = os.open
+
+    def spying_open(path, *args, **kwargs):
+        names.append(os.path.basename(os.fsdecode(path)))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", spying_open)
+    return names
+
+
+def test_listing_survives_a_deep_chain_and_skips_links_and_special_files(tmp_path, scandir):
     outside = tmp_path / "outside.txt"
     outside.write_text("not in the workspace")
     workspace = tmp_path / "workspace"
@@ -103,9 +158,10 @@ def test_listing_survives_a_deep_chain_and_skips_links_and_special_files(tmp_pat
     os.mkfifo(workspace / "fifo")
     deep_chain(workspace)
     try:
-        start = time.perf_counter()
         names = [f.name for f in list_files(workspace)]
-        assert time.perf_counter() - start < 1.0
+        # The walk's work: the workspace, sub, and the chain down to the depth limit, not
+        # its 1,500 levels, and no folder through a link.
+        assert scandir.folders == 2 + MAX_WALK_DEPTH
         assert names == ["sub/a.txt", "train.csv"]  # nothing beyond the depth limit, no links
         assert list_files(tmp_path / "gone") == []
         (tmp_path / "swapped").symlink_to(workspace)
@@ -124,15 +180,16 @@ def fast_dir(tmp_path):
     remove_tree(folder)
 
 
-def test_listing_a_flood_of_files_is_bounded(fast_dir):
+def test_listing_a_flood_of_files_is_bounded(fast_dir, scandir):
     count = 100_000
     folder = os.open(fast_dir, os.O_RDONLY)
     for i in range(count):
         os.close(os.open(f"f{i:06d}", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=folder))
     os.close(folder)
-    start = time.perf_counter()
     files = walk_files(fast_dir, limit=200, max_entries=20_000)
-    assert time.perf_counter() - start < 1.0
+    # One folder, and 20,000 of its 100,000 entries (plus the one read to find the budget
+    # spent).
+    assert (scandir.folders, scandir.entries) == (1, 20_001)
     assert len(files) == 200
     assert remove_tree(fast_dir) == []
     assert not fast_dir.exists()
@@ -180,16 +237,16 @@ def test_remove_tree_takes_deep_long_named_locked_trees_and_never_follows_links(
     ],
     ids=["outside", "environ", "pagemap", "fifo", "directory", "hard_link", "sparse_1TB"],
 )
-def test_only_small_regular_files_of_their_own_are_read(tmp_path, make, why):
+def test_only_small_regular_files_of_their_own_are_read(tmp_path, make, why, opened):
     outside = tmp_path / "outside.csv"
     outside.write_text("id,species\n1,setosa\n")
     folder = tmp_path / "workspace"
     folder.mkdir()
     make(folder, outside)
-    start = time.perf_counter()
     with pytest.raises(UnsafeFileError, match=why):
         read_regular_file(folder, "f", max_bytes=1000)
-    assert time.perf_counter() - start < 1.0  # a FIFO without a writer does not block
+    # Refused before it is opened: a FIFO without a writer cannot block, 1 TB is not read.
+    assert "f" not in opened
     kind, _ = file_kind(folder, "f")
     assert kind is not None  # it is seen (and listed), just not read
 
@@ -247,15 +304,15 @@ ANALYST_REASON = {
 
 @pytest.mark.parametrize("damage", sorted(ANALYST_DAMAGE))
 def test_a_submission_that_is_not_a_plain_file_is_unscorable_and_harmless(
-    env, damage, tmp_path, monkeypatch
+    env, damage, tmp_path, monkeypatch, opened
 ):
     monkeypatch.setenv("MAPPA_CANARY", "canary-9f3b-in-the-env-process")
     outside = tmp_path / "elsewhere.csv"
     env.step("Nothing to prepare.")
     env.step("Nothing to train.")
-    start = time.perf_counter()
     env.step(code(f"import os, shutil\nOUTSIDE = {str(outside)!r}\n{ANALYST_DAMAGE[damage]}"))
-    assert time.perf_counter() - start < 10.0
+    # Refused before it is opened: a FIFO without a writer cannot block, 1 TB is not read.
+    assert "submission.csv" not in opened
     submission = env.infos["analyst"]["submission"]
     assert submission["success"] is False
     assert ANALYST_REASON[damage] in submission["reason"]
@@ -325,9 +382,7 @@ def test_no_step_raises_whatever_agent_code_leaves_in_the_workspace(env):
         "Done.",
     ]
     for action in steps:
-        start = time.perf_counter()
-        env.step(action)
-        assert time.perf_counter() - start < 20.0, action[:40]
+        env.step(action)  # a blocking FIFO would stall here until the pytest timeout
     assert env.state()["outcome"]["success"] is False
     artifacts = env.transcript[0].tool.extra["artifacts"]
     assert all(entry["loads"] is False for entry in artifacts.values())
@@ -638,8 +693,19 @@ def test_a_pickle_cannot_forge_the_inspection_report(env):
     assert rewards(env)[("data_engineer", 0)] <= 0.5
 
 
-def test_a_submission_with_a_huge_header_is_refused_quickly():
+def test_a_submission_with_a_huge_header_is_refused_before_pandas_parses_it(monkeypatch):
+    from mappa_env.dsbench import metrics
     from mappa_env.dsbench.metrics import MAX_COLUMNS, score_submission
+
+    # pandas parses a header of a million columns for minutes: count what reaches it.
+    parsed: list[int] = []
+    read_csv = pd.read_csv
+
+    def counting_read_csv(source, *args, **kwargs):
+        parsed.append(len(source.getvalue()) if isinstance(source, io.BytesIO) else -1)
+        return read_csv(source, *args, **kwargs)
+
+    monkeypatch.setattr(metrics.pd, "read_csv", counting_read_csv)
 
     answers = pd.DataFrame({"id": ["1", "2"], "y": ["a", "b"]})
     wide = ",".join(["id", "y", *(f"c{i}" for i in range(20_000))]).encode() + b"\n1,a\n"
@@ -648,13 +714,31 @@ def test_a_submission_with_a_huge_header_is_refused_quickly():
     colliding = ",".join(["id", "y", *names])
     colliding_content = colliding.encode() + b"\n1,a\n"
     endless = b"id" + b"x" * (2 * 1024 * 1024)
-    started = time.perf_counter()
-    cases = ((wide, "columns"), (endless, "header line"), (colliding_content, "duplicate"))
-    for content, why in cases:
+    for content, why in ((wide, "columns"), (endless, "header line")):
         score = score_submission(content, answers, "accuracy", "id", ["y"])
         assert score.success is False
         assert why in score.reason, score.reason
-    assert time.perf_counter() - started < 10.0
+        assert parsed == [], "refused from its first line, unparsed"
+    score = score_submission(colliding_content, answers, "accuracy", "id", ["y"])
+    assert score.success is False
+    assert "duplicate" in score.reason, score.reason
+    assert parsed  # under the limit: parsed, then refused
+
+
+def test_duplicate_column_names_are_found_in_linear_time(monkeypatch):
+    from mappa_env.dsbench.metrics import score_submission
+
+    # 20,000 columns: counting each name in the list took about five minutes of CPU (20 s
+    # at 5,000), a linear check takes hundredths of a second. The CPU time of this thread
+    # counts the work: other processes on the cores do not add to it.
+    names = [f"c{i}" for i in range(20_000)]
+    table = pd.DataFrame([["1", "a", *range(len(names)), 0]], columns=["id", "y", *names, "c7"])
+    answers = pd.DataFrame({"id": ["1"], "y": ["a"]})
+    start = time.thread_time()
+    score = score_submission(table, answers, "accuracy", "id", ["y"])
+    assert time.thread_time() - start < 20
+    assert score.success is False
+    assert "duplicate column names: ['c7']" in score.reason, score.reason
 
 
 # Hand-built pickles that reach code through names the safe unpickler must refuse: an

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mappa_env.envs.mathchat.symbolic import _Worker
 from mappa_env.grading import (
     SymbolicChecker,
     answers_match,
@@ -143,12 +144,13 @@ def test_a_placeholder_box_does_not_hide_a_real_one():
 def test_many_boxes_are_read_fast():
     different = " ".join(rf"\boxed{{{i}}}" for i in range(20_000))
     same = " ".join([r"\boxed{6,534}", r"\boxed{6534}"] * 10_000)
-    start = time.perf_counter()
+    start = time.thread_time()
     assert extract_boxed(different) is None
     assert extract_boxed(same) == "6534"
-    # 0.6 s on a busy 2-core machine, 2.2 s with the whole suite beside it: the bound is
-    # for a reader whose time grows with the square of the boxes, not for a slow machine.
-    assert time.perf_counter() - start < 10.0
+    # 0.5 s of this thread's CPU time: the bound is for a reader whose work grows with the
+    # square of the boxes. CPU time, not wall time, so other processes on the cores do not
+    # count against it.
+    assert time.thread_time() - start < 10.0
 
 
 def test_extract_boxed_fallbacks_can_be_disabled():
@@ -165,9 +167,9 @@ def test_extract_boxed_handles_deep_nesting_and_long_text_fast():
     deep = r"\boxed{" + "{" * 5000 + "x" + "}" * 5000 + "}"
     assert extract_boxed(deep) == "{" * 5000 + "x" + "}" * 5000
     long_text = "word " * 200_000 + r"\boxed{5}"
-    start = time.perf_counter()
+    start = time.thread_time()
     assert extract_boxed(long_text) == "5"
-    assert time.perf_counter() - start < 2.0
+    assert time.thread_time() - start < 2.0  # about 0.01 s of this thread's CPU time
 
 
 # --------------------------------------------------------------------------------------
@@ -375,19 +377,32 @@ def test_answers_match_inside_a_running_event_loop():
 
 
 @pytest.mark.slow
-def test_runaway_expression_is_bounded_and_its_worker_replaced():
+def test_runaway_expression_is_bounded_and_its_worker_replaced(monkeypatch):
+    waits = []
+    original_next_reply = _Worker._next_reply
+
+    def next_reply(self, timeout_s: float):
+        waits.append(timeout_s)
+        return original_next_reply(self, timeout_s)
+
+    monkeypatch.setattr(_Worker, "_next_reply", next_reply)
     checker = SymbolicChecker(max_workers=1)
     try:
         checker.warm_up()
         assert answers_match("\\sqrt{8}", "2\\sqrt{2}", checker=checker)  # worker ready
         before = {child.pid for child in psutil.Process().children()}
 
+        waits.clear()
         start = time.perf_counter()
         result = answers_match("10^{10^{10}}", "5\\sqrt{2}", timeout_s=1.0, checker=checker)
         elapsed = time.perf_counter() - start
 
         assert result is False
-        assert elapsed < 1.0 + 1.5  # the bound, plus killing and reaping the worker
+        # The caller waited for the reply once, for the 1 s asked for. The expression never
+        # finishes, so any finite bound shows the wait ended; 30 s leaves room for killing
+        # and reaping the worker on a machine with other work on its cores.
+        assert waits == [1.0]
+        assert elapsed < 30
         assert checker.timeouts == 1
         assert checker.live_workers == 1  # the replacement, nothing leaked
         after = {child.pid for child in psutil.Process().children()}
@@ -415,12 +430,15 @@ def test_pathological_inputs_never_hang_or_raise():
         "nan",
         "inf",
     ]
-    start = time.perf_counter()
+    # Waiting for a worker's verdict is bounded by timeout_s (see the runaway test); what
+    # this thread does with the text itself is counted in its CPU time, which other
+    # processes on the cores and worker restarts do not add to.
+    start = time.thread_time()
     for pred in nasty:
         for truth in ("5", pred):
             assert answers_match(pred, truth, timeout_s=1.0) in (True, False)
     assert answers_match("9" * 100_000, "9" * 100_000) is True
-    assert time.perf_counter() - start < 30
+    assert time.thread_time() - start < 10
 
 
 # Fragments that tend to break LaTeX parsers, glued together at random.

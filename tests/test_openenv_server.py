@@ -179,7 +179,7 @@ def test_concurrent_sessions_have_their_own_workspace_closed_with_the_session():
         _wait_until(lambda: not workspaces[1].exists())
 
 
-def _wait_until(condition, timeout_s: float = 20.0) -> None:
+def _wait_until(condition, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "timed out"

@@ -120,7 +120,7 @@ def test_a_forked_child_runs_its_own_loop():
             texts = results.get(timeout=60)
         except queue.Empty:
             texts = None
-        child.join(timeout=10)
+        child.join(timeout=60)
         if child.is_alive():
             child.kill()
             child.join()
@@ -314,12 +314,12 @@ def vllm_like_server(with_token_id_fields: bool) -> Iterator[tuple[str, list[dic
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
-        port = asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=10)
+        port = asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=60)
         yield f"http://127.0.0.1:{port}/v1", bodies
     finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=60)
         loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
+        thread.join(timeout=60)
         loop.close()
 
 

@@ -573,7 +573,7 @@ def test_closing_a_compiled_policy_ends_queued_calls_with_the_closed_error(tiny,
 
     def slow(**kwargs):
         entered.set()
-        release.wait(10)
+        release.wait(60)
         return generate(**kwargs)
 
     monkeypatch.setattr(model, "generate", slow)
@@ -587,17 +587,17 @@ def test_closing_a_compiled_policy_ends_queued_calls_with_the_closed_error(tiny,
 
     with ThreadPoolExecutor(4) as pool:
         running = pool.submit(call)
-        assert entered.wait(10)  # inside generate, holding the generate lock
+        assert entered.wait(60)  # inside generate, holding the generate lock
         queued = [pool.submit(call) for _ in range(2)]
         while compiled._decode_executor._work_queue.qsize() < 2:
             threading.Event().wait(0.01)
         closing = pool.submit(compiled.close)
         # Queued calls end at once, while the running one still holds the lock.
         for future in queued:
-            assert "closed" in str(future.result(timeout=10))
+            assert "closed" in str(future.result(timeout=60))
         release.set()
-        closing.result(timeout=10)
-        assert isinstance(running.result(timeout=10), list)  # the running call finished
+        closing.result(timeout=60)
+        assert isinstance(running.result(timeout=60), list)  # the running call finished
     with pytest.raises(RuntimeError, match="closed"):
         compiled.generate([SHORT], params)
     with pytest.raises(RuntimeError, match="closed"):

@@ -203,9 +203,9 @@ def test_cpu_limit_stops_the_kernel_and_restarts_it(tmp_path: Path) -> None:
     with JupyterSandbox(tmp_path, SandboxLimits(cpu_seconds=2)) as sandbox:
         sandbox.start()
         old_pid = sandbox.kernel_pid
-        started = time.monotonic()
-        result = sandbox.run("while True:\n    pass", timeout=30)
-        assert time.monotonic() - started < 15
+        # 2 s of CPU take some 10 s of wall time at load 8 on two cores: the endless loop
+        # ends by the CPU limit (not timed out) long before the 120 s timeout.
+        result = sandbox.run("while True:\n    pass", timeout=120)
         assert result.error is not None
         assert result.error.name == "CPUTimeLimitExceeded"
         assert result.restarted
@@ -244,18 +244,17 @@ def test_fork_bomb_is_stopped(tmp_path: Path) -> None:
     # The code's pids are the host's only without namespaces.
     with JupyterSandbox(tmp_path, SandboxLimits(max_processes=32), isolation="none") as sandbox:
         sandbox.run("x = 1")
-        started = time.monotonic()
+        # Its processes sleep 60 s, past the 50 s timeout: a call that did not time out
+        # was ended by the limit.
         result = sandbox.run(bomb, timeout=50)
-        elapsed = time.monotonic() - started
         assert result.error is not None
         assert result.error.name == "ProcessLimitExceeded"
         assert result.restarted
         assert not result.timed_out
-        assert elapsed < 20
         pids = {int(line) for line in (tmp_path / "pids.txt").read_text().split()}
         # It got going, and was stopped long before its 1,023 forks ran their course.
         assert 8 < len(pids) < 512
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30  # left once they are gone
         while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert all(gone(pid) for pid in pids)
@@ -274,7 +273,11 @@ def test_processes_left_running_between_calls_are_watched(tmp_path: Path) -> Non
         )
         assert first.ok
         assert not first.restarted
-        time.sleep(3)  # the 64 processes appear after the call returned
+        # The 64 processes appear after the call returned; the watcher then stops the
+        # kernel. Waited for (up to a minute on a busy machine), not slept through.
+        deadline = time.monotonic() + 60
+        while sandbox.kernel_pid is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
         later = sandbox.run("'next call'")
         assert later.restarted
         assert later.stdout == "'next call'\n"
@@ -293,10 +296,8 @@ def test_output_message_above_the_size_limit_is_dropped(tmp_path: Path, code: st
     limits = SandboxLimits(max_message_bytes=MIB, max_output_chars=1000)
     with JupyterSandbox(tmp_path, limits) as sandbox:
         sandbox.run("kept = 1")
-        started = time.monotonic()
-        result = sandbox.run(code, timeout=20)
-        assert time.monotonic() - started < 5
-        assert not result.timed_out
+        result = sandbox.run(code, timeout=60)
+        assert not result.timed_out  # the call did not wait for what was dropped
         assert "output of this call was lost" in result.stderr
         assert len(result.stdout) < 1000
         assert not result.restarted

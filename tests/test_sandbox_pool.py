@@ -20,7 +20,8 @@ def gone(pid: int) -> bool:
         return True
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> bool:
+    # Returns as soon as the condition holds: the long timeout only matters on a busy machine.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
@@ -106,7 +107,7 @@ def test_dead_pooled_kernels_are_skipped(pool: KernelPool, tmp_path: Path) -> No
 
 def test_empty_pool_falls_back_to_a_cold_sandbox(tmp_path: Path) -> None:
     with KernelPool(0) as empty:
-        assert empty.wait_ready(timeout=1)
+        assert empty.wait_ready(timeout=60)
         sandbox = empty(tmp_path)
         try:
             assert empty.misses == 1

@@ -85,7 +85,7 @@ def closed_by_server(sock: socket.socket, within_s: float = 30.0) -> bool:
     return True
 
 
-def _wait_until(condition, timeout_s: float = 30.0) -> None:
+def _wait_until(condition, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "timed out"
@@ -152,7 +152,9 @@ def test_a_reset_naming_a_task_or_a_seed_is_refused_unless_allowed():
 
 
 def test_an_idle_session_is_closed_and_its_slot_freed():
-    limits = ServeLimits(idle_timeout_s=0.5)
+    # 3 s: the client's connect and reset follow each other well within it on a busy
+    # machine, and the slot is still freed within the wait below.
+    limits = ServeLimits(idle_timeout_s=3)
     with running_server(multiplexed(max_sessions=1), token=TOKEN, limits=limits) as url:
         idle = MappaEnvClient(url, token=TOKEN).sync()
         idle.connect()

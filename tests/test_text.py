@@ -87,10 +87,13 @@ def test_strip_think_agrees_with_the_former_expressions(text):
 )
 def test_reading_a_hostile_action_takes_linear_time(piece):
     # 8,000 backticks took 118 s through the former fence expression, 32,768 newlines 4.5 s
-    # through the answer-line one; a whole action of any piece now reads in milliseconds.
+    # through the answer-line one; a whole action of any piece now reads in about 10 ms.
+    # The CPU time of this thread counts the readers' work: other processes on the cores
+    # do not add to it, so the bound holds on a loaded machine and still fails the old
+    # readers by far.
     text = (piece * (32_768 // len(piece) + 1))[:32_768]
-    start = time.perf_counter()
+    start = time.thread_time()
     extract_code_blocks(text)
     strip_think(text)
     extract_boxed(text, fallback=True)
-    assert time.perf_counter() - start < 0.1
+    assert time.thread_time() - start < 1.0
