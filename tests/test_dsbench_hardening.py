@@ -694,7 +694,6 @@ def test_a_pickle_cannot_forge_the_inspection_report(env):
 
 
 def test_a_submission_with_a_huge_header_is_refused_before_pandas_parses_it(monkeypatch):
-    from mappa_env.dsbench import metrics
     from mappa_env.dsbench.metrics import MAX_COLUMNS, score_submission
 
     # pandas parses a header of a million columns for minutes: count what reaches it.
@@ -705,7 +704,7 @@ def test_a_submission_with_a_huge_header_is_refused_before_pandas_parses_it(monk
         parsed.append(len(source.getvalue()) if isinstance(source, io.BytesIO) else -1)
         return read_csv(source, *args, **kwargs)
 
-    monkeypatch.setattr(metrics.pd, "read_csv", counting_read_csv)
+    monkeypatch.setattr(pd, "read_csv", counting_read_csv)  # pandas itself: every reader
 
     answers = pd.DataFrame({"id": ["1", "2"], "y": ["a", "b"]})
     wide = ",".join(["id", "y", *(f"c{i}" for i in range(20_000))]).encode() + b"\n1,a\n"
