@@ -51,7 +51,6 @@ rewards (:meth:`~CreditSettings.provisional`, :meth:`~CreditSettings.settle`).
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, overload
@@ -192,7 +191,9 @@ def register_credit_mode(name: str, rule: CreditRule | str, *, replace: bool = F
     if isinstance(rule, CreditRule):
         entry = dataclasses.replace(rule, name=name)
     elif isinstance(rule, str):
-        _split_path(rule)
+        from mappa_env.import_paths import split_import_path
+
+        split_import_path(rule, "a credit mode")
         entry = rule
     else:
         raise TypeError(
@@ -230,20 +231,15 @@ def get_credit_rule(mode: str) -> CreditRule:
         raise ValueError(f"unknown credit mode {mode!r}; use one of {CREDIT_MODES}")
     if isinstance(entry, CreditRule):
         return entry
-    module_name, attribute = _split_path(entry)
-    loaded = getattr(importlib.import_module(module_name), attribute)
+    # Imported here: a learner rank reads this registry's names and never a path.
+    from mappa_env.import_paths import load_import_path
+
+    loaded = load_import_path(entry, "a credit mode")
     if not isinstance(loaded, CreditRule):
         raise TypeError(f"{entry!r} (credit mode {mode!r}) is not a CreditRule")
     rule = dataclasses.replace(loaded, name=mode)
     _MODES[mode] = rule
     return rule
-
-
-def _split_path(path: str) -> tuple[str, str]:
-    module_name, separator, attribute = path.partition(":")
-    if not separator or not module_name or not attribute:
-        raise ValueError(f"a credit mode path is 'module:attribute', got {path!r}")
-    return module_name, attribute
 
 
 def check_credit(mode: str, outcome_weight: float = 0.5, backprop_decay: float = 0.5) -> None:

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
+from mappa_env.import_paths import split_import_path
+
 if TYPE_CHECKING:
     from mappa_env.coach.base import Coach
 
@@ -119,7 +121,7 @@ def register_coach(
 
         return decorator
     if isinstance(factory, str):
-        _split_path(factory)
+        split_import_path(factory, "a coach")
     elif not callable(factory):
         raise TypeError(
             "a coach factory is a coach class, a function returning a coach, or a "
@@ -176,7 +178,7 @@ def get_coach_factory(spec: str) -> tuple[CoachFactory, bool] | None:
     if entry is None or bool(separator) != (entry.argument is not None):
         return None
     if isinstance(entry.factory, str):
-        module_name, attribute = _split_path(entry.factory)
+        module_name, attribute = split_import_path(entry.factory, "a coach")
         loaded: Any = importlib.import_module(module_name)
         for part in attribute.split("."):
             loaded = getattr(loaded, part)
@@ -185,10 +187,3 @@ def get_coach_factory(spec: str) -> tuple[CoachFactory, bool] | None:
         entry = _Entry(loaded, entry.argument)
         _COACHES[name] = entry
     return entry.factory, entry.argument is not None  # type: ignore[return-value]
-
-
-def _split_path(path: str) -> tuple[str, str]:
-    module_name, separator, attribute = path.partition(":")
-    if not separator or not module_name or not attribute:
-        raise ValueError(f"a coach path is 'module:attribute', got {path!r}")
-    return module_name, attribute

@@ -18,7 +18,6 @@ This module imports nothing heavy: ``Tensor`` appears in annotations only.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, overload
@@ -223,7 +222,9 @@ def register_estimator(
     elif isinstance(estimator, str):
         if given:
             raise ValueError(f"{given[0]} is set on the AdvantageEstimator the path names")
-        _split_path(estimator)
+        from mappa_env.import_paths import split_import_path
+
+        split_import_path(estimator, "an estimator")
         entry = estimator
     elif callable(estimator):
         entry = AdvantageEstimator(
@@ -273,17 +274,12 @@ def get_estimator(name: str) -> AdvantageEstimator:
         )
     if isinstance(entry, AdvantageEstimator):
         return entry
-    module_name, attribute = _split_path(entry)
-    loaded = getattr(importlib.import_module(module_name), attribute)
+    # Imported here: a learner rank reads this registry's names and never a path.
+    from mappa_env.import_paths import load_import_path
+
+    loaded = load_import_path(entry, "an estimator")
     if not isinstance(loaded, AdvantageEstimator):
         raise TypeError(f"{entry!r} (estimator {name!r}) is not an AdvantageEstimator")
     estimator = dataclasses.replace(loaded, name=name)
     _ESTIMATORS[name] = estimator
     return estimator
-
-
-def _split_path(path: str) -> tuple[str, str]:
-    module_name, separator, attribute = path.partition(":")
-    if not separator or not module_name or not attribute:
-        raise ValueError(f"an estimator path is 'module:attribute', got {path!r}")
-    return module_name, attribute
