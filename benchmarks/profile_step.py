@@ -1,0 +1,233 @@
+"""Where one mappa training step's seconds go, on the workload of ``bench_vs_trl``.
+
+``bench_vs_trl`` found mappa's rollouts slower than the policy's own generation of the
+same tokens; this script says where the difference is, in one process:
+
+1. sets up mappa's trainer on ``bench_vs_trl``'s single-turn workload (same model, same
+   fixed-length replies, same config) and runs ``--warmup-steps`` steps;
+2. times ``--timed-steps`` steps, logging every call into the rollout policy
+   (``generate_calls``: prompts, seconds, CUDA-synchronised) and the phases the
+   trainer reports (rollout, log-prob passes, update);
+3. generates the last step's prompts again with the same policy, outside the runner
+   (``policy_alone``): what the rollout's generation would cost without the rest;
+4. runs one step under ``torch.profiler`` (CPU and CUDA activities) and writes the top
+   operators by CPU and device time (``<name>_ops_<samples>.txt``) and the GPU's busy share;
+5. runs one step under ``cProfile`` and writes the top Python functions by cumulative
+   and own time (``<name>_python_<samples>.txt``): what the operator view cannot show
+   (tokenisation, chat templates, environment and coach work, thread hand-offs).
+
+Run:  python -m benchmarks.profile_step --model 135m --samples 64 --max-new-tokens 128 \
+          --engine hf --no-compile-decode
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks._common import print_table, write_results
+from benchmarks.bench_vs_trl import (
+    build_model,
+    fix_reply_length,
+    make_parser,
+    mappa_config,
+    workload,
+)
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+class CallLog:
+    """Wraps a policy's ``generate`` and records each call's prompts and seconds."""
+
+    def __init__(self, policy: Any) -> None:
+        self.calls: list[dict[str, float]] = []
+        self._policy = policy
+        self._generate = policy.generate
+        policy.generate = self._timed  # the runner's thread hand-off calls this
+
+    def restore(self) -> None:
+        """Give the policy its own ``generate`` back (and drop this log's hold on it)."""
+        del self._policy.generate
+        self._policy = self._generate = None
+
+    def _timed(self, batch: Sequence[Any], params: Any) -> Any:
+        _sync()
+        started = time.perf_counter()
+        output = self._generate(batch, params)
+        _sync()
+        self.calls.append({"prompts": len(batch), "seconds": time.perf_counter() - started})
+        return output
+
+    def take(self) -> list[dict[str, float]]:
+        """The calls since the last ``take``."""
+        calls, self.calls = self.calls, []
+        return calls
+
+
+def timed_step(trainer: Any, log: CallLog) -> dict[str, Any]:
+    """One step's wall seconds, the trainer's phases and the generate calls inside it."""
+    _sync()
+    started = time.perf_counter()
+    metrics = trainer.train_step()
+    _sync()
+    wall = time.perf_counter() - started
+    calls = log.take()
+    rollout = float(metrics.get("rollout/seconds") or 0.0)
+    generate = sum(c["seconds"] for c in calls)
+    return {
+        "step_s": round(wall, 4),
+        "rollout_s": round(rollout, 4),
+        "generate_s": round(generate, 4),
+        "rollout_outside_generate_s": round(rollout - generate, 4),
+        "logprob_s": round(float(metrics.get("train/logprob_seconds") or 0.0), 4),
+        "update_s": round(float(metrics.get("train/update_seconds") or 0.0), 4),
+        "generate_calls": [
+            {"prompts": int(c["prompts"]), "seconds": round(c["seconds"], 4)} for c in calls
+        ],
+    }
+
+
+def operator_profile(trainer: Any, out: Path) -> dict[str, Any]:
+    """One step under ``torch.profiler``; writes the operator tables to ``out``, returns
+    the wall seconds and the GPU's busy seconds and share."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    _sync()
+    started = time.perf_counter()
+    with profile(activities=activities) as prof:
+        trainer.train_step()
+        _sync()
+    wall = time.perf_counter() - started
+    averages = prof.key_averages()
+    tables = [averages.table(sort_by="cpu_time_total", row_limit=40)]
+    device_us = 0.0
+    if torch.cuda.is_available():
+        tables.append(averages.table(sort_by="self_cuda_time_total", row_limit=30))
+        device_us = sum(getattr(e, "self_device_time_total", 0.0) for e in averages)
+    out.write_text("\n\n".join(tables) + "\n")
+    return {
+        "wall_s_profiled": round(wall, 3),
+        "gpu_busy_s": round(device_us / 1e6, 3),
+        "gpu_busy_fraction": round(device_us / 1e6 / wall, 3) if wall else None,
+    }
+
+
+def python_profile(trainer: Any, out: Path) -> float:
+    """One step under ``cProfile``; writes the top functions to ``out``, returns the wall
+    seconds."""
+    profiler = cProfile.Profile()
+    _sync()
+    started = time.perf_counter()
+    profiler.enable()
+    trainer.train_step()
+    _sync()
+    profiler.disable()
+    wall = time.perf_counter() - started
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("cumulative").print_stats(60)
+    stats.sort_stats("tottime").print_stats(40)
+    out.write_text(text.getvalue())
+    return round(wall, 3)
+
+
+def policy_alone(trainer: Any, policy: Any, repeats: int = 2) -> list[float]:
+    """The last step's prompts generated again by ``policy``, outside the runner."""
+    from mappa_agents.policy import SamplingParams
+    from mappa_agents.trajectory import load_jsonl
+
+    samples = load_jsonl(trainer.out / "rollouts" / f"step-{trainer.step - 1:06d}.jsonl")
+    config = trainer.config
+    params = SamplingParams(
+        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p
+    )
+    prompts = [s.messages for s in samples]
+    seconds = []
+    for _ in range(repeats):
+        _sync()
+        started = time.perf_counter()
+        policy.generate(prompts, params)
+        _sync()
+        seconds.append(round(time.perf_counter() - started, 4))
+    return seconds
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = make_parser()
+    parser.description = __doc__.splitlines()[0]
+    parser.add_argument("--timed-steps", type=int, default=3)
+    args = parser.parse_args(argv)
+    args.name = args.name or "profile_step"
+    sizes = [int(s) for s in args.samples.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    from benchmarks.bench_train_gpu import free_trainer
+    from mappa_train.trainer import Trainer
+
+    scratch = Path(tempfile.mkdtemp(prefix="mappa-profile-step-"))
+    model_dir, style = build_model(args.model, scratch / "model")
+    # Enough steps for warm-up, timing and the two profiled steps.
+    args.steps = max(2, args.warmup_steps + args.timed_steps + 2)
+    results: dict[str, Any] = {"model": args.model, "sizes": {}}
+    for samples in sizes:
+        work = workload(args, samples, model_dir, style)
+        trainer = Trainer(mappa_config(work, scratch / f"run-{samples}"))
+        trainer.save = lambda: None  # speed only: no checkpoints
+        trainer.setup()
+        policy = trainer.learners["writer"].rollout_policy
+        fix_reply_length(policy, work.engine)
+        log = CallLog(policy)
+        for _ in range(args.warmup_steps):
+            trainer.train_step()
+        log.take()
+        steps = [timed_step(trainer, log) for _ in range(args.timed_steps)]
+        alone = policy_alone(trainer, policy)
+        log.take()
+        ops = operator_profile(trainer, out / f"{args.name}_ops_{samples}.txt")
+        log.take()
+        python_wall = python_profile(trainer, out / f"{args.name}_python_{samples}.txt")
+        median = {
+            key: statistics.median(s[key] for s in steps)
+            for key in steps[0]
+            if key != "generate_calls"
+        }
+        results["sizes"][str(samples)] = {
+            "steps": steps,
+            "median": median,
+            "policy_alone_s": alone,
+            "operator_profile": ops,
+            "python_profile_wall_s": python_wall,
+        }
+        print_table(
+            [{"what": k, "value": v} for k, v in median.items()]
+            + [{"what": "policy alone s", "value": min(alone)}]
+            + [{"what": f"profiled {k}", "value": v} for k, v in ops.items()],
+            title=f"mappa step, {args.model}, {samples} samples x {args.max_new_tokens} tokens",
+        )
+        log.restore()
+        del policy, log  # both held the policy, which holds the model
+        free_trainer(trainer)
+    write_results(args.name, results, out)
+    return results
+
+
+if __name__ == "__main__":
+    main()
