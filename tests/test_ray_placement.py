@@ -11,12 +11,14 @@ ray = pytest.importorskip("ray")
 from mappa_agents.tiny_models import tiny_model_dir  # noqa: E402
 from mappa_train.config import TrainConfig  # noqa: E402
 from mappa_train.ray_trainer import RayTrainer, placement_bundles  # noqa: E402
-from tests.toy_env import LetterPairEnv  # noqa: E402
+from tests.toy_env import LetterEnv, LetterPairEnv  # noqa: E402
 
 
-def _config(tmp_path, **changes) -> TrainConfig:
+def _config(tmp_path, env: str = "Letter-v0", **changes) -> TrainConfig:
+    # One agent where one is enough: each rank and engine is a process that imports
+    # torch and transformers, and these tests are about where Ray puts them.
     settings = {
-        "env": "LetterPair-v0",
+        "env": env,
         "system": str(tiny_model_dir(tmp_path / "model")),
         "steps": 1,
         "distributed": "ray",
@@ -65,7 +67,7 @@ def ray_with_two_gpus():
 
 def test_ranks_of_one_group_get_different_gpus(tmp_path, ray_with_two_gpus):
     trainer = RayTrainer(
-        _config(tmp_path, ranks_per_agent=2, gpus_per_rank=0.5), LetterPairEnv, LetterPairEnv
+        _config(tmp_path, ranks_per_agent=2, gpus_per_rank=0.5), LetterEnv, LetterEnv
     )
     try:
         trainer.setup()
@@ -82,7 +84,8 @@ def test_ranks_of_one_group_get_different_gpus(tmp_path, ray_with_two_gpus):
 def test_a_placement_the_cluster_cannot_hold_is_refused_with_the_numbers(
     tmp_path, ray_with_two_gpus
 ):
-    trainer = RayTrainer(_config(tmp_path, ranks_per_agent=3), LetterPairEnv, LetterPairEnv)
+    config = _config(tmp_path, "LetterPair-v0", ranks_per_agent=3)
+    trainer = RayTrainer(config, LetterPairEnv, LetterPairEnv)
     with pytest.raises(ValueError, match="need 6 GPUs, the cluster has 2"):
         trainer.setup()
     trainer.close()
@@ -94,10 +97,10 @@ def _engine_gpu_ids(engine) -> list:
 
 @pytest.mark.parametrize("colocate", [True, False], ids=["colocated", "split"])
 def test_engines_share_their_ranks_gpu_or_get_one_apart(tmp_path, ray_with_two_gpus, colocate):
-    # LetterPair: 2 agents, one rank and one engine each, at 0.25 GPU apiece.
+    # One rank and one engine, at 0.25 GPU apiece.
     config = _config(tmp_path, gpus_per_rank=0.25, engines_per_agent=1, gpus_per_engine=0.25,
                      colocate_engines=colocate)  # fmt: skip
-    trainer = RayTrainer(config, LetterPairEnv, LetterPairEnv)
+    trainer = RayTrainer(config, LetterEnv, LetterEnv)
     try:
         trainer.setup()
         for learner in trainer.learners.values():
