@@ -143,7 +143,9 @@ def test_ctrl_c_in_training_is_one_line_with_the_command_that_resumes(tmp_path):
     root = Path(__file__).resolve().parents[1]
     model = tiny_model_dir(tmp_path / "model")
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "mappa_train", *_train_argv(model, out, "--steps", "100000")]
+    # -X faulthandler: a child that does not stop is made to print every thread's stack.
+    argv = [sys.executable, "-X", "faulthandler", "-m", "mappa_train",
+            *_train_argv(model, out, "--steps", "100000")]  # fmt: skip
     process = subprocess.Popen(
         argv,
         stdout=subprocess.PIPE,
@@ -159,7 +161,12 @@ def test_ctrl_c_in_training_is_one_line_with_the_command_that_resumes(tmp_path):
             assert time.monotonic() < deadline, "training never started"
             time.sleep(0.2)
         process.send_signal(signal.SIGINT)
-        output, _ = process.communicate(timeout=300)
+        try:
+            output, _ = process.communicate(timeout=150)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)  # faulthandler prints the stacks
+            stacks, _ = process.communicate(timeout=60)
+            pytest.fail(f"training went on 150 s after Ctrl-C; its threads:\n{stacks[-8000:]}")
     finally:
         if process.poll() is None:
             process.kill()
