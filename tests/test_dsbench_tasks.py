@@ -189,6 +189,16 @@ def test_default_cleaned_prompts_come_from_the_bench_dir_env(tmp_path: Path, mon
     assert tasks[0].metric == "accuracy"
 
 
+def test_a_misspelt_bench_dir_names_the_dsbench_files_it_should_hold(tmp_path, monkeypatch):
+    data, _, _ = _fake_tree(tmp_path)
+    monkeypatch.setenv(BENCH_DIR_ENV, str(tmp_path / "no-such-folder"))
+    with pytest.raises(FileNotFoundError, match=BENCH_DIR_ENV) as error:
+        load_dsbench_tasks(data, task_ids=["alpha"])
+    message = str(error.value)
+    assert f"holds {CLEANED_PROMPTS_FILE} and the task lists dsbench_modeling_" in message
+    assert "aime" not in message.lower()  # the math benchmarks' files are not DSBench's
+
+
 def test_a_folder_with_its_own_prompts_file_uses_it_before_the_bench_dir(
     tmp_path: Path, monkeypatch
 ):

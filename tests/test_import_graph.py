@@ -272,3 +272,165 @@ def test_the_former_ray_module_paths_are_the_modules_themselves():
     assert light, "importing mappa_train.ray imported Ray or torch"
     assert same == dict.fromkeys(RAY_MOVES, True)
     assert real, "mappa_train.ray shadowed the real Ray"
+
+
+# ------------------------------------------------ one environment never imports another
+
+#: The environments' packages: ``mappa_env/envs/<name>/``.
+ENVIRONMENTS = frozenset(p.parent.name for p in (ROOT / "mappa_env" / "envs").glob("*/__init__.py"))
+
+
+def _environment(module: str) -> str | None:
+    """The environment whose package holds ``module`` (``None`` for shared modules)."""
+    parts = module.split(".")
+    if parts[:2] == ["mappa_env", "envs"] and len(parts) > 2 and parts[2] in ENVIRONMENTS:
+        return parts[2]
+    return None
+
+
+def _only_strings(node: ast.expr) -> bool:
+    return isinstance(node, ast.Dict) and all(
+        isinstance(v, ast.Constant) and isinstance(v.value, str) for v in [*node.keys, *node.values]
+    )
+
+
+def _reexports(module: str) -> dict[str, tuple[str, str | None]] | None:
+    """What a module that only re-exports names passes on: name -> (home, name there).
+
+    ``None`` for a module that defines anything of its own. A re-export module holds
+    imports, ``__all__``, a lazy map of names to modules (``EXPORTS`` with a
+    ``__getattr__``), or makes its name another module (``sys.modules[__name__] = m``:
+    the key ``"*"``). A home is ``(module, None)`` when the name is a module itself.
+    """
+    if module not in ALL_MODULES or _environment(module) is not None:
+        return None
+    tree = ast.parse(ALL_MODULES[module].read_text())
+    passed: dict[str, tuple[str, str | None]] = {}
+    bound: dict[str, tuple[str, str | None]] = {}  # import-bound names (for sys.modules)
+
+    def record(node: ast.Import | ast.ImportFrom) -> None:
+        if isinstance(node, ast.Import):
+            return
+        source = _imported_module(module, node)
+        for alias in node.names:
+            sub = f"{source}.{alias.name}"
+            home = (sub, None) if sub in ALL_MODULES else (source, alias.name)
+            bound[alias.asname or alias.name] = home
+            if source in ALL_MODULES:
+                passed[alias.asname or alias.name] = home
+
+    for node in tree.body:
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # the docstring
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            record(node)
+        elif isinstance(node, ast.If) and _is_type_checking(node) and not node.orelse:
+            for child in node.body:
+                if not isinstance(child, (ast.Import, ast.ImportFrom)):
+                    return None
+                record(child)
+        elif isinstance(node, ast.FunctionDef) and node.name in ("__getattr__", "__dir__"):
+            continue
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            value = node.value
+            if len(targets) != 1 or value is None:
+                return None
+            target = targets[0]
+            if isinstance(target, ast.Name) and target.id == "__all__":
+                continue
+            if isinstance(target, ast.Name) and _only_strings(value):
+                pairs = zip(value.keys, value.values, strict=True)  # type: ignore[attr-defined]
+                for key, home in ((k.value, v.value) for k, v in pairs):
+                    if home in ALL_MODULES:
+                        passed[key] = (home, key)
+                continue
+            if (
+                isinstance(target, ast.Subscript)
+                and ast.unparse(target) == "sys.modules[__name__]"
+                and isinstance(value, ast.Name)
+                and value.id in bound
+            ):
+                return {"*": bound[value.id]}
+            return None
+        else:
+            return None
+    return passed
+
+
+def _homes(module: str, name: str | None, seen: frozenset[str] = frozenset()) -> set[str]:
+    """The modules that importing ``name`` from ``module`` (the module if ``None``) loads
+    from, following re-export modules to where the names are defined."""
+    exports = None if module in seen else _reexports(module)
+    if exports is None:
+        return {module}
+    seen = seen | {module}
+    if "*" in exports:
+        home, attribute = exports["*"]
+        return _homes(home, name if attribute is None else attribute, seen)
+    if name is None:
+        found = {m for home in exports.values() for m in _homes(*home, seen)}
+        return found or {module}
+    if name not in exports:
+        return {module}
+    return _homes(*exports[name], seen)
+
+
+def _imports_of_other_environments(module: str, tree: ast.AST) -> list[str]:
+    """``module -> home`` for each import of ``module`` that loads another environment's
+    module, directly or through re-export modules (type-only imports included)."""
+    mine = _environment(module)
+    found: set[str] = set()
+    for node in _all_imports(tree):
+        homes: set[str] = set()
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if known := _known_prefix(alias.name):
+                    homes |= _homes(known, None)
+        else:
+            source = _imported_module(module, node)
+            for alias in node.names:
+                sub = f"{source}.{alias.name}"
+                if sub in ALL_MODULES:
+                    homes |= _homes(sub, None)
+                elif source in ALL_MODULES:
+                    homes |= _homes(source, alias.name)
+                elif known := _known_prefix(source):
+                    homes |= _homes(known, None)
+        found |= {f"{module} -> {h}" for h in homes if _environment(h) not in (None, mine)}
+    return sorted(found)
+
+
+def test_re_export_modules_are_followed_to_where_names_live():
+    assert {"mathchat", "dsbench"} <= ENVIRONMENTS
+    # A module that is another module under a second name.
+    assert _homes("mappa_env.tasks.math", "load_math_tasks") == {"mappa_env.envs.mathchat.tasks"}
+    # A lazy package: each name to its own home, the shared ones included.
+    assert _homes("mappa_env.tasks", "load_math_tasks") == {"mappa_env.envs.mathchat.tasks"}
+    assert _homes("mappa_env.tasks", "user_task_secret") == {"mappa_env.tasks.secret"}
+    # Plain re-exports, by name and as a whole.
+    assert _homes("mappa_env.dsbench.tasks", "DSBenchTask") == {"mappa_env.envs.dsbench.tasks"}
+    assert "mappa_env.envs.mathchat.grading" in _homes("mappa_env.grading", None)
+    # A module with code of its own is where its names live.
+    assert _homes("mappa_env.tasks.secret", "user_task_secret") == {"mappa_env.tasks.secret"}
+    # How an environment reached another one before: through a former import path.
+    code = "from mappa_env.tasks.math import BENCH_DIR_ENV, find_bench_dir\n"
+    assert _imports_of_other_environments("mappa_env.envs.dsbench.tasks", ast.parse(code)) == [
+        "mappa_env.envs.dsbench.tasks -> mappa_env.envs.mathchat.tasks"
+    ]
+    code = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..mathchat import env\n"
+    assert _imports_of_other_environments("mappa_env.envs.dsbench.files", ast.parse(code)) == [
+        "mappa_env.envs.dsbench.files -> mappa_env.envs.mathchat.env"
+    ]
+    code = "from mappa_env.tasks import user_task_secret\nimport mappa_env.envs.pipeline\n"
+    assert _imports_of_other_environments("mappa_env.envs.dsbench.files", ast.parse(code)) == []
+
+
+def test_no_environment_imports_another_environment():
+    crossing = [
+        line
+        for name, path in ALL_MODULES.items()
+        if _environment(name) is not None
+        for line in _imports_of_other_environments(name, ast.parse(path.read_text()))
+    ]
+    assert crossing == [], "an environment imports another (through re-exports too)"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import mappa_env.tasks.math as tasks_math
+from mappa_env import bench_data
 from mappa_env._optional import MissingExtraError
 from mappa_env.grading import answers_match, answers_match_any
 from mappa_env.tasks import (
@@ -256,12 +257,30 @@ def test_bench_dir_env_pointing_nowhere_is_reported(tmp_path, monkeypatch):
 def test_no_bench_dir_error_lists_what_was_tried(tmp_path, monkeypatch):
     tried = [tmp_path / "a" / "shared" / "data" / "bench", tmp_path / "shared" / "data" / "bench"]
     monkeypatch.delenv(BENCH_DIR_ENV, raising=False)
-    monkeypatch.setattr(tasks_math, "bench_dir_candidates", lambda: tried)
+    monkeypatch.setattr(bench_data, "bench_dir_candidates", lambda: tried)
     with pytest.raises(FileNotFoundError) as error:
         find_bench_dir()
     message = str(error.value)
     assert all(str(path) in message for path in tried)
     assert BENCH_DIR_ENV in message
+
+
+def test_the_bench_folder_lookup_is_one_shared_function_under_its_former_names():
+    import mappa_env.dsbench.tasks
+    import mappa_env.envs.dsbench.tasks
+    import mappa_env.envs.mathchat.tasks
+    import mappa_env.tasks
+
+    for former in (
+        mappa_env.tasks,
+        tasks_math,
+        mappa_env.envs.mathchat.tasks,
+        mappa_env.envs.dsbench.tasks,
+        mappa_env.dsbench.tasks,
+    ):
+        assert former.find_bench_dir is bench_data.find_bench_dir, former
+        assert former.BENCH_DIR_ENV == bench_data.BENCH_DIR_ENV == "MAPPA_BENCH_DIR"
+    assert tasks_math.bench_dir_candidates is bench_data.bench_dir_candidates
 
 
 def test_candidates_start_with_the_env_var_then_walk_up(tmp_path, monkeypatch):
@@ -427,7 +446,7 @@ def test_a_local_file_wins_over_the_public_dataset(tmp_path, monkeypatch, offlin
 def test_neither_folder_nor_network_says_which_is_needed(tmp_path, monkeypatch, offline_hub):
     tried = [tmp_path / "shared" / "data" / "bench"]
     monkeypatch.delenv(BENCH_DIR_ENV, raising=False)
-    monkeypatch.setattr(tasks_math, "bench_dir_candidates", lambda: tried)
+    monkeypatch.setattr(bench_data, "bench_dir_candidates", lambda: tried)
     with pytest.raises(BenchmarkUnavailableError) as error:
         load_math_tasks("aime_2025")
     message = str(error.value)

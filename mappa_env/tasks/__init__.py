@@ -1,7 +1,8 @@
 """Task sources: math problems from files, named benchmarks, datasets or a seeded generator.
 
 The math task sources live in :mod:`mappa_env.envs.mathchat` (``tasks``, ``generator``,
-``word_problems``, ``checks``) and are re-exported here; the user's task secret
+``word_problems``, ``checks``) and are re-exported here, as is where the benchmark folder
+is found (:mod:`mappa_env.bench_data`); the user's task secret
 (:mod:`mappa_env.tasks.secret`) and the code timeout a task implies
 (:mod:`mappa_env.tasks.timeouts`) serve every environment and live here.
 
@@ -16,6 +17,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from mappa_env.bench_data import (
+        BENCH_DIR_ENV,
+        bench_dir_candidates,
+        find_bench_dir,
+    )
     from mappa_env.envs.mathchat.checks import (
         arithmetic_value,
         is_own_solution,
@@ -30,14 +36,11 @@ if TYPE_CHECKING:
         problem_identity,
     )
     from mappa_env.envs.mathchat.tasks import (
-        BENCH_DIR_ENV,
         PUBLIC_BENCHMARKS,
         BenchmarkUnavailableError,
         MathTask,
         PublicBenchmark,
         TaskFormatError,
-        bench_dir_candidates,
-        find_bench_dir,
         load_math_tasks,
         normalize_answer_value,
     )
@@ -52,7 +55,7 @@ if TYPE_CHECKING:
     )
 
 EXPORTS: dict[str, str] = {
-    "BENCH_DIR_ENV": "mappa_env.envs.mathchat.tasks",
+    "BENCH_DIR_ENV": "mappa_env.bench_data",
     "BenchmarkUnavailableError": "mappa_env.envs.mathchat.tasks",
     "DEFAULT_KINDS": "mappa_env.envs.mathchat.generator",
     "DIFFICULTY_LEVELS": "mappa_env.envs.mathchat.generator",
@@ -65,8 +68,8 @@ EXPORTS: dict[str, str] = {
     "TASK_SECRET_ENV": "mappa_env.tasks.secret",
     "TaskFormatError": "mappa_env.envs.mathchat.tasks",
     "arithmetic_value": "mappa_env.envs.mathchat.checks",
-    "bench_dir_candidates": "mappa_env.envs.mathchat.tasks",
-    "find_bench_dir": "mappa_env.envs.mathchat.tasks",
+    "bench_dir_candidates": "mappa_env.bench_data",
+    "find_bench_dir": "mappa_env.bench_data",
     "generate_math_tasks": "mappa_env.envs.mathchat.generator",
     "generate_unseen_tasks": "mappa_env.envs.mathchat.generator",
     "is_own_solution": "mappa_env.envs.mathchat.checks",

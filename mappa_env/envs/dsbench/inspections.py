@@ -69,7 +69,8 @@ def inspector_function(name: str) -> Callable[..., Any]:
 
     The inspector is a script that reads its parameters from stdin as it starts, so it
     cannot be imported; the environment still applies some of its rules itself (how a
-    label is written as text, :func:`~mappa_env.envs.dsbench.labels.label_text`) and
+    label is written as text, :func:`~mappa_env.envs.dsbench.labels.label_text`, which
+    the scorer's :func:`~mappa_env.envs.dsbench.scoring.canonical_label` runs too) and
     takes them from the same source, so the two sides cannot drift apart. The function
     sees only the builtins: it must use no global of the script.
 

@@ -190,10 +190,52 @@ def varies(obj):
     return bool((frame.nunique(dropna=False) > 1).any())
 
 
-def canonical(value):
-    # 1, 1.0 and numpy.int64(1) are one label; anything else is compared as text.
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return str(int(value)) if number and float(value).is_integer() else str(value)
+def canonical(value, missing="nan"):
+    """A class label as text: the one rule by which DSBench compares labels anywhere.
+
+    Numbers in one form: 1, 1.0, "1.0", " 1 ", "007" and numpy.int64(1) are "1"; other
+    floats are their repr ("0.30000000000000004"); integers keep every digit, and so
+    does a number written as text that a float would round (2**53 and beyond).
+    true/false in any case are "True"/"False"; other text is stripped. None, NaN,
+    pandas.NA, "" and "nan" are missing: ``missing`` ("nan" in the rows this script
+    writes, which reads back as missing; the scorer asks for None). The environment
+    compiles this function alone from this script's text, so it uses no global of it.
+    """
+    import math
+
+    import numpy
+    import pandas
+
+    def number_text(number):
+        # A float that holds an integer exactly loses its ".0"; any other keeps its repr.
+        if number.is_integer() and abs(number) < 2**53:
+            return str(int(number))
+        return repr(number)
+
+    if value is None or value is pandas.NA:
+        return missing
+    if isinstance(value, (bool, numpy.bool_)):
+        return "True" if value else "False"
+    if isinstance(value, (int, numpy.integer)):
+        return str(int(value))
+    if isinstance(value, (float, numpy.floating)):
+        if math.isnan(value):
+            return missing
+        return number_text(float(value)) if math.isfinite(value) else str(value)
+    text = str(value).strip()
+    lowered = text.lower()
+    if not text or lowered == "nan":
+        return missing
+    if lowered in ("true", "false"):
+        return lowered.capitalize()
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    # Huge integers would lose digits as floats; they keep their spelling.
+    if math.isfinite(number) and abs(number) < 2**53:
+        return number_text(number)
+    return text
 
 
 def target_rows(obj):

@@ -1,11 +1,13 @@
 """How DSBench-v0 compares labels: the inspector's label rule, and y_train against the target.
 
 The artifact inspector writes targets and predictions as text rows, one value per target
-column joined by ``|``, each value by its rule (:func:`label_text`: ``1``, ``1.0`` and
-``numpy.int64(1)`` are the label ``"1"``). The environment writes train.csv's target and
-the hidden answers by the same rule (:func:`label_rows`), then checks whether y_train is
-train.csv's target up to an encoding (:func:`holds_target`) and how to read predictions
-in y_train's encoding (:func:`target_translation`).
+column joined by ``|``, each value by its rule (:func:`label_text`: ``1``, ``1.0``,
+``"1.0"`` and ``numpy.int64(1)`` are the label ``"1"``, a missing value is ``"nan"``), the
+one rule by which the scorer compares labels too
+(:func:`~mappa_env.envs.dsbench.scoring.canonical_label`). The environment writes
+train.csv's target and the hidden answers by the same rule (:func:`label_rows`), then
+checks whether y_train is train.csv's target up to an encoding (:func:`holds_target`) and
+how to read predictions in y_train's encoding (:func:`target_translation`).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from mappa_env.envs.dsbench.scoring import canonical_ids
 
 logger = logging.getLogger(__name__)
 
-#: A target value as text: 1, 1.0 and numpy.int64(1) are one label. The inspector's own
-#: function (``canonical``), so the rows both sides write compare alike.
+#: A target value as text: 1, 1.0, "1.0" and numpy.int64(1) are one label; a missing one is
+#: "nan". The inspector's own function (``canonical``), which the scorer runs too, so the
+#: rows both sides write and the labels scored compare alike.
 label_text = inspector_function("canonical")
 
 

@@ -19,7 +19,9 @@ How values are compared:
   as ``"0013_01"`` or ``"000d118"`` are text.
 * **Class labels** are compared as text after the same stripping; numbers are written in
   one canonical form (``1``, ``1.0`` and ``"1.0"`` are the label ``"1"``; ``"007"`` is
-  ``"7"``) and ``true``/``false`` in any case are ``"True"``/``"False"``.
+  ``"7"``) and ``true``/``false`` in any case are ``"True"``/``"False"``. The artifact
+  inspector writes y_train's and a model's labels by the same rule: it is the
+  inspector's function (:func:`canonical_label`).
 * **Column names** match after stripping whitespace; when there is no exact match, a
   unique case-insensitive match is used. Extra columns in a submission are ignored.
 
@@ -55,6 +57,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from mappa_env.envs.dsbench.inspections import inspector_function
 from mappa_env.envs.dsbench.metrics import Metric, Score, get_metric, positive_label
 
 logger = logging.getLogger(__name__)
@@ -225,32 +228,25 @@ def canonical_ids(values: pd.Series | Sequence[Any]) -> pd.Series:
 _MISSING_WORDS = frozenset({"nan", "na", "n/a", "null", "none"})
 
 
+#: The label rule: the artifact inspector's own function (it runs where this package cannot
+#: be imported), so the labels it writes and the ones scored here compare alike.
+_LABEL_RULE = inspector_function("canonical")
+
+
 def canonical_label(value: Any) -> str | None:
-    """Canonical text of one class label (see the module docs), ``None`` when missing."""
-    if value is None or value is pd.NA:
-        return None
-    if isinstance(value, (bool, np.bool_)):
-        return "True" if value else "False"
-    if isinstance(value, (int, np.integer)):
-        return str(int(value))
-    if isinstance(value, (float, np.floating)):
-        if math.isnan(value):
-            return None
-        return _format_number(float(value)) if math.isfinite(value) else str(value)
-    text = str(value).strip()
-    lowered = text.lower()
-    if not text or lowered == "nan":
-        return None
-    if lowered in ("true", "false"):
-        return lowered.capitalize()
-    try:
-        number = float(text)
-    except ValueError:
-        return text
-    # Huge integers would lose digits as floats; they keep their spelling.
-    if math.isfinite(number) and abs(number) < _MAX_EXACT_FLOAT_INT:
-        return _format_number(number)
-    return text
+    """Canonical text of one class label (see the module docs), ``None`` when missing.
+
+    The rule is the artifact inspector's ``canonical``
+    (:func:`~mappa_env.envs.dsbench.inspections.inspector_function`), which writes a
+    missing value as ``"nan"`` in its rows: that text reads back as missing here.
+
+    Args:
+        value: A label as read (number, bool, text, ``None``, NaN, ``pandas.NA``).
+
+    Returns:
+        The label's text, or ``None`` when the value is missing.
+    """
+    return _LABEL_RULE(value, None)
 
 
 def _canonical_labels(series: pd.Series) -> np.ndarray:
@@ -337,8 +333,16 @@ def _prepare_truth(metric: Metric, series: pd.Series, column: str) -> np.ndarray
 
 def _ranked_texts(series: pd.Series) -> np.ndarray:
     """Space-separated ranked labels, each label in its canonical form."""
+    # Few distinct labels fill many rows: the rule runs once per distinct token.
+    known: dict[str, str] = {}
+
+    def canonical(token: str) -> str:
+        if token not in known:
+            known[token] = _canonical_token(token)
+        return known[token]
+
     return np.array(
-        [" ".join(_canonical_token(t) for t in str(v).split()) for v in _texts(series)],
+        [" ".join(canonical(t) for t in str(v).split()) for v in _texts(series)],
         dtype=object,
     )
 

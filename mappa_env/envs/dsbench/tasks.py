@@ -12,7 +12,8 @@ Descriptions, metrics, id and target columns come from a "cleaned prompts" JSON 
 ``target_column`` and ``id_column``); the raw Kaggle prompts come from the task-list
 JSON-lines files. By default both are looked up in a benchmark directory: the one named by
 the ``MAPPA_BENCH_DIR`` environment variable, else a ``shared/data/bench`` directory found
-by walking up from the working directory or from this package.
+by walking up from the working directory or from the package
+(:mod:`mappa_env.bench_data`).
 
 **Hidden answers.** :attr:`DSBenchTask.answers_path` exists only so that the environment
 can score a submission. It must never be copied into an agent's workspace or mentioned in
@@ -34,14 +35,16 @@ from typing import Any
 import pandas as pd
 
 from mappa_env._fs import not_a_regular_file, read_text_file, special_file_kind
+
+# The benchmark directory is shared by every environment; its names stay importable from
+# here for one release.
+from mappa_env.bench_data import BENCH_DIR_ENV as BENCH_DIR_ENV
+from mappa_env.bench_data import find_bench_dir as find_bench_dir
 from mappa_env.envs.dsbench.metrics import Metric, Score, get_metric
 
 # The same column matching as the scorer: stripped, then case-insensitive.
 from mappa_env.envs.dsbench.scoring import find_column, score_submission
 from mappa_env.errors import SettingsError
-
-# The benchmark directory is shared with the math tasks, which define where it is found.
-from mappa_env.tasks.math import BENCH_DIR_ENV, find_bench_dir
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +57,9 @@ TASK_LIST_FILES: Mapping[str, str] = {
     "eval": "dsbench_modeling_eval.json",
 }
 """Split name -> file name of the DSBench task lists (JSON lines) in the benchmark dir."""
+
+_DSBENCH_FILES = f"{CLEANED_PROMPTS_FILE} and the task lists {', '.join(TASK_LIST_FILES.values())}"
+"""What the benchmark folder holds for this loader, as errors about the folder say."""
 
 KNOWN_PROMPT_ISSUES: Mapping[str, str] = {
     "titanic": (
@@ -284,7 +290,7 @@ def load_dsbench_tasks(
         cleaned_prompts: The cleaned-prompts file or its parsed mapping. Default: a
             ``dsbench_modeling_cleaned_prompts.json`` in ``data_dir`` (or the folder it
             resolves to, or that folder's parent), else the one in the benchmark
-            directory (see :func:`find_bench_dir`).
+            directory (see :func:`~mappa_env.bench_data.find_bench_dir`).
 
     Returns:
         The tasks.
@@ -296,7 +302,7 @@ def load_dsbench_tasks(
         ValueError: If a task's metric is unknown or its columns are not in its answers.
     """
     root = _resolve_data_dir(data_dir)
-    bench_dir = find_bench_dir(required=False)
+    bench_dir = find_bench_dir(required=False, holding=_DSBENCH_FILES)
     # A DSBench folder that carries its own prompts file describes its own tasks: it
     # comes before the benchmark directory's file, which may list other tasks.
     local_prompts = next(

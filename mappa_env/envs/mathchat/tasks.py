@@ -4,8 +4,9 @@ Supported sources (see :func:`load_math_tasks`):
 
 * a JSON array file, a JSON-lines file, or a JSON object keyed by task id;
 * a benchmark name (``"aime_2025"``, ``"AIME_1983_2024"``, ``"amc"``, ``"amc_eval_32"``):
-  the file of that name in the benchmark directory (:func:`find_bench_dir`) when there
-  is one, else the benchmark's public Hugging Face dataset (:data:`PUBLIC_BENCHMARKS`);
+  the file of that name in the benchmark directory
+  (:func:`~mappa_env.bench_data.find_bench_dir`) when there is one, else the benchmark's
+  public Hugging Face dataset (:data:`PUBLIC_BENCHMARKS`);
 * a Hugging Face dataset (``"hf:<id>"``, or any string that is not a file and holds
   a ``/``), when the ``datasets`` package is installed.
 
@@ -26,15 +27,19 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from mappa_env import bench_data
 from mappa_env._fs import not_a_regular_file, read_text_file, special_file_kind
 from mappa_env._optional import MissingExtraError, require
+
+# Where the benchmark folder is found serves every environment (mappa_env.bench_data);
+# its names stay importable from here for one release.
+from mappa_env.bench_data import BENCH_DIR_ENV as BENCH_DIR_ENV
+from mappa_env.bench_data import bench_dir_candidates as bench_dir_candidates
+from mappa_env.bench_data import find_bench_dir as find_bench_dir
 from mappa_env.envs.mathchat.grading import extract_boxed
 from mappa_env.errors import SettingsError
 
 logger = logging.getLogger(__name__)
-
-BENCH_DIR_ENV = "MAPPA_BENCH_DIR"
-"""Environment variable naming the directory that holds the benchmark files."""
 
 PROMPT_FIELDS = ("prompt", "problem", "question")
 """Field names read as the problem statement, first present wins (case-insensitive)."""
@@ -158,64 +163,8 @@ PUBLIC_BENCHMARKS: dict[str, PublicBenchmark] = {
 }
 
 
-# --------------------------------------------------------------------------------------
-# Locating benchmark files
-# --------------------------------------------------------------------------------------
-
-
-def bench_dir_candidates() -> list[Path]:
-    """Directories searched for benchmark files, in order.
-
-    The value of ``MAPPA_BENCH_DIR`` when set; then ``shared/data/bench`` inside every
-    ancestor of the current directory and of this package's directory.
-
-    Returns:
-        Candidate directories (they need not exist).
-    """
-    candidates: list[Path] = []
-    configured = os.environ.get(BENCH_DIR_ENV)
-    if configured:
-        candidates.append(Path(configured).expanduser())
-    for start in (Path.cwd(), Path(__file__).resolve().parent):
-        for ancestor in (start, *start.parents):
-            candidate = ancestor / "shared" / "data" / "bench"
-            if candidate not in candidates:
-                candidates.append(candidate)
-    return candidates
-
-
-def find_bench_dir(required: bool = True) -> Path | None:
-    """The directory holding the benchmark files (math and DSBench task lists).
-
-    Args:
-        required: Raise when none is found (else return ``None``).
-
-    Returns:
-        The first existing directory of :func:`bench_dir_candidates`.
-
-    Raises:
-        FileNotFoundError: If ``MAPPA_BENCH_DIR`` names no directory (whether or not
-            ``required``: a misspelt setting must not pass unnoticed), or if
-            ``required`` and none exists; the message lists what was tried.
-    """
-    configured = os.environ.get(BENCH_DIR_ENV)
-    if configured and not Path(configured).expanduser().is_dir():
-        raise FileNotFoundError(
-            f"{BENCH_DIR_ENV}={configured!r} is not a directory. Point it at the folder "
-            "that holds AIME_1983_2024.json, aime_2025.json, amc*.json."
-        )
-    candidates = bench_dir_candidates()
-    for candidate in candidates:
-        if candidate.is_dir():
-            return candidate
-    if not required:
-        return None
-    tried = "\n  ".join(str(c) for c in candidates)
-    raise FileNotFoundError(
-        "No benchmark directory found. Tried:\n  "
-        f"{tried}\nSet {BENCH_DIR_ENV} to the folder holding the task files, or pass a file "
-        "path to load_math_tasks."
-    )
+_MATH_BENCH_FILES = "AIME_1983_2024.json, aime_2025.json, amc*.json"
+"""What the benchmark folder holds for these loaders, as errors about the folder say."""
 
 
 def _stem(name: str) -> str:
@@ -226,7 +175,7 @@ def _stem(name: str) -> str:
 
 def _local_benchmark(name: str) -> Path | None:
     """The file a benchmark name refers to in the benchmark directory, if there is one."""
-    directory = find_bench_dir(required=False)
+    directory = bench_data.find_bench_dir(required=False, holding=_MATH_BENCH_FILES)
     if directory is None:
         return None
     wanted, stem = name.lower(), _stem(name)
@@ -245,11 +194,11 @@ def public_benchmark(name: str) -> PublicBenchmark | None:
 
 def _bench_folder_says(file_name: str) -> str:
     """What the benchmark folder holds, for an error about ``file_name`` it lacks."""
-    directory = find_bench_dir(required=False)
+    directory = bench_data.find_bench_dir(required=False, holding=_MATH_BENCH_FILES)
     if directory is not None:
         held = sorted(p.stem for p in directory.iterdir() if p.suffix.lower() in _JSON_SUFFIXES)
         return f"{directory} holds no {file_name} (it holds: {', '.join(held) or 'nothing'})"
-    tried = ", ".join(str(c) for c in bench_dir_candidates())
+    tried = ", ".join(str(c) for c in bench_data.bench_dir_candidates())
     return f"no benchmark folder was found ({BENCH_DIR_ENV} is not set; tried {tried})"
 
 
@@ -437,8 +386,9 @@ def load_math_tasks(
     2. ``"hf:<dataset id>"`` (optionally ``"hf:<id>:<config>"``): a Hugging Face
        dataset (needs the ``datasets`` package).
     3. A name without a ``/`` (``"aime_2025"``, ``"AMC_EVAL_32.json"``): the file of
-       that stem in :func:`find_bench_dir`, case-insensitive, when that folder holds
-       one; otherwise the benchmark's public Hugging Face dataset from
+       that stem in the benchmark folder
+       (:func:`~mappa_env.bench_data.find_bench_dir`), case-insensitive, when that folder
+       holds one; otherwise the benchmark's public Hugging Face dataset from
        :data:`PUBLIC_BENCHMARKS` (``aime_2025``, ``amc``, ``AIME_1983_2024``), read
        through ``datasets`` with its columns mapped (downloaded once, then cached).
     4. Any other string with a ``/`` that does not end in ``.json``/``.jsonl``: a
