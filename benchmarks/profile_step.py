@@ -169,6 +169,98 @@ def policy_alone(trainer: Any, policy: Any, repeats: int = 2) -> list[float]:
     return seconds
 
 
+def attention_backends(trainer: Any, policy: Any, steps: Sequence[int]) -> dict[str, Any]:
+    """Generation on prompts of new widths, with and without cuDNN's attention kernels.
+
+    Each variant generates the prompts of one earlier step it has not seen (new batch and
+    sequence shapes) twice in a row: ``[first, again]`` seconds. A first call much slower
+    than the second, only where cuDNN attention may run, says the first call pays for
+    building cuDNN's attention plans for each new shape.
+    """
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from mappa_agents.policy import SamplingParams
+    from mappa_agents.trajectory import load_jsonl
+
+    config = trainer.config
+    params = SamplingParams(
+        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p
+    )
+    without_cudnn = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    variants = {"default": None, "no_cudnn": without_cudnn}
+    result: dict[str, Any] = {
+        "cudnn_sdp_enabled": bool(torch.backends.cuda.cudnn_sdp_enabled()),
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+    }
+    for (name, backends), step in zip(variants.items(), steps):
+        samples = load_jsonl(trainer.out / "rollouts" / f"step-{step:06d}.jsonl")
+        prompts = [s.messages for s in samples]
+        seconds = []
+        for _ in range(2):
+            _sync()
+            started = time.perf_counter()
+            if backends is None:
+                policy.generate(prompts, params)
+            else:
+                with sdpa_kernel(backends):
+                    policy.generate(prompts, params)
+            _sync()
+            seconds.append(round(time.perf_counter() - started, 4))
+        result[name] = seconds
+    return result
+
+
+def thread_check(trainer: Any, policy: Any, step: int) -> dict[str, Any]:
+    """One prompt set generated from the main thread, from a fresh thread per call (as a
+    new event loop's executor gives each rollout), with and without cuDNN attention, and
+    twice from one long-lived thread: seconds of each call."""
+    import concurrent.futures
+    import threading
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from mappa_agents.policy import SamplingParams
+    from mappa_agents.trajectory import load_jsonl
+
+    config = trainer.config
+    params = SamplingParams(
+        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p
+    )
+    prompts = [
+        s.messages
+        for s in load_jsonl(trainer.out / "rollouts" / f"step-{step:06d}.jsonl")
+    ]
+    without_cudnn = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+    def timed(no_cudnn: bool = False) -> float:
+        _sync()
+        started = time.perf_counter()
+        if no_cudnn:
+            with sdpa_kernel(without_cudnn):
+                policy.generate(prompts, params)
+        else:
+            policy.generate(prompts, params)
+        _sync()
+        return round(time.perf_counter() - started, 4)
+
+    def in_fresh_thread(no_cudnn: bool = False) -> float:
+        box: list[float] = []
+        thread = threading.Thread(target=lambda: box.append(timed(no_cudnn)))
+        thread.start()
+        thread.join()
+        return box[0]
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as one:
+        kept = [one.submit(timed).result() for _ in range(3)]
+    return {
+        "main_thread": [timed(), timed()],
+        "fresh_thread": [in_fresh_thread(), in_fresh_thread()],
+        "fresh_thread_no_cudnn": [in_fresh_thread(True), in_fresh_thread(True)],
+        "one_kept_thread": kept,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = make_parser()
     parser.description = __doc__.splitlines()[0]
@@ -200,6 +292,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         log.take()
         steps = [timed_step(trainer, log) for _ in range(args.timed_steps)]
         alone = policy_alone(trainer, policy)
+        # Steps 0 and 1 (warm-up, first timed) wrote prompts this policy has not run since.
+        attention = attention_backends(trainer, policy, [0, 1])
+        attention["threads"] = thread_check(trainer, policy, 0)
         log.take()
         ops = operator_profile(trainer, out / f"{args.name}_ops_{samples}.txt")
         log.take()
@@ -213,12 +308,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "steps": steps,
             "median": median,
             "policy_alone_s": alone,
+            "attention_backends": attention,
             "operator_profile": ops,
             "python_profile_wall_s": python_wall,
         }
         print_table(
             [{"what": k, "value": v} for k, v in median.items()]
             + [{"what": "policy alone s", "value": min(alone)}]
+            + [{"what": f"new prompts {k} s", "value": v} for k, v in attention.items()]
             + [{"what": f"profiled {k}", "value": v} for k, v in ops.items()],
             title=f"mappa step, {args.model}, {samples} samples x {args.max_new_tokens} tokens",
         )

@@ -16,6 +16,7 @@ pytest.importorskip("transformers")
 from mappa_agents.hf import (  # noqa: E402
     MIN_CACHE_LENGTH,
     HFPolicy,
+    decode_attention,
     decode_batch_rows,
     prepare_cuda_graph_thread,
     static_cache_length,
@@ -692,3 +693,35 @@ def test_cuda_generation_is_exact_and_seeded(tmp_path):
     for generation in half:
         assert len(generation.response_ids) == len(generation.logprobs) == 8
         assert policy.decode(generation.response_ids) == generation.text
+
+
+def test_eager_decoding_on_cuda_leaves_out_cudnn_attention_and_elsewhere_keeps_the_default():
+    import torch
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    with decode_attention("cuda", static_cache=False):
+        # cuDNN plans each new key length once per thread: decoding would pay every step.
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled()
+        assert torch.backends.cuda.mem_efficient_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    for device_type, static_cache in (("cpu", False), ("cuda", True)):
+        with decode_attention(device_type, static_cache):
+            assert torch.backends.cuda.cudnn_sdp_enabled() == before
+
+
+def test_generate_runs_under_the_attention_choice_of_its_device(policy, monkeypatch):
+    import contextlib
+
+    from mappa_agents import hf
+
+    entered = []
+
+    @contextlib.contextmanager
+    def recording(device_type, static_cache):
+        entered.append((device_type, static_cache))
+        yield
+
+    monkeypatch.setattr(hf, "decode_attention", recording)
+    policy.generate([[{"role": "user", "content": "hi"}]], SamplingParams(max_new_tokens=2))
+    assert entered == [(policy.model.device.type, False)]
