@@ -59,13 +59,14 @@ def decode_attention(
 ) -> contextlib.AbstractContextManager[Any]:
     """The attention kernels a ``generate`` call on ``device_type`` may use.
 
-    Eager decoding on CUDA: every scaled-dot-product backend but cuDNN's. cuDNN builds an
-    execution plan for each new attention shape and keeps its plans per thread, while
-    eager decoding meets a new key length at every step and a rollout's generation runs
-    on a thread that is new each step (a new event loop's executor). On an H100, a mappa
-    step's eager generation of 64 x 128 tokens (SmolLM2-135M's shape) spent 5.1 of its
-    8.8 s in 3,960 attention calls (1.3 ms each) that way, while the same call repeated
-    on one thread took 2.3-3.2 s in all. Decoding over a static cache (``compile_decode``)
+    Eager decoding on CUDA: every scaled-dot-product backend but cuDNN's. On an H100, a
+    mappa step's eager generation of 64 x 128 tokens (SmolLM2-135M's shape) spent 5.1 of
+    its 8.8 s in 3,960 attention calls (1.3 ms each), while the same call on a thread
+    that had generated before took 2.3-3.2 s in all; a rollout's generation runs on a
+    thread that is new each step (a new event loop's executor). cuDNN builds an execution
+    plan per attention shape and PyTorch keeps those plans per thread, and eager decoding
+    meets a new key length at every step: the likely cause, which this choice removes
+    (benchmarks/results/gpu/README.md). Decoding over a static cache (``compile_decode``)
     meets one shape and keeps the default choice, as does every other device.
 
     Args:
