@@ -58,16 +58,19 @@ CODE_SHARE = 0.25
 #: The smoke passes when process credit raises the policy's probability of opening a code
 #: block (:func:`code_probability`, over the code executor's prompts of PROBE_TURNS
 #: scripted turns) by this much from the warm-started model to the arm's last weights.
-#: Measured: 0.235 -> 0.401 here and 0.235 -> 0.342 with torch's and MKL's AVX2 kernels
-#: (another CPU's rounding, another trajectory); the outcome arm's stays at 0.235. The
-#: sampled rate of code turns, checked before, rose 0.25 on one machine and 0.06 on
-#: another: 32 turns a step are too few to measure it.
+#: Measured rises are under :data:`STEPS`; another CPU's rounding (torch's and MKL's AVX2
+#: kernels) takes another trajectory. The sampled rate of code turns, checked before,
+#: rose 0.25 on one machine and 0.06 on another: 32 turns a step are too few to measure it.
 PROCESS_MIN_RISE = 0.05
 PROBE_TURNS = 150
-#: Steps per arm. The process arm needs 6 to show the behaviour rise (rates 0.20, 0.27,
-#: 0.33, 0.43, 0.46, 0.45; its later steps are the slowest, as more turns run code); 3
-#: steps check what the decided pair trains on and what the void rule finds in it.
-STEPS = {"process_blind": 3, "outcome": 3, "process": 6}
+#: Optimizer steps of the warm start (batches of 16 replies).
+WARM_START_STEPS = 200
+#: Steps per arm. With one torch thread (as in the test suite) the process arm's P(code)
+#: rose 0.178 -> 0.322 in 4 steps here and 0.177 -> 0.359 with AVX2 kernels, 0.178 ->
+#: 0.263 in 3 (the outcome arm's stayed at 0.178); 3 steps check what the decided pair
+#: trains on and what the void rule finds in it. (300 warm-start steps and 6 process
+#: steps took the rise to 0.6, at 1.5 times the smoke's CPU time.)
+STEPS = {"process_blind": 3, "outcome": 3, "process": 4}
 ARMS = tuple(STEPS)
 #: Each arm's credit mode and environment options (as the decided test file gives them).
 ARM_SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -157,7 +160,7 @@ def build_smoke_model(directory: Path, seed: int = 0) -> Path:
     """A tiny model that answers MathChat prompts with code about CODE_SHARE of the time.
 
     The tokenizer is trained on MathChat's own prompts (so they take few tokens), the
-    model is fitted for a few hundred steps on warm-start replies, then saved.
+    model is fitted for :data:`WARM_START_STEPS` steps on warm-start replies, then saved.
     """
     import torch
 
@@ -180,7 +183,7 @@ def build_smoke_model(directory: Path, seed: int = 0) -> Path:
     model.train()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        for _ in range(300):
+        for _ in range(WARM_START_STEPS):
             batch = generator.sample(rows, 16)
             width = max(len(p) + len(r) for p, r in batch)
             ids = torch.full((len(batch), width), tokenizer.pad_token_id)
