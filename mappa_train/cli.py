@@ -218,6 +218,7 @@ def run_train(args: argparse.Namespace) -> int:
     from mappa_agents.cli import announce_unconfined
     from mappa_agents.progress import library_progress_bars
     from mappa_agents.report import describe_isolation
+    from mappa_train.interrupts import ctrl_c_guard
     from mappa_train.trainer import make_trainer
 
     if getattr(args, "sweep", None):
@@ -229,7 +230,7 @@ def run_train(args: argparse.Namespace) -> int:
     trainer = None
     try:
         # --no-progress hides the model libraries' bars too (loading, saving checkpoints).
-        with library_progress_bars(config.progress):
+        with library_progress_bars(config.progress), ctrl_c_guard():
             trainer = make_trainer(config)
             trainer.setup()
             if trainer.resumed_from is not None:
@@ -259,6 +260,7 @@ def run_train(args: argparse.Namespace) -> int:
 def run_sweep(args: argparse.Namespace) -> int:
     """Run ``mappa train --sweep``: every run of the file in this process; 1 if any failed."""
     from mappa_agents.progress import library_progress_bars
+    from mappa_train.interrupts import ctrl_c_guard
     from mappa_train.sweep import Sweep, read_sweep_file, sweep_configs
 
     if args.config:
@@ -288,7 +290,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     print(
         f"mappa train: a sweep of {len(configs)} runs in {root}: {', '.join(configs)}", flush=True
     )
-    with library_progress_bars(progress):
+    with library_progress_bars(progress), ctrl_c_guard():
         sweep = Sweep.from_configs(configs, progress=progress)
         try:
             outcomes = sweep.run()

@@ -60,6 +60,7 @@ from mappa_train.environments import (
     read_env,
 )
 from mappa_train.frozen import frozen_policies, select_trained_agents
+from mappa_train.interrupts import raise_if_interrupted
 from mappa_train.learner import Backend, Learner, RunSpec
 from mappa_train.local_learner import LocalLearner
 from mappa_train.memory import check_memory
@@ -378,6 +379,7 @@ class Trainer:
         self.stop_rule.stop_if_due()  # raises RunStoppedError: nothing to learn from
         if (config.save_every and self.step % config.save_every == 0) or (self.step == last):
             self.save()
+        raise_if_interrupted()  # a Ctrl-C whose exception was dropped where it landed
         if bar is not None:
             bar.set_postfix(
                 reward=f"{metrics.get('rollout/mean_reward', float('nan')):.3f}",

@@ -178,6 +178,50 @@ def test_ctrl_c_in_training_is_one_line_with_the_command_that_resumes(tmp_path):
     assert "` resumes it from its newest checkpoint (" in lines[-1]
 
 
+def test_a_ctrl_c_that_lands_in_a_finalizer_still_stops_training_after_its_step(tmp_path, recwarn):
+    import gc
+    import signal
+
+    from mappa_train.interrupts import ctrl_c_guard
+
+    class DropsItsException:
+        """Python prints and drops what a finalizer raises: a Ctrl-C landing here is lost."""
+
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # bytecode boundaries, where Python runs the handler
+                pass
+
+    trainer = Trainer(
+        toy_train_config(tmp_path, tiny_model_dir(tmp_path / "model"), steps=3),
+        env_factory=LetterEnv,
+        eval_env_factory=LetterEnv,
+    )
+    rollout = trainer.rollout
+
+    def rollout_then_a_lost_ctrl_c(step):
+        episodes = rollout(step)
+        if step == 0:
+            DropsItsException()
+            gc.collect()
+        return episodes
+
+    trainer.rollout = rollout_then_a_lost_ctrl_c
+    # As in a terminal: Python's own handler (a test runner may have set another).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with ctrl_c_guard(), pytest.raises(KeyboardInterrupt):
+            trainer.train()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        trainer.close()
+    assert trainer.step == 1  # not 3: the Ctrl-C stopped it after its step
+    # Recorded, not raised, inside the finalizer: nothing printed as "Exception ignored".
+    assert not [
+        w for w in recwarn if issubclass(w.category, pytest.PytestUnraisableExceptionWarning)
+    ]
+
+
 def test_a_full_disk_in_safetensors_is_the_one_line_of_a_full_disk(tmp_path, monkeypatch, capsys):
     import transformers.modeling_utils
     from safetensors import SafetensorError
