@@ -32,7 +32,7 @@ from mappa_env.registry import registered_env_attribute
 from mappa_env.text import truncate_middle
 
 #: Version of the built-in template set. Bump it whenever any wording below changes.
-TEMPLATE_VERSION = "mappa-coach-v3"
+TEMPLATE_VERSION = "mappa-coach-v4"
 
 SYSTEM_PROMPT = f"""\
 You are the coach of a team of language-model agents that solve a task together, each \
@@ -261,7 +261,7 @@ class CoachTemplates:
             request: The action to judge.
 
         Returns:
-            ``"<version>/<agent>-<digest>"``, e.g. ``"mappa-coach-v3/planner-1a2b3c4d5e"``.
+            ``"<version>/<agent>-<digest>"``, e.g. ``"mappa-coach-v4/planner-1a2b3c4d5e"``.
         """
         rubric = self.rubric_for(request.env_id, request.agent, request.rubric)
         text = json.dumps([self.system_prompt, rubric])
