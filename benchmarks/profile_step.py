@@ -227,10 +227,7 @@ def thread_check(trainer: Any, policy: Any, step: int) -> dict[str, Any]:
     params = SamplingParams(
         max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p
     )
-    prompts = [
-        s.messages
-        for s in load_jsonl(trainer.out / "rollouts" / f"step-{step:06d}.jsonl")
-    ]
+    prompts = [s.messages for s in load_jsonl(trainer.out / "rollouts" / f"step-{step:06d}.jsonl")]
     without_cudnn = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
     def timed(no_cudnn: bool = False) -> float:
