@@ -7,7 +7,7 @@ import os
 import platform
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,51 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def cuda_synchronize() -> None:
+    """Wait for the GPU's queued work (nothing without CUDA): timings then include it."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def profile_operators(
+    call: Callable[[], Any], out: Path, cpu_rows: int = 25, device_rows: int = 25
+) -> dict[str, Any]:
+    """Run ``call`` under ``torch.profiler`` (CPU, and CUDA where there is one).
+
+    Writes the top operators by CPU time (and by device time on CUDA) to ``out``.
+
+    Returns:
+        ``wall_s_profiled``, ``gpu_busy_s`` (the operators' own device time) and
+        ``gpu_busy_fraction`` (of the wall seconds; 0 without CUDA).
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    cuda_synchronize()
+    started = time.perf_counter()
+    with profile(activities=activities) as prof:
+        call()
+        cuda_synchronize()
+    wall = time.perf_counter() - started
+    averages = prof.key_averages()
+    tables = [averages.table(sort_by="cpu_time_total", row_limit=cpu_rows)]
+    device_us = 0.0
+    if torch.cuda.is_available():
+        tables.append(averages.table(sort_by="self_cuda_time_total", row_limit=device_rows))
+        device_us = sum(getattr(e, "self_device_time_total", 0.0) for e in averages)
+    out.write_text("\n\n".join(tables) + "\n")
+    return {
+        "wall_s_profiled": round(wall, 3),
+        "gpu_busy_s": round(device_us / 1e6, 3),
+        "gpu_busy_fraction": round(device_us / 1e6 / wall, 3) if wall else None,
     }
 
 

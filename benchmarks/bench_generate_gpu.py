@@ -36,7 +36,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import parse_variants, print_table, write_results
+from benchmarks._common import (
+    cuda_synchronize,
+    parse_variants,
+    print_table,
+    profile_operators,
+    write_results,
+)
 from benchmarks.bench_train_gpu import SHAPES, random_model_dir
 
 VARIANTS = (
@@ -118,48 +124,20 @@ def bare_generate(policy: Any, ids: Any, mask: Any, new_tokens: int, **extra: An
         policy.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
 
 
-def synchronize() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def timed(call: Any) -> float:
-    synchronize()
+    cuda_synchronize()
     started = time.perf_counter()
     call()
-    synchronize()
+    cuda_synchronize()
     return time.perf_counter() - started
 
 
 def profile_bare(policy: Any, ids: Any, mask: Any, new_tokens: int, out: Path) -> dict[str, Any]:
     """Profile a short bare call; write the top-operator tables; return CPU/GPU totals."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(ProfilerActivity.CUDA)
-    synchronize()
-    started = time.perf_counter()
-    with profile(activities=activities) as prof:
-        bare_generate(policy, ids, mask, new_tokens)
-        synchronize()
-    wall = time.perf_counter() - started
-    averages = prof.key_averages()
-    tables = [averages.table(sort_by="cpu_time_total", row_limit=25)]
-    device_us = 0.0
-    if torch.cuda.is_available():
-        tables.append(averages.table(sort_by="self_cuda_time_total", row_limit=25))
-        device_us = sum(getattr(e, "self_device_time_total", 0.0) for e in averages)
-    (out / "profile_generate_bare.txt").write_text("\n\n".join(tables) + "\n")
-    return {
-        "new_tokens": new_tokens,
-        "wall_s_profiled": round(wall, 3),
-        "gpu_busy_s": round(device_us / 1e6, 3),
-        "gpu_busy_fraction": round(device_us / 1e6 / wall, 3) if wall else None,
-    }
+    totals = profile_operators(
+        lambda: bare_generate(policy, ids, mask, new_tokens), out / "profile_generate_bare.txt"
+    )
+    return {"new_tokens": new_tokens, **totals}
 
 
 def main() -> None:

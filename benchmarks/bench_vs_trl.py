@@ -118,7 +118,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from benchmarks._common import parse_sizes, print_table, write_results
+from benchmarks._common import cuda_synchronize, parse_sizes, print_table, write_results
 from mappa_env.coach.base import SCORE_MAX, CoachRequest
 from mappa_env.envs.pipeline import AgentSpec, PipelineEnv, ToolOutcome
 
@@ -525,13 +525,6 @@ def import_trl() -> Any:
 # ------------------------------------------------------------------ measuring
 
 
-def _sync() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 class PeakMemory:
     """One trainer's peak GPU memory, less what the other trainer holds meanwhile.
 
@@ -689,10 +682,10 @@ def run_mappa(work: Workload, directory: Path) -> Generator[None, None, dict[str
             own = peak.end()
             yield
             peak.begin(own)
-        _sync()
+        cuda_synchronize()
         started = time.perf_counter()
         metrics = trainer.train_step()
-        _sync()
+        cuda_synchronize()
         wall = time.perf_counter() - started
         samples = [a for e in episodes_of_step[-1] for a in e.actions]
         for sample in samples:
@@ -799,10 +792,10 @@ def run_trl(work: Workload, directory: Path) -> dict[str, Any]:
     generate = trainer._generate  # one call per generation batch (TRL 1.x)
 
     def timed_generate(prompts_of_batch: list[Any]) -> Any:
-        _sync()
+        cuda_synchronize()
         begun = time.perf_counter()
         out = generate(prompts_of_batch)
-        _sync()
+        cuda_synchronize()
         prompt_ids, completion_ids = out[0], out[1]
         generations.append(
             {
@@ -820,11 +813,11 @@ def run_trl(work: Workload, directory: Path) -> dict[str, Any]:
         """Wall-clock times at the start of training and at the end of every step."""
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            _sync()
+            cuda_synchronize()
             ends.append(time.perf_counter())
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            _sync()
+            cuda_synchronize()
             ends.append(time.perf_counter())
 
     trainer.add_callback(StepClock())

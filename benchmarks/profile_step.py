@@ -22,6 +22,7 @@ Run:  python -m benchmarks.profile_step --model 135m --samples 64 --max-new-toke
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import io
 import pstats
@@ -32,7 +33,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import print_table, write_results
+from benchmarks._common import (
+    cuda_synchronize,
+    print_table,
+    profile_operators,
+    write_results,
+)
 from benchmarks.bench_vs_trl import (
     build_model,
     fix_reply_length,
@@ -40,13 +46,6 @@ from benchmarks.bench_vs_trl import (
     mappa_config,
     workload,
 )
-
-
-def _sync() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 class CallLog:
@@ -64,10 +63,10 @@ class CallLog:
         self._policy = self._generate = None
 
     def _timed(self, batch: Sequence[Any], params: Any) -> Any:
-        _sync()
+        cuda_synchronize()
         started = time.perf_counter()
         output = self._generate(batch, params)
-        _sync()
+        cuda_synchronize()
         self.calls.append({"prompts": len(batch), "seconds": time.perf_counter() - started})
         return output
 
@@ -79,10 +78,10 @@ class CallLog:
 
 def timed_step(trainer: Any, log: CallLog) -> dict[str, Any]:
     """One step's wall seconds, the trainer's phases and the generate calls inside it."""
-    _sync()
+    cuda_synchronize()
     started = time.perf_counter()
     metrics = trainer.train_step()
-    _sync()
+    cuda_synchronize()
     wall = time.perf_counter() - started
     calls = log.take()
     rollout = float(metrics.get("rollout/seconds") or 0.0)
@@ -103,41 +102,18 @@ def timed_step(trainer: Any, log: CallLog) -> dict[str, Any]:
 def operator_profile(trainer: Any, out: Path) -> dict[str, Any]:
     """One step under ``torch.profiler``; writes the operator tables to ``out``, returns
     the wall seconds and the GPU's busy seconds and share."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(ProfilerActivity.CUDA)
-    _sync()
-    started = time.perf_counter()
-    with profile(activities=activities) as prof:
-        trainer.train_step()
-        _sync()
-    wall = time.perf_counter() - started
-    averages = prof.key_averages()
-    tables = [averages.table(sort_by="cpu_time_total", row_limit=40)]
-    device_us = 0.0
-    if torch.cuda.is_available():
-        tables.append(averages.table(sort_by="self_cuda_time_total", row_limit=30))
-        device_us = sum(getattr(e, "self_device_time_total", 0.0) for e in averages)
-    out.write_text("\n\n".join(tables) + "\n")
-    return {
-        "wall_s_profiled": round(wall, 3),
-        "gpu_busy_s": round(device_us / 1e6, 3),
-        "gpu_busy_fraction": round(device_us / 1e6 / wall, 3) if wall else None,
-    }
+    return profile_operators(trainer.train_step, out, cpu_rows=40, device_rows=30)
 
 
 def python_profile(trainer: Any, out: Path) -> float:
     """One step under ``cProfile``; writes the top functions to ``out``, returns the wall
     seconds."""
     profiler = cProfile.Profile()
-    _sync()
+    cuda_synchronize()
     started = time.perf_counter()
     profiler.enable()
     trainer.train_step()
-    _sync()
+    cuda_synchronize()
     profiler.disable()
     wall = time.perf_counter() - started
     text = io.StringIO()
@@ -148,102 +124,91 @@ def python_profile(trainer: Any, out: Path) -> float:
     return round(wall, 3)
 
 
-def policy_alone(trainer: Any, policy: Any, repeats: int = 2) -> list[float]:
-    """The last step's prompts generated again by ``policy``, outside the runner."""
+def step_prompts(trainer: Any, step: int) -> tuple[list[Any], Any]:
+    """The prompts of ``step``'s saved rollouts and the run's sampling settings."""
     from mappa_agents.policy import SamplingParams
     from mappa_agents.trajectory import load_jsonl
 
-    samples = load_jsonl(trainer.out / "rollouts" / f"step-{trainer.step - 1:06d}.jsonl")
     config = trainer.config
     params = SamplingParams(
         max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p
     )
-    prompts = [s.messages for s in samples]
+    samples = load_jsonl(trainer.out / "rollouts" / f"step-{step:06d}.jsonl")
+    return [s.messages for s in samples], params
+
+
+def policy_alone(trainer: Any, policy: Any, repeats: int = 2) -> list[float]:
+    """The last step's prompts generated again by ``policy``, outside the runner."""
+    prompts, params = step_prompts(trainer, trainer.step - 1)
     seconds = []
     for _ in range(repeats):
-        _sync()
+        cuda_synchronize()
         started = time.perf_counter()
         policy.generate(prompts, params)
-        _sync()
+        cuda_synchronize()
         seconds.append(round(time.perf_counter() - started, 4))
     return seconds
+
+
+def timed_generate(policy: Any, prompts: list[Any], params: Any, cudnn: bool) -> float:
+    """Seconds of one ``policy.generate`` call, CUDA-synchronised.
+
+    ``cudnn``: let PyTorch choose cuDNN's attention too, as it did before
+    :func:`mappa_agents.hf.decode_attention` left it out of eager decoding; otherwise the
+    policy decodes as it does now.
+    """
+    from mappa_agents import hf
+
+    choice = hf.decode_attention
+    if cudnn:
+        hf.decode_attention = lambda device_type, static_cache: contextlib.nullcontext()
+    try:
+        cuda_synchronize()
+        started = time.perf_counter()
+        policy.generate(prompts, params)
+        cuda_synchronize()
+    finally:
+        hf.decode_attention = choice
+    return round(time.perf_counter() - started, 4)
 
 
 def attention_backends(trainer: Any, policy: Any, steps: Sequence[int]) -> dict[str, Any]:
     """Generation on prompts of new widths, with and without cuDNN's attention kernels.
 
     Each variant generates the prompts of one earlier step it has not seen (new batch and
-    sequence shapes) twice in a row: ``[first, again]`` seconds. A first call much slower
-    than the second, only where cuDNN attention may run, says the first call pays for
-    building cuDNN's attention plans for each new shape.
+    sequence shapes) twice in a row: ``[first, again]`` seconds. ``default`` is PyTorch's
+    own choice (cuDNN allowed), ``no_cudnn`` the policy's eager decoding now. A first call
+    much slower than the second, only where cuDNN attention may run, says the first call
+    pays for building cuDNN's attention plans for each new shape.
     """
     import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from mappa_agents.policy import SamplingParams
-    from mappa_agents.trajectory import load_jsonl
-
-    config = trainer.config
-    params = SamplingParams(
-        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p
-    )
-    without_cudnn = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-    variants = {"default": None, "no_cudnn": without_cudnn}
     result: dict[str, Any] = {
         "cudnn_sdp_enabled": bool(torch.backends.cuda.cudnn_sdp_enabled()),
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
     }
-    for (name, backends), step in zip(variants.items(), steps):
-        samples = load_jsonl(trainer.out / "rollouts" / f"step-{step:06d}.jsonl")
-        prompts = [s.messages for s in samples]
-        seconds = []
-        for _ in range(2):
-            _sync()
-            started = time.perf_counter()
-            if backends is None:
-                policy.generate(prompts, params)
-            else:
-                with sdpa_kernel(backends):
-                    policy.generate(prompts, params)
-            _sync()
-            seconds.append(round(time.perf_counter() - started, 4))
-        result[name] = seconds
+    for (name, cudnn), step in zip({"default": True, "no_cudnn": False}.items(), steps):
+        prompts, params = step_prompts(trainer, step)
+        result[name] = [timed_generate(policy, prompts, params, cudnn) for _ in range(2)]
     return result
 
 
 def thread_check(trainer: Any, policy: Any, step: int) -> dict[str, Any]:
     """One prompt set generated from the main thread, from a fresh thread per call (as a
     new event loop's executor gives each rollout), with and without cuDNN attention, and
-    twice from one long-lived thread: seconds of each call."""
+    three times from one long-lived thread: seconds of each call (cuDNN allowed, except
+    in ``fresh_thread_no_cudnn``)."""
     import concurrent.futures
     import threading
 
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    prompts, params = step_prompts(trainer, step)
 
-    from mappa_agents.policy import SamplingParams
-    from mappa_agents.trajectory import load_jsonl
+    def timed(cudnn: bool = True) -> float:
+        return timed_generate(policy, prompts, params, cudnn)
 
-    config = trainer.config
-    params = SamplingParams(
-        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p
-    )
-    prompts = [s.messages for s in load_jsonl(trainer.out / "rollouts" / f"step-{step:06d}.jsonl")]
-    without_cudnn = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-    def timed(no_cudnn: bool = False) -> float:
-        _sync()
-        started = time.perf_counter()
-        if no_cudnn:
-            with sdpa_kernel(without_cudnn):
-                policy.generate(prompts, params)
-        else:
-            policy.generate(prompts, params)
-        _sync()
-        return round(time.perf_counter() - started, 4)
-
-    def in_fresh_thread(no_cudnn: bool = False) -> float:
+    def in_fresh_thread(cudnn: bool = True) -> float:
         box: list[float] = []
-        thread = threading.Thread(target=lambda: box.append(timed(no_cudnn)))
+        thread = threading.Thread(target=lambda: box.append(timed(cudnn)))
         thread.start()
         thread.join()
         return box[0]
@@ -253,7 +218,7 @@ def thread_check(trainer: Any, policy: Any, step: int) -> dict[str, Any]:
     return {
         "main_thread": [timed(), timed()],
         "fresh_thread": [in_fresh_thread(), in_fresh_thread()],
-        "fresh_thread_no_cudnn": [in_fresh_thread(True), in_fresh_thread(True)],
+        "fresh_thread_no_cudnn": [in_fresh_thread(False), in_fresh_thread(False)],
         "one_kept_thread": kept,
     }
 
