@@ -594,6 +594,12 @@ def test_holds_target_accepts_encodings_and_refuses_made_up_targets():
     with_gaps = ["nan" if i % 10 == 0 else v for i, v in enumerate(truth)]
     assert holds_target(with_gaps, with_gaps, "regression")  # missing values left out
     assert not holds_target(["1.0"] * 120, truth, "regression")  # a constant
+    # A few true values among missing ones: it rank-correlates where it has numbers.
+    mostly_missing = ["nan"] * 110 + truth[110:]
+    assert not holds_target(mostly_missing, truth, "regression")
+    assert not holds_target(with_gaps, truth, "regression")  # 10% missing: too many
+    few_gaps = ["nan" if i % 40 == 0 else v for i, v in enumerate(truth)]
+    assert holds_target(few_gaps, truth, "regression")  # 3 of 120 missing
 
 
 def engineer_saving(task, y_train: str) -> str:

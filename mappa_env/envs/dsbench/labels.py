@@ -43,8 +43,10 @@ def holds_target(given: Sequence[str], truth: Sequence[str], task_type: str) -> 
     label, distinct labels stay distinct: label or one-hot encodings pass) on at least
     95% of the rows; for regression a rank correlation of at least 0.95 in size per
     column over the rows where both are numbers (a monotone transform such as ``log1p``
-    or ``-y`` passes; missing values are left out). A made-up target with the right row
-    count (row numbers, alternating labels) does not.
+    or ``-y`` passes; values missing in train.csv are left out, and y_train must have a
+    number on at least 95% of the rows where train.csv has one). A made-up target with the
+    right row count (row numbers, alternating labels, a few true values among missing
+    ones) does not.
     """
     rows = min(len(given), len(truth))
     if rows == 0:
@@ -62,7 +64,10 @@ def holds_target(given: Sequence[str], truth: Sequence[str], task_type: str) -> 
         if left.shape != right.shape:
             return False
         for column in range(right.shape[1]):
-            both = numpy.isfinite(left[:, column]) & numpy.isfinite(right[:, column])
+            known = numpy.isfinite(right[:, column])
+            both = numpy.isfinite(left[:, column]) & known
+            if both.sum() < 0.95 * known.sum():
+                return False  # missing where the target has a number: not the target
             x, y = left[both, column], right[both, column]
             if len(y) < 3 or numpy.ptp(y) == 0:
                 continue  # too few numbers, or a constant true column: nothing to rank
