@@ -29,7 +29,12 @@ whether its weights are the learner's (``engine_weights``).
 
 The ratios compare figures of one process, measured one after the other.
 
-Run:  python -m benchmarks.bench_step_gpu                       # SmolLM2, 64 episodes
+With ``--config FILE`` the steps are a training recipe's (``configs/mathchat-smollm2.yaml``:
+its tasks, episodes, token budget, micro-batches, credit and evaluations); the options
+given beside it replace the file's values, the others keep them.
+
+Run:  python -m benchmarks.bench_step_gpu --config configs/mathchat-smollm2.yaml --name recipe
+      python -m benchmarks.bench_step_gpu                       # SmolLM2, 64 episodes
       python -m benchmarks.bench_step_gpu --micro-batch-tokens 16384 --name step_smollm2_tb
       python -m benchmarks.bench_step_gpu --rollout-engine vllm --name step_smollm2_vllm
       python -m benchmarks.bench_step_gpu --schedule episodes --sweep-runs 4 --name recipe
@@ -345,36 +350,158 @@ def timed_sweep(config: Any, work: Path, runs: int, steps: int) -> dict[str, Any
     }
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+BENCH_DEFAULTS = {
+    "prompts": 32,
+    "samples": 2,
+    "max_new_tokens": 384,
+    "micro_batch": 4,
+    "micro_batch_tokens": 0,
+    "schedule": "ticks",
+    "sandbox": "jupyter",
+    "rollout_engine": "hf",
+    "vllm_options": "{}",
+    "compile_decode": True,
+    "dtype": "auto",
+}
+"""The benchmark's own settings where neither an option nor ``--config`` gives one."""
+
+# Option name -> TrainConfig field, for the options a recipe may also set.
+CONFIG_FIELDS = {
+    "prompts": "prompts_per_step",
+    "samples": "samples_per_prompt",
+    "max_new_tokens": "max_new_tokens",
+    "micro_batch": "micro_batch_size",
+    "micro_batch_tokens": "micro_batch_tokens",
+    "schedule": "rollout_schedule",
+    "rollout_engine": "rollout_engine",
+    "compile_decode": "compile_decode",
+    "dtype": "dtype",
+}
+
+
+def shape_name(args: argparse.Namespace) -> str:
+    """The model the report names: ``--shape``, else the config's, else SmolLM2."""
+    if args.shape:
+        return args.shape
+    if args.config:
+        from mappa_train.config import read_config_file
+
+        return str(read_config_file(args.config).get("system", "smollm2-135m"))
+    return "smollm2-135m"
+
+
+def step_config(args: argparse.Namespace, work: Path) -> tuple[Any, str]:
+    """The :class:`~mappa_train.config.TrainConfig` the timed steps run, and its model.
+
+    Without ``--config``: MathChat-v0 on generated tasks with the rules coach and
+    ``process`` credit, every episode in flight at once, the options or
+    :data:`BENCH_DEFAULTS`. With it: the file's recipe, the options given replacing its
+    values; the timed trainer never checkpoints, logs to TensorBoard or shows progress,
+    and its first evaluation is left out (the steps are timed, a sweep keeps the
+    recipe's evaluations).
+    """
+    from mappa_agents.models import resolve_model
+    from mappa_train.config import TrainConfig
+
+    shape = shape_name(args)
+    random_shape = shape in SHAPES
+    system = (
+        str(random_model_dir(shape, work / "model")) if random_shape else str(resolve_model(shape))
+    )
+    given = {option: getattr(args, option) for option in CONFIG_FIELDS}
+    if args.vllm_options is not None:
+        given["vllm_options"] = args.vllm_options
+    fixed: dict[str, Any] = {
+        "system": system,
+        "steps": args.steps,
+        "save_every": 0,
+        "tensorboard": False,
+        "progress": False,
+        "output_dir": str(work / "run"),
+    }
+    if args.config:
+        fields = {CONFIG_FIELDS.get(k, k): v for k, v in given.items() if v is not None}
+        if "vllm_options" in fields:
+            fields["vllm_options"] = json.loads(fields["vllm_options"])
+        config = TrainConfig.from_file(args.config, **fields, **fixed)
+        if args.sandbox is not None:
+            sandbox = None if args.sandbox == "none" else args.sandbox
+            config = dataclasses.replace(
+                config, env_options={**config.env_options, "sandbox": sandbox}
+            )
+        if args.train_truncated:
+            config = dataclasses.replace(config, mask_truncated=False)
+        return config, system
+    settings = {k: BENCH_DEFAULTS[k] if v is None else v for k, v in given.items()}
+    settings.setdefault("vllm_options", BENCH_DEFAULTS["vllm_options"])
+    sandbox = args.sandbox or BENCH_DEFAULTS["sandbox"]
+    episodes = settings["prompts"] * settings["samples"]
+    config = TrainConfig(
+        env="MathChat-v0",
+        env_options={"tasks": "gen:256", "sandbox": None if sandbox == "none" else sandbox},
+        coach="rules",
+        credit_mode="process",
+        prompts_per_step=settings["prompts"],
+        samples_per_prompt=settings["samples"],
+        concurrency=episodes,
+        max_new_tokens=settings["max_new_tokens"],
+        # Random weights never emit EOS: train on length-cut responses there.
+        mask_truncated=not (random_shape or args.train_truncated),
+        micro_batch_size=settings["micro_batch"],
+        micro_batch_tokens=settings["micro_batch_tokens"],
+        rollout_schedule=settings["schedule"],
+        compile_decode=settings["compile_decode"],
+        rollout_engine=settings["rollout_engine"],
+        vllm_options=json.loads(settings["vllm_options"]),
+        gradient_checkpointing=False,
+        dtype=settings["dtype"],
+        **fixed,
+    )
+    return config, system
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The command's options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--shape",
-        default="smollm2-135m",
-        help="a model spec or directory, or a random shape: 135m / 0.5b / 1.5b / 4b",
+        default=None,
+        help="a model spec or directory, or a random shape: 135m / 0.5b / 1.5b / 4b "
+        "(default: the config's system, else smollm2-135m)",
+    )
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="a training recipe (YAML/JSON) whose steps to time; options given here win",
     )
     parser.add_argument("--steps", type=int, default=4, help="steps to run (the first compiles)")
-    parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--samples", type=int, default=2)
-    parser.add_argument("--max-new-tokens", type=int, default=384)
-    parser.add_argument("--micro-batch", type=int, default=4, help="rows per micro-batch")
+    # Left unset (None), these take the config's value, or without one the defaults below.
+    parser.add_argument("--prompts", type=int, default=None, help="default 32")
+    parser.add_argument("--samples", type=int, default=None, help="default 2")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default 384")
+    parser.add_argument("--micro-batch", type=int, default=None, help="rows per micro-batch (4)")
     parser.add_argument(
-        "--micro-batch-tokens", type=int, default=0, help="token-budget micro-batches (0: rows)"
+        "--micro-batch-tokens", type=int, default=None, help="token-budget micro-batches (0: rows)"
     )
-    parser.add_argument("--schedule", choices=("ticks", "continuous", "episodes"), default="ticks")
     parser.add_argument(
-        "--sandbox", default="jupyter", help="the env's sandbox: jupyter, or none (no kernels)"
+        "--schedule", choices=("ticks", "continuous", "episodes"), default=None, help="ticks"
+    )
+    parser.add_argument(
+        "--sandbox", default=None, help="the env's sandbox: jupyter (default), or none (no kernels)"
     )
     parser.add_argument(
         "--train-truncated",
         action="store_true",
         help="train on responses cut by the length limit (always for random-weight shapes)",
     )
-    parser.add_argument("--rollout-engine", choices=("hf", "vllm"), default="hf")
+    parser.add_argument("--rollout-engine", choices=("hf", "vllm"), default=None, help="hf")
     parser.add_argument(
-        "--vllm-options", default="{}", help="JSON object of vllm.LLM arguments (vllm engine)"
+        "--vllm-options", default=None, help="JSON object of vllm.LLM arguments (vllm engine)"
     )
-    parser.add_argument("--no-compile-decode", action="store_true")
-    parser.add_argument("--dtype", default="auto")
+    parser.add_argument(
+        "--no-compile-decode", dest="compile_decode", action="store_const", const=False
+    )
+    parser.add_argument("--dtype", default=None, help="auto")
     parser.add_argument("--naive-repeats", type=int, default=3)
     parser.add_argument("--peak-tflops", type=float, default=796.0)
     parser.add_argument(
@@ -389,52 +516,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--out", default=os.environ.get("OUT", str(Path("benchmarks") / "results" / "gpu"))
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = make_parser().parse_args(argv)
 
     import torch
 
-    from mappa_agents.models import resolve_model
     from mappa_agents.trajectory import load_jsonl
-    from mappa_train.config import TrainConfig
     from mappa_train.trainer import Trainer
 
     work = Path(tempfile.mkdtemp(prefix="mappa-bench-step-"))
-    random_shape = args.shape in SHAPES
-    system = (
-        str(random_model_dir(args.shape, work / "model"))
-        if random_shape
-        else str(resolve_model(args.shape))
-    )
-    episodes = args.prompts * args.samples
-    config = TrainConfig(
-        env="MathChat-v0",
-        env_options={
-            "tasks": "gen:256",
-            "sandbox": None if args.sandbox == "none" else args.sandbox,
-        },
-        system=system,
-        coach="rules",
-        credit_mode="process",
-        steps=args.steps,
-        prompts_per_step=args.prompts,
-        samples_per_prompt=args.samples,
-        concurrency=episodes,
-        max_new_tokens=args.max_new_tokens,
-        # Random weights never emit EOS: train on length-cut responses there.
-        mask_truncated=not (random_shape or args.train_truncated),
-        micro_batch_size=args.micro_batch,
-        micro_batch_tokens=args.micro_batch_tokens,
-        rollout_schedule=args.schedule,
-        compile_decode=not args.no_compile_decode,
-        rollout_engine=args.rollout_engine,
-        vllm_options=json.loads(args.vllm_options),
-        gradient_checkpointing=False,
-        dtype=args.dtype,
-        save_every=0,
-        tensorboard=False,
-        progress=False,
-        output_dir=str(work / "run"),
-    )
+    config, system = step_config(args, work)
+    episodes = config.prompts_per_step * config.samples_per_prompt
     trainer = Trainer(config)
     setup_s, steps = timed_steps(trainer, args.steps)
     # The last step's actions, read back from the rollouts the step wrote.
@@ -444,7 +539,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     hf: dict[str, Any] = {}
     agreement: dict[str, Any] = {}
     weights: dict[str, Any] = {}
-    if args.rollout_engine == "vllm":
+    if config.rollout_engine == "vllm":
         agreement = engine_agreement(trainer, samples)
         print(f"engine agreement: {agreement}")
         weights = engine_weights(trainer)
@@ -462,7 +557,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     floor: dict[str, Any] = {}
     if args.decode_floor:
         # The step's batch: every episode has a turn of each agent in flight at once.
-        context = 2 * max(64, args.max_new_tokens)
+        context = 2 * max(64, config.max_new_tokens)
         floor = decode_floor(first_model, episodes, context)
         print(f"decode floor: {floor}")
     body, head = parameter_counts(first_model)
@@ -488,9 +583,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             args.peak_tflops * 1e12,
         )
     summary = {
-        "shape": args.shape,
+        "shape": shape_name(args),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        # What the steps ran with (the model's and the run's folders are this machine's).
+        "train_config": {
+            k: v for k, v in config.to_dict().items() if k not in ("system", "output_dir")
+        },
         "episodes_per_step": episodes,
         "setup_s": round(setup_s, 2),
         "first_step_s": round(steps[0]["step_s"], 2),
@@ -522,7 +621,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         else None,
         "peak_memory_gib": None if peak_gib is None else round(peak_gib, 2),
     }
-    name = args.name or f"step_{Path(args.shape).name.replace('-135m', '')}"
+    name = args.name or f"step_{Path(shape_name(args)).name.replace('-135m', '')}"
     first_compile = steps[0].get("compile") or {}
     write_results(name, summary, Path(args.out))
     print_table(
@@ -549,7 +648,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             {"what": "plain step tok/s, same rows", "value": naive.get("tok_s")},
             {"what": "peak GiB", "value": summary["peak_memory_gib"]},
         ],
-        title=f"MAPPA step, {args.shape}, {episodes} episodes",
+        title=f"MAPPA step, {shape_name(args)}, {episodes} episodes",
     )
     shutil.rmtree(work, ignore_errors=True)
     return summary

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -10,8 +11,17 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from benchmarks.bench_step_gpu import main, steady_state, step_breakdown
+from benchmarks.bench_step_gpu import (
+    main,
+    make_parser,
+    steady_state,
+    step_breakdown,
+    step_config,
+)
 from mappa_agents.tiny_models import tiny_model_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPE = ROOT / "configs" / "mathchat-smollm2.yaml"
 
 
 def test_step_breakdown_keeps_the_rest_apart():
@@ -124,3 +134,37 @@ def test_the_decode_floor_refuses_a_cache_too_short_and_times_the_step():
     assert (timed["method"], timed["batch"], timed["context_tokens"]) == ("eager", 3, 32)
     assert timed["tokens_per_s"] == pytest.approx(3 / (timed["step_ms"] / 1000), rel=0.01)
     assert model.training  # left as it was found
+
+
+def _parsed(argv):
+    return make_parser().parse_args(argv)
+
+
+def test_bench_step_times_the_recipe_a_config_names_with_the_options_given_on_top(tmp_path):
+    model = tiny_model_dir(tmp_path / "model")
+    args = _parsed(["--config", str(RECIPE), "--shape", str(model), "--steps", "3",
+                    "--no-compile-decode", "--schedule", "episodes"])  # fmt: skip
+    config, system = step_config(args, tmp_path / "work")
+    assert system == str(model)
+    # The recipe's own values where no option was given...
+    assert (config.prompts_per_step, config.samples_per_prompt) == (16, 2)
+    assert (config.max_new_tokens, config.micro_batch_tokens) == (256, 16384)
+    assert config.env_options["tasks"]["kinds"] == ["word_one_step"]
+    assert config.lr == 5.0e-5
+    assert config.mask_truncated is False
+    # ...the options given on top, and what the timing needs.
+    assert (config.steps, config.rollout_schedule, config.compile_decode) == (3, "episodes", False)
+    assert (config.save_every, config.tensorboard, config.progress) == (0, False, False)
+    assert config.output_dir == str(tmp_path / "work" / "run")
+
+    # Without a config the benchmark's own workload, its defaults, and options given win.
+    args = _parsed(["--shape", str(model), "--prompts", "3", "--sandbox", "none"])
+    config, _ = step_config(args, tmp_path / "work2")
+    assert (config.prompts_per_step, config.samples_per_prompt, config.concurrency) == (3, 2, 6)
+    assert (config.max_new_tokens, config.micro_batch_size, config.rollout_schedule) == (
+        384,
+        4,
+        "ticks",
+    )
+    assert config.env_options == {"tasks": "gen:256", "sandbox": None}
+    assert config.compile_decode is True
