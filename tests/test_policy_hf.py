@@ -566,6 +566,41 @@ def test_compiled_decoding_runs_on_the_policy_thread_only(tiny, monkeypatch):
         compiled.generate([SHORT], params)
 
 
+def test_eager_calls_from_event_loops_run_on_the_policys_own_thread(tiny, monkeypatch):
+    # A rollout runs each step on a new event loop, whose executor starts new threads;
+    # per-thread state (cuDNN plans on a GPU) would start cold every step there.
+    model, tokenizer = tiny
+    policy = HFPolicy(model, tokenizer, max_batch_size=4)
+    threads = []
+    generate = model.generate
+
+    def spy(**kwargs):
+        threads.append(threading.current_thread())
+        return generate(**kwargs)
+
+    monkeypatch.setattr(model, "generate", spy)
+    params = SamplingParams(max_new_tokens=3, seed=0)
+
+    async def a_step():
+        await asyncio.gather(*(policy.agenerate([LONG], params) for _ in range(2)))
+
+    for _ in range(3):  # three steps, three loops
+        asyncio.run(a_step())
+    assert len(threads) == 6
+    assert len(set(threads)) == 1
+    assert threads[0].name.startswith("mappa-decode")
+    # A direct call stays in the caller's thread (where a Ctrl-C stops it at once).
+    policy.generate([SHORT], params)
+    assert threads[-1] is threading.current_thread()
+    policy.close()
+
+    async def after_close():
+        await policy.agenerate([SHORT], params)
+
+    with pytest.raises(RuntimeError, match="closed"):
+        asyncio.run(after_close())
+
+
 def test_closing_a_compiled_policy_ends_queued_calls_with_the_closed_error(tiny, monkeypatch):
     model, tokenizer = tiny
     compiled = HFPolicy(model, tokenizer, max_batch_size=4, compile_decode=True)
