@@ -538,9 +538,8 @@ def test_filler_rows_end_at_once_and_real_rows_keep_decoding(tiny, monkeypatch):
     assert set(filler[1:]) <= {compiled.pad_token_id}
 
 
-def test_compiled_decoding_runs_on_the_policy_thread_only(tiny, monkeypatch):
-    model, tokenizer = tiny
-    compiled = HFPolicy(model, tokenizer, max_batch_size=4, compile_decode=True)
+def _generating_threads(model, monkeypatch):
+    """The threads ``model.generate`` runs on, one entry a call, as calls come."""
     threads = []
     generate = model.generate
 
@@ -549,6 +548,13 @@ def test_compiled_decoding_runs_on_the_policy_thread_only(tiny, monkeypatch):
         return generate(**kwargs)
 
     monkeypatch.setattr(model, "generate", spy)
+    return threads
+
+
+def test_compiled_decoding_runs_on_the_policy_thread_only(tiny, monkeypatch):
+    model, tokenizer = tiny
+    compiled = HFPolicy(model, tokenizer, max_batch_size=4, compile_decode=True)
+    threads = _generating_threads(model, monkeypatch)
     params = SamplingParams(max_new_tokens=3, seed=0)
     compiled.generate([SHORT], params)
 
@@ -571,14 +577,7 @@ def test_eager_calls_from_event_loops_run_on_the_policys_own_thread(tiny, monkey
     # per-thread state (cuDNN plans on a GPU) would start cold every step there.
     model, tokenizer = tiny
     policy = HFPolicy(model, tokenizer, max_batch_size=4)
-    threads = []
-    generate = model.generate
-
-    def spy(**kwargs):
-        threads.append(threading.current_thread())
-        return generate(**kwargs)
-
-    monkeypatch.setattr(model, "generate", spy)
+    threads = _generating_threads(model, monkeypatch)
     params = SamplingParams(max_new_tokens=3, seed=0)
 
     async def a_step():
