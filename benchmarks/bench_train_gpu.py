@@ -208,6 +208,9 @@ def free_trainer(trainer) -> None:
     alive = weakref.ref(next(iter(trainer.learners.values())).model)
     trainer.close()
     trainer.learners.clear()
+    # close() keeps the trained models for whoever holds the trainer; the backend that
+    # built the learners holds them too (an in-process backend keeps its own table).
+    getattr(trainer.backend, "learners", {}).clear()
     gc.collect()
     if alive() is not None:
         print("warning: a trainer's models are still referenced; what runs next shares the GPU")

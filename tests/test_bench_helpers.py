@@ -12,6 +12,7 @@ pytest.importorskip("tokenizers")
 from benchmarks.bench_train_gpu import (
     SHAPES,
     check_tokenizer_round_trip,
+    free_trainer,
     random_model_dir,
     word_level_tokenizer,
 )
@@ -54,3 +55,22 @@ def test_a_shape_may_bring_its_own_vocabulary_and_tied_head(tmp_path, monkeypatc
     tokenizer = json.loads((directory / "tokenizer.json").read_text())
     assert len(tokenizer["model"]["vocab"]) == 300
     assert SHAPES["135m"]["vocab_size"] == 49_152
+
+
+def test_a_freed_trainer_leaves_its_models_to_the_collector(tmp_path, capsys):
+    # Benchmarks run trainer after trainer on one GPU: a model still referenced after
+    # free_trainer keeps its memory (the in-process backend kept its learners' table).
+    import weakref
+
+    from mappa_agents.tiny_models import tiny_model_dir
+    from mappa_train.trainer import Trainer
+    from tests.toy_env import LetterEnv, toy_train_config
+
+    config = toy_train_config(tmp_path, tiny_model_dir(tmp_path / "model"), steps=1)
+    trainer = Trainer(config, env_factory=LetterEnv, eval_env_factory=LetterEnv)
+    trainer.setup()
+    trainer.train_step()
+    models = [weakref.ref(learner.model) for learner in trainer.learners.values()]
+    free_trainer(trainer)
+    assert "still referenced" not in capsys.readouterr().out
+    assert all(model() is None for model in models)
