@@ -529,6 +529,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     work = Path(tempfile.mkdtemp(prefix="mappa-bench-step-"))
     config, system = step_config(args, work)
+    shape = shape_name(args)
     episodes = config.prompts_per_step * config.samples_per_prompt
     trainer = Trainer(config)
     setup_s, steps = timed_steps(trainer, args.steps)
@@ -583,7 +584,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             args.peak_tflops * 1e12,
         )
     summary = {
-        "shape": shape_name(args),
+        "shape": shape,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         # What the steps ran with (the model's and the run's folders are this machine's).
@@ -621,7 +622,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         else None,
         "peak_memory_gib": None if peak_gib is None else round(peak_gib, 2),
     }
-    name = args.name or f"step_{Path(shape_name(args)).name.replace('-135m', '')}"
+    name = args.name or f"step_{Path(shape).name.replace('-135m', '')}"
     first_compile = steps[0].get("compile") or {}
     write_results(name, summary, Path(args.out))
     print_table(
@@ -648,7 +649,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             {"what": "plain step tok/s, same rows", "value": naive.get("tok_s")},
             {"what": "peak GiB", "value": summary["peak_memory_gib"]},
         ],
-        title=f"MAPPA step, {shape_name(args)}, {episodes} episodes",
+        title=f"MAPPA step, {shape}, {episodes} episodes",
     )
     shutil.rmtree(work, ignore_errors=True)
     return summary

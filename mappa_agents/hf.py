@@ -61,8 +61,8 @@ def decode_attention(
     Eager decoding on CUDA: every scaled-dot-product backend but cuDNN's. On an H100, a
     mappa step's eager generation of 64 x 128 tokens (SmolLM2-135M's shape) spent 5.1 of
     its 8.8 s in 3,960 attention calls (1.3 ms each), while the same call on a thread
-    that had generated before took 2.3-3.2 s in all; a rollout's generation runs on a
-    thread that is new each step (a new event loop's executor). cuDNN builds an execution
+    that had generated before took 2.3-3.2 s in all; a rollout's generation then ran on
+    a thread that was new each step (it now runs on the policy's own). cuDNN builds an execution
     plan per attention shape and PyTorch keeps those plans per thread, and eager decoding
     meets a new key length at every step: the likely cause, which this choice removes
     (benchmarks/results/gpu/README.md). Decoding over a static cache (``compile_decode``)
@@ -320,8 +320,8 @@ class HFPolicy:
         # allocator caches) would start cold each time (with cuDNN's attention, a generate
         # call took 6.7 s on a new thread against 2.3 s on one that had generated, on one
         # H100).
-        self._decode_executor: concurrent.futures.ThreadPoolExecutor | None = (
-            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mappa-decode")
+        self._decode_executor = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="mappa-decode"
         )
         self._decode_thread_ready = False
         self._closing = False
@@ -432,11 +432,8 @@ class HFPolicy:
         self, batch: Sequence[ChatMessages], params: SamplingParams
     ) -> concurrent.futures.Future[list[Generation]]:
         """Queue a call on the policy's generation thread."""
-        executor = self._decode_executor
-        if executor is None:
-            raise self._closed_error()
         try:
-            return executor.submit(self._generate_on_decode_thread, batch, params)
+            return self._decode_executor.submit(self._generate_on_decode_thread, batch, params)
         except RuntimeError:  # the executor was shut down by close()
             raise self._closed_error() from None
 
@@ -511,9 +508,8 @@ class HFPolicy:
         generation thread raise the closed error.
         """
         self._closing = True
-        if self._decode_executor is not None:
-            # Not waiting for the thread: its running call needs the lock taken below.
-            self._decode_executor.shutdown(wait=False, cancel_futures=True)
+        # Not waiting for the thread: its running call needs the lock taken below.
+        self._decode_executor.shutdown(wait=False, cancel_futures=True)
         with _GENERATE_LOCK:
             on_cuda = str(self.device).startswith("cuda")
             self.model = None  # type: ignore[assignment]
