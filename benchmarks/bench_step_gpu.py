@@ -569,7 +569,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     steady = steady_state(steps)
     rollout_tok_s = steady["response_tokens"] / steady["rollout_s"] if steady["rollout_s"] else None
-    sweep = timed_sweep(config, work, args.sweep_runs, args.sweep_steps) if args.sweep_runs else {}
     update_tok_s = steady["train_tokens"] / steady["update_s"] if steady["update_s"] else None
     naive: dict[str, Any] = {}
     if torch.cuda.is_available():
@@ -608,7 +607,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "rollout_vs_floor": round(rollout_tok_s / floor["tokens_per_s"], 3)
         if rollout_tok_s and floor.get("tokens_per_s")
         else None,
-        "sweep": sweep or None,
+        "sweep": None,
         "hf_same_prompts": hf or None,
         "vllm_vs_hf": round(engine["tok_s"] / hf["tok_s"], 3)
         if hf.get("tok_s") and engine["tok_s"]
@@ -623,8 +622,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "peak_memory_gib": None if peak_gib is None else round(peak_gib, 2),
     }
     name = args.name or f"step_{Path(shape).name.replace('-135m', '')}"
-    first_compile = steps[0].get("compile") or {}
+    # Written before the sweep and again after it: a sweep stopped by a time limit (a GPU
+    # call's) still leaves the step figures.
     write_results(name, summary, Path(args.out))
+    sweep = timed_sweep(config, work, args.sweep_runs, args.sweep_steps) if args.sweep_runs else {}
+    if sweep:
+        summary["sweep"] = sweep
+        write_results(name, summary, Path(args.out))
+    first_compile = steps[0].get("compile") or {}
     print_table(
         [
             {"what": "first step s", "value": summary["first_step_s"]},

@@ -41,9 +41,20 @@ def test_step_breakdown_keeps_the_rest_apart():
     assert steady_state([first])["step_s"] == 100.0
 
 
-def test_bench_step_runs_whole_steps_and_writes_the_figures(tmp_path):
+def test_bench_step_runs_whole_steps_and_writes_the_figures(tmp_path, monkeypatch):
+    import benchmarks.bench_step_gpu as bench
+
     model = tiny_model_dir(tmp_path / "model")
     out = tmp_path / "out"
+    before_sweep: dict = {}
+
+    def sweep_after_the_figures_are_written(*args, **kwargs):
+        # A sweep stopped by a call's time limit must leave the step figures on disk.
+        before_sweep.update(json.loads((out / "step_tiny.json").read_text()))
+        return real_sweep(*args, **kwargs)
+
+    real_sweep = bench.timed_sweep
+    monkeypatch.setattr(bench, "timed_sweep", sweep_after_the_figures_are_written)
     summary = main(
         [
             "--shape", str(model), "--steps", "2", "--prompts", "2", "--samples", "2",
@@ -53,7 +64,9 @@ def test_bench_step_runs_whole_steps_and_writes_the_figures(tmp_path):
         ]
     )  # fmt: skip
     written = json.loads((out / "step_tiny.json").read_text())
-    assert written["steps"] == summary["steps"]
+    assert written["steps"] == summary["steps"] == before_sweep["steps"]
+    assert before_sweep["sweep"] is None
+    assert written["sweep"] == summary["sweep"]
     assert len(summary["steps"]) == 2
     steady = summary["steady_step"]
     parts = steady["rollout_s"] + steady["logprob_s"] + steady["update_s"] + steady["other_s"]
