@@ -330,6 +330,18 @@ class RolloutRunner:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    async def _release_idle_envs(self) -> None:
+        released = await asyncio.gather(
+            *(env.arelease_idle_resources() for env in self._envs), return_exceptions=True
+        )
+        for env, outcome in zip(self._envs, released):
+            if isinstance(outcome, BaseException):
+                logger.warning(
+                    "releasing an idle %s environment's sandboxes failed",
+                    type(env).__name__,
+                    exc_info=outcome,
+                )
+
     async def _ensure_envs(self, count: int) -> list[PipelineEnv]:
         while len(self._envs) < count:
             # Building an environment can take a moment (DSBench writes its tasks).
@@ -477,6 +489,10 @@ class RolloutRunner:
             if not self.keep_envs:
                 envs_made, self._envs = self._envs, []
                 await asyncio.gather(*(env.aclose() for env in envs_made), return_exceptions=True)
+            else:
+                # Kept environments wait for the next run (a trainer's evaluation sets for
+                # several steps): none holds a kernel or workspace meanwhile.
+                await self._release_idle_envs()
         return [results[i] for i in range(num_episodes)]
 
     # ------------------------------------------------------------------ internals

@@ -257,3 +257,94 @@ def test_the_option_is_checked_as_before():
     env = mappa_env.make("MathChat-v0", tasks="gen:1", sandbox=None, code_timeout_s=5)
     assert env.code_timeout_s == 5.0
     env.close()
+
+
+class _Tracked(InProcessSandbox):
+    """An in-process sandbox that remembers every instance made."""
+
+    made: list[_Tracked] = []  # noqa: RUF012 - the tests read what was made
+
+    def __init__(self, workdir: Path) -> None:
+        super().__init__(workdir)
+        _Tracked.made.append(self)
+
+
+def _code_episode(env, *, reset: bool = True) -> dict:
+    """One episode whose code executor prints 3; returns the code run's tool info."""
+    if reset:
+        env.reset()
+    tool: dict = {}
+    for agent in env.agent_iter():
+        *_, terminated, truncated, _ = env.last()
+        if terminated or truncated:
+            env.step(None)
+        elif agent == "code_executor":
+            env.step(code("print(3)"))
+            tool = env.infos[agent]["tool"]
+        else:
+            env.step("The answer is \\boxed{3}.")
+    return tool
+
+
+def test_an_idle_environment_lets_go_of_the_next_episodes_kernel_and_its_workspace():
+    _Tracked.made.clear()
+    env = mappa_env.make("MathChat-v0", tasks="gen:2", sandbox=_Tracked, prestart_sandbox=True)
+    try:
+        env.reset(seed=0)
+        _code_episode(env, reset=False)
+        _code_episode(env)  # after an episode that ran code, the next one's starts ahead
+        spare, finished = env._spare, env.workdir
+        assert spare is not None
+        assert finished.exists()
+        env.release_idle_resources()
+        assert env._spare is None
+        assert all(sandbox.closed for sandbox in _Tracked.made)
+        assert not finished.exists()
+        assert not spare.workdir.exists()
+        assert env._workspace_lease is None  # the finished episode's uid is free again
+        # The next episode starts its sandbox ahead again and runs code as ever.
+        assert _code_episode(env)["stdout"] == "3\n"
+        # In a live episode only the next episode's sandbox goes; this one's code runs on.
+        env.reset()
+        env.step(SOLVER)
+        env.step(code("x = 41"))
+        live = env.workdir
+        env.release_idle_resources()
+        assert env._spare is None
+        assert live.exists()
+        env.step(code("print(x + 1)"))
+        assert env.infos["code_executor"]["tool"]["stdout"] == "42\n"
+    finally:
+        env.close()
+    env.release_idle_resources()  # a closed environment: nothing to do, no error
+
+
+def test_a_runner_that_keeps_its_environments_leaves_them_idle_without_kernels():
+    from mappa_agents.runner import RolloutRunner
+    from mappa_agents.scripted import ScriptedPolicy
+    from mappa_agents.system import AgentSystem
+
+    _Tracked.made.clear()
+
+    def reply(messages) -> str:
+        return code("print(3)") if "python" in messages[0]["content"] else "It is \\boxed{3}."
+
+    agents = ("problem_solver", "code_executor", "verifier")
+    runner = RolloutRunner(
+        lambda: mappa_env.make(
+            "MathChat-v0", tasks="gen:4", sandbox=_Tracked, prestart_sandbox=True
+        ),
+        AgentSystem.shared(ScriptedPolicy(reply), agents),
+        concurrency=2,
+        keep_envs=True,
+        progress=False,
+    )
+    try:
+        for _ in range(2):
+            results = runner.run(6)
+            assert len(results) == 6
+            assert sum(len(sandbox.calls) for sandbox in _Tracked.made) >= 6  # code ran
+            assert all(sandbox.closed for sandbox in _Tracked.made)
+            assert all(env._spare is None and env._workdir is None for env in runner._envs)
+    finally:
+        runner.close()

@@ -622,6 +622,29 @@ class PipelineEnv(EpisodeWorkspace, CoachJudging, EpisodeRecords, AECEnv):
             return None
         return text
 
+    def release_idle_resources(self) -> None:
+        """Synchronous :meth:`arelease_idle_resources`."""
+        self._sync.run(self.arelease_idle_resources())
+
+    async def arelease_idle_resources(self) -> None:
+        """Let go of what the environment holds for episodes not yet started.
+
+        That is the sandbox started ahead for the next episode (a running kernel) and its
+        workspace and, once the current episode is over, that episode's workspace (its
+        files, and the uid its confined code ran as). An environment kept idle for long
+        (between a trainer's evaluations) would otherwise hold them until its next reset:
+        a trainer's runners keep their environments between runs, so a run with an
+        evaluation set of 64 environments held up to 64 kernels from one evaluation to
+        the next, and a sweep of runs in one process held that many per run. The
+        :class:`~mappa_agents.runner.RolloutRunner` calls this on the environments it
+        keeps when a run ends. The next :meth:`reset` starts a sandbox ahead again where
+        the last episode ran code. Does nothing on a closed environment; a live
+        episode keeps its own sandboxes and workspace.
+        """
+        if self._closed:
+            return
+        await asyncio.to_thread(self._release_idle, not self.agents)
+
     def close(self) -> None:
         """Close sandboxes, remove temporary files and stop the private event loop."""
         if self._closed:

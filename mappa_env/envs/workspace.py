@@ -337,6 +337,15 @@ class EpisodeWorkspace:
         if spare is not None:
             spare.close()
 
+    def _release_idle(self, episode_over: bool) -> None:
+        """Stop the next episode's sandbox started ahead and remove its workspace.
+
+        With ``episode_over``, also remove the finished episode's workspace and free its uid.
+        """
+        self._close_spare()
+        if episode_over:
+            self._remove_workdir()
+
     async def release_sandbox(self, owner: str) -> None:
         """Close ``owner``'s sandbox, if it has one (off the event loop)."""
         sandbox = self._sandboxes.pop(owner, None)
