@@ -114,10 +114,20 @@ def compile_totals() -> dict[str, float]:
     }
 
 
+def held_resources() -> dict[str, int]:
+    """What this process holds now: open files and live child processes (kernels, their
+    confinement wrappers), so a step or sweep that leaks sandboxes shows it."""
+    import psutil
+
+    me = psutil.Process()
+    return {"open_files": me.num_fds(), "child_processes": len(me.children(recursive=True))}
+
+
 def timed_steps(trainer: Any, count: int) -> tuple[float, list[dict[str, float]]]:
     """Set ``trainer`` up and run ``count`` steps without checkpoints; the setup seconds
     and each step's :func:`step_breakdown` (peak GPU memory counts from the first step)
-    with the compile totals after it (:func:`compile_totals`, under ``compile``)."""
+    with the compile totals after it (:func:`compile_totals`, under ``compile``) and
+    what the process holds after it (:func:`held_resources`, under ``held``)."""
     import torch
 
     trainer.save = lambda: None  # speed only: no checkpoints
@@ -133,6 +143,7 @@ def timed_steps(trainer: Any, count: int) -> tuple[float, list[dict[str, float]]
         steps.append(step_breakdown(time.perf_counter() - started, metrics))
         print(f"step {index + 1}: " + ", ".join(f"{k} {v:.1f}" for k, v in steps[-1].items()))
         steps[-1]["compile"] = compile_totals()
+        steps[-1]["held"] = held_resources()
     return setup_s, steps
 
 
@@ -337,10 +348,12 @@ def timed_sweep(config: Any, work: Path, runs: int, steps: int) -> dict[str, Any
     sweep = Sweep.from_configs(configs)
     outcomes = sweep.run()
     seconds = time.perf_counter() - started
+    held = held_resources()
     for trainer in sweep.runs.values():
         if trainer.learners:  # a run that failed to set up holds none
             free_trainer(trainer)
     return {
+        "held_before_close": held,
         "runs": runs,
         "steps": steps,
         "seconds": round(seconds, 1),

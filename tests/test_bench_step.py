@@ -87,6 +87,12 @@ def test_bench_step_runs_whole_steps_and_writes_the_figures(tmp_path, monkeypatc
     assert summary["rollout_vs_floor"] > 0
     sweep = summary["sweep"]
     assert (sweep["runs"], sweep["steps"], sweep["failed"]) == (2, 1, [])
+    # What the process held after each step and before the sweep's runs closed.
+    for held in [step["held"] for step in summary["steps"]] + [sweep["held_before_close"]]:
+        assert set(held) == {"open_files", "child_processes"}
+        assert held["open_files"] > 0
+        assert held["child_processes"] >= 0
+    assert "held" not in steady
     assert sweep["device_minutes"] == pytest.approx(sweep["seconds"] / 60, abs=0.01)
     # torch.compile's totals after each step: never fewer graphs later than earlier.
     first, last = summary["first_step_compile"], summary["last_step_compile"]
