@@ -261,38 +261,37 @@ def test_the_config_picks_the_trainer_and_a_mismatch_is_refused(tmp_path):
         RayTrainer(_config(tmp_path / "one", model_dir), LetterEnv, LetterEnv)
 
 
-def test_a_killed_run_resumes_and_matches_one_process(tmp_path, local_ray):
+def test_a_killed_run_resumes_across_modes_and_matches_one_process(tmp_path, local_ray):
+    # Every hand-over a checkpoint can make, in one run of four steps: one process to a
+    # group, a killed group to a new group, and a group back to one process. One test, so
+    # the suite starts two groups' rank actors instead of three, and trains the straight
+    # run once.
     model_dir = tiny_model_dir(tmp_path / "model")
-    single = _trainer(Trainer, _config(tmp_path / "single", model_dir))
-    single.train()
-    out = tmp_path / "ray"
-    first = _trainer(RayTrainer, _config(out, model_dir, distributed="ray", ranks_per_agent=2))
-    first.train(until=2)  # stops as a killed run would have: its last checkpoint is step 2
-    first.close()
-    resumed = _trainer(RayTrainer, _config(out, model_dir, distributed="ray", ranks_per_agent=2))
-    try:
-        resumed.train()
-    finally:
-        resumed.close()
-    _assert_same_metrics(_metrics(out / "metrics.jsonl"), _metrics(single.metrics_path))
-
-
-def test_checkpoints_resume_across_modes_in_both_directions(tmp_path, local_ray):
-    model_dir = tiny_model_dir(tmp_path / "model")
-    straight = _trainer(Trainer, _config(tmp_path / "straight", model_dir))
+    straight = _trainer(Trainer, _config(tmp_path / "straight", model_dir, steps=4))
     straight.train()
     out = tmp_path / "mixed"
-    one = _trainer(Trainer, _config(out, model_dir))
+
+    def group_config():
+        return _config(out, model_dir, steps=4, distributed="ray", ranks_per_agent=2)
+
+    one = _trainer(Trainer, _config(out, model_dir, steps=4))
     one.train(until=1)  # a one-process checkpoint (optimizer state by position)...
     one.close()
-    group = _trainer(RayTrainer, _config(out, model_dir, distributed="ray", ranks_per_agent=2))
+    group = _trainer(RayTrainer, group_config())
     try:
-        group.train(until=2)  # ... resumed by a group, which saves by name ...
-    finally:
+        group.train(until=2)  # ... resumed by a group, which saves by name; then stopped
+    finally:  # as a killed run would have: its last checkpoint is step 2 ...
         group.close()
-    again = _trainer(Trainer, _config(out, model_dir))
-    again.train()  # ... resumed by one process again
-    _assert_same_metrics(_metrics(out / "metrics.jsonl"), _metrics(straight.metrics_path))
+    resumed = _trainer(RayTrainer, group_config())
+    try:
+        resumed.train(until=3)  # ... resumed by a new group ...
+    finally:
+        resumed.close()
+    again = _trainer(Trainer, _config(out, model_dir, steps=4))
+    again.train()  # ... and by one process again
+    metrics = _metrics(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    _assert_same_metrics(metrics, _metrics(straight.metrics_path))
 
 
 def test_a_group_resumes_a_bf16_run_on_its_float32_masters(tmp_path, local_ray):
