@@ -14,6 +14,11 @@ ways, side by side in one process:
   is reported apart as ``first_call_s``;
 - ``compiled-thread``: ``compiled`` called from a new worker thread each time, as the
   rollout runner's ``agenerate`` may do;
+- ``graphs``: ``bare`` with the static cache, its decode step compiled by
+  ``torch.compile``'s ``cudagraphs`` backend (dynamic shapes): CUDA graphs recorded from
+  dynamo's graph without inductor's code generation, whose compile took 270-318 s on a
+  fresh machine in a training run (``results/gpu/README.md``); whether these graphs
+  reach ``compiled``'s speed at a start of seconds is what this variant measures;
 - ``policy-compiled``: ``HFPolicy(compile_decode=True).agenerate``, then a check that an
   in-place weight change (as an optimizer step makes) reaches the recorded graphs.
 
@@ -51,6 +56,7 @@ VARIANTS = (
     "static",
     "compiled",
     "compiled-thread",
+    "graphs",
     "policy-compiled",
 )
 
@@ -140,7 +146,7 @@ def profile_bare(policy: Any, ids: Any, mask: Any, new_tokens: int, out: Path) -
     return {"new_tokens": new_tokens, **totals}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="1.5b", help="0.5b, 1.5b, or a model directory")
     parser.add_argument("--variants", default=",".join(VARIANTS))
@@ -150,7 +156,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
-    args = parser.parse_args()
+    parser.add_argument("--name", default=None, help="results file name")
+    args = parser.parse_args(argv)
     names = parse_variants(parser, args.variants, list(VARIANTS))
 
     import torch
@@ -194,6 +201,14 @@ def main() -> None:
             policy, ids, mask, new, cache_implementation="static", compile_config=CompileConfig()
         ),
         "compiled-thread": lambda: in_new_thread(calls["compiled"]),
+        "graphs": lambda: bare_generate(
+            policy,
+            ids,
+            mask,
+            new,
+            cache_implementation="static",
+            compile_config=CompileConfig(backend="cudagraphs", mode=None, dynamic=True),
+        ),
         "policy-compiled": policy_compiled,
     }
     rows: list[dict[str, Any]] = []
@@ -233,7 +248,7 @@ def main() -> None:
         "profile_bare": profile,
         "in_place_weights_reach_graphs": in_place,
     }
-    write_results(f"generate_gpu_{Path(args.shape).name}", summary, out)
+    write_results(args.name or f"generate_gpu_{Path(args.shape).name}", summary, out)
     print_table(
         [r for r in rows if "error" not in r], title=f"generate, {args.shape}, batch {args.batch}"
     )
@@ -241,6 +256,7 @@ def main() -> None:
         print(profile)
     policy.close()
     shutil.rmtree(work, ignore_errors=True)
+    return summary
 
 
 if __name__ == "__main__":
