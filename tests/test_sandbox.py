@@ -819,3 +819,61 @@ def test_kernels_start_and_close_from_worker_threads_of_a_running_loop(tmp_path:
     assert manager._control_socket is None  # closed by jupyter-client's cleanup
     assert not [w for w in caught if "never awaited" in str(w.message)]
     assert not [w for w in caught if "unclosed event loop" in str(w.message)]
+
+
+def test_one_process_can_hold_more_kernel_sockets_than_zeromqs_default() -> None:
+    # A live kernel holds 8 sockets of the shared context; ZeroMQ's default cap of 1,023
+    # stopped a process at 127 kernels. 1,100 sockets need as many open files.
+    import resource
+
+    import zmq
+
+    from mappa_env.sandbox._kernel import _zmq_context
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 4096 if hard == resource.RLIM_INFINITY else min(hard, 4096)
+    if wanted < 2048:
+        pytest.skip(f"the open-file limit ({hard}) is too low to hold 1,100 sockets")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
+    context = _zmq_context(SandboxLimits().max_message_bytes)
+    sockets = []
+    try:
+        for _ in range(1100):
+            sockets.append(context.socket(zmq.PAIR))
+    finally:
+        for socket in sockets:
+            socket.close(linger=0)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert len(sockets) == 1100
+
+
+def test_a_start_that_fails_after_the_launch_leaves_no_kernel_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+    import tempfile
+
+    import zmq
+
+    from mappa_env.sandbox._kernel import _manager_class
+
+    def out_of_files(self: object) -> None:
+        raise zmq.ZMQError(errno.EMFILE)
+
+    # Connecting the manager's control socket comes after the kernel process started.
+    monkeypatch.setattr(_manager_class(), "_connect_control_socket", out_of_files)
+    me = psutil.Process()
+    before = {child.pid for child in me.children(recursive=True)}
+    runtime_dirs = set(Path(tempfile.gettempdir()).glob("mappa-kernel-*"))
+    with (
+        JupyterSandbox(tmp_path, isolation="none") as sandbox,
+        pytest.raises(SandboxError) as raised,
+    ):
+        sandbox.start()
+    message = str(raised.value)
+    assert "could not launch the kernel process" in message
+    assert "open files of this process's limit" in message
+    assert "ulimit -n" in message
+    left = [c for c in me.children(recursive=True) if c.pid not in before and c.is_running()]
+    assert [c for c in left if c.status() != psutil.STATUS_ZOMBIE] == []
+    assert set(Path(tempfile.gettempdir()).glob("mappa-kernel-*")) <= runtime_dirs

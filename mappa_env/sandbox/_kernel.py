@@ -55,10 +55,17 @@ def _zmq_context(max_message_bytes: int) -> Any:
     Shared by all sandboxes with the same limit (a context per kernel would cost an I/O
     thread each). Setting the option on the context applies it before each socket
     connects, which is when ZeroMQ reads it.
+
+    A live kernel holds 8 sockets of its context (its channels, control and monitor
+    sockets, measured), and a context allows 1,023 by default: a process stopped at 127
+    kernels at once, every later start failing with "Too many open files" (a sweep of
+    two runs evaluating 64 episodes at once on a GPU machine did). The cap is raised to
+    what ZeroMQ allows, so the process's own open-file limit is the one that counts.
     """
     import zmq
 
     context = zmq.Context()
+    context.set(zmq.MAX_SOCKETS, context.get(zmq.SOCKET_LIMIT))
     context.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
     context.setsockopt(zmq.LINGER, 0)
     context.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
@@ -381,12 +388,19 @@ def start_kernel(
         finally:
             if stderr is not subprocess.DEVNULL:
                 stderr.close()
-    except (OSError, RuntimeError) as exc:
+    except (OSError, RuntimeError, zmq.ZMQError) as exc:
+        # A start can fail after the process was launched (connecting the manager's
+        # control socket comes after the launch): stop it, or it outlives its sandbox.
+        launched = getattr(manager.provisioner, "process", None)
+        if launched is not None:
+            _process.kill_tree(launched)
         shutil.rmtree(runtime_dir, ignore_errors=True)
         for made in (cgroup, pids_cgroup):
             if made is not None:
                 made.remove()
-        raise SandboxError(f"could not launch the kernel process: {exc}") from exc
+        raise SandboxError(
+            f"could not launch the kernel process: {describe_start_error(exc)}"
+        ) from exc
     kernel = Kernel(
         manager,
         manager.provisioner.process,
@@ -401,7 +415,7 @@ def start_kernel(
         kernel.ready_threads = kernel.threads(stop_after=limits.max_threads or 10_000)
     except zmq.ZMQError as exc:
         stop_kernel(kernel)
-        raise SandboxError(f"could not connect to the kernel: {exc}") from exc
+        raise SandboxError(f"could not connect to the kernel: {describe_start_error(exc)}") from exc
     except SandboxError:
         stop_kernel(kernel)
         raise
@@ -409,6 +423,31 @@ def start_kernel(
         "kernel started: pid %d in %s (%.3f s)", kernel.pid, cwd, time.monotonic() - started
     )
     return kernel
+
+
+def describe_start_error(exc: BaseException) -> str:
+    """``exc`` as text; for running out of open files, with this process's count and limit.
+
+    Each live kernel holds about a dozen of its parent's open files (sockets, pipes), so
+    many kernels at once in one process (episodes in flight, evaluation sets, the runs
+    of a sweep) reach the limit; the message says so and what to change.
+    """
+    import errno
+    import resource
+
+    if getattr(exc, "errno", None) != errno.EMFILE:
+        return str(exc)
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        held = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        held = -1
+    count = f"{held} open" if held >= 0 else "open"
+    return (
+        f"{exc} ({count} files of this process's limit of {soft}: fewer kernels at once "
+        f"(episodes in flight, evaluation sets, runs of a sweep) or a higher limit, "
+        f"`ulimit -n`)"
+    )
 
 
 def _make_cgroups(
