@@ -877,3 +877,27 @@ def test_a_start_that_fails_after_the_launch_leaves_no_kernel_running(
     left = [c for c in me.children(recursive=True) if c.pid not in before and c.is_running()]
     assert [c for c in left if c.status() != psutil.STATUS_ZOMBIE] == []
     assert set(Path(tempfile.gettempdir()).glob("mappa-kernel-*")) <= runtime_dirs
+
+
+def test_the_first_kernel_context_raises_a_low_open_file_limit() -> None:
+    # In a child whose soft limit is 256 (under a hard limit above it): the shared
+    # context's creation raises the soft limit, and never lowers a higher one.
+    script = textwrap.dedent(
+        """
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        from mappa_env.sandbox._kernel import _zmq_context, raise_open_files_limit
+        _zmq_context(1024)
+        print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)
+        print(raise_open_files_limit(300))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    ).stdout.split()
+    soft, hard, again = int(out[0]), int(out[1]), int(out[2])
+    if hard != -1 and hard <= 256:
+        pytest.skip(f"the hard open-file limit ({hard}) leaves nothing to raise")
+    assert soft == (65536 if hard == -1 else min(65536, hard))
+    assert again == soft  # asking for less lowers nothing

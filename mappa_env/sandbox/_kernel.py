@@ -48,6 +48,33 @@ def launcher_source() -> str:
     return (Path(__file__).with_name("_launcher.py")).read_text(encoding="utf-8")
 
 
+#: The soft open-file limit the first kernel of a process asks for (never above the hard
+#: limit, never lowered): room for about 5,000 live kernels' sockets and pipes.
+OPEN_FILES_WANTED = 65536
+
+
+def raise_open_files_limit(wanted: int) -> int:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to ``wanted`` or its hard limit.
+
+    Returns:
+        The soft limit after the call (unchanged where it was already as high, or where
+        the system refused).
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (OSError, ValueError) as exc:
+            logger.debug("could not raise the open-file limit to %d: %s", target, exc)
+            return soft
+        logger.debug("open-file limit raised from %d to %d", soft, target)
+        return target
+    return soft
+
+
 @functools.cache
 def _zmq_context(max_message_bytes: int) -> Any:
     """A ZeroMQ context whose sockets refuse messages above ``max_message_bytes``.
@@ -60,10 +87,15 @@ def _zmq_context(max_message_bytes: int) -> Any:
     sockets, measured), and a context allows 1,023 by default: a process stopped at 127
     kernels at once, every later start failing with "Too many open files" (a sweep of
     two runs evaluating 64 episodes at once on a GPU machine did). The cap is raised to
-    what ZeroMQ allows, so the process's own open-file limit is the one that counts.
+    what ZeroMQ allows, so the process's own open-file limit is the one that counts;
+    that limit's soft value is raised as far as its hard one allows (up to
+    :data:`OPEN_FILES_WANTED`), as Jupyter's server does: a live kernel holds about
+    a dozen of its parent's open files, and a soft limit of 1,024 (common) would stop a
+    process at about 70 kernels.
     """
     import zmq
 
+    raise_open_files_limit(OPEN_FILES_WANTED)
     context = zmq.Context()
     context.set(zmq.MAX_SOCKETS, context.get(zmq.SOCKET_LIMIT))
     context.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
