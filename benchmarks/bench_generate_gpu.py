@@ -130,6 +130,13 @@ def bare_generate(policy: Any, ids: Any, mask: Any, new_tokens: int, **extra: An
         policy.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
 
 
+def cudagraph_skips() -> int:
+    """How many times ``torch.compile`` has skipped recording a CUDA graph so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["cudagraph_skips"])
+
+
 def timed(call: Any) -> float:
     cuda_synchronize()
     started = time.perf_counter()
@@ -213,6 +220,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     rows: list[dict[str, Any]] = []
     for name in names:
+        skips_before = cudagraph_skips()
         try:
             first = timed(calls[name])
             times = [timed(calls[name]) for _ in range(args.repeats)]
@@ -228,6 +236,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "seconds": round(seconds, 3),
                 "ms_per_decode_step": round(1000 * seconds / new, 2),
                 "tok_s": round(args.batch * new / seconds),
+                # Graphs torch.compile decided not to record (it only logs why): a
+                # variant whose decode step ran without CUDA graphs shows it here.
+                "cudagraph_skips": cudagraph_skips() - skips_before,
             }
         )
         print(rows[-1], flush=True)

@@ -232,8 +232,10 @@ class RolloutRunner:
         progress: Show a progress bar (tqdm) over the run's actions, which moves with
             every action; its fields count the episodes done.
         keep_envs: Keep the environments between :meth:`run` calls (a trainer running
-            many steps); then call :meth:`close` when done. By default each run closes
-            the environments it made.
+            many steps); then call :meth:`close` when done. Kept environments let go of
+            their sandboxes and workspaces when a run ends
+            (:meth:`~mappa_env.envs.pipeline.PipelineEnv.arelease_idle_resources`). By
+            default each run closes the environments it made.
         schedule: ``"ticks"`` (deterministic batches: reproducible seeded runs),
             ``"continuous"`` (requests served as they arrive: more of the engine busy,
             not reproducible) or ``"episodes"`` (one request per turn into engines
@@ -332,7 +334,10 @@ class RolloutRunner:
 
     async def _release_idle_envs(self) -> None:
         released = await asyncio.gather(
-            *(env.arelease_idle_resources() for env in self._envs), return_exceptions=True
+            # No episode is driven once a run ends: one left unfinished (a failed
+            # generation or step) is ended too, or it would keep its kernel and uid.
+            *(env.arelease_idle_resources(end_episode=True) for env in self._envs),
+            return_exceptions=True,
         )
         for env, outcome in zip(self._envs, released):
             if isinstance(outcome, BaseException):
@@ -403,6 +408,11 @@ class RolloutRunner:
                     return None
                 index = next_index
                 next_index += 1
+                # A kernel started ahead for a next episode is wasted where this
+                # environment gets none in this run: fewer episodes are left to start
+                # than environments to take them (one episode each per step in a
+                # trainer's usual step).
+                env.expect_next_episode = num_episodes - next_index >= n_slots
                 if options is not None:
                     reset_options: Mapping[str, Any] | None = options[index]
                 elif default_tasks:

@@ -29,4 +29,5 @@ def test_the_static_cache_variants_run_and_write_their_rows(tmp_path):
         assert "error" not in row, row
         assert row["tok_s"] > 0
         assert row["first_call_s"] > 0
+        assert row["cudagraph_skips"] >= 0
     assert json.loads((out / "generate_tiny.json").read_text())["rows"] == summary["rows"]

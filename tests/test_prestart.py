@@ -348,3 +348,73 @@ def test_a_runner_that_keeps_its_environments_leaves_them_idle_without_kernels()
             assert all(env._spare is None and env._workdir is None for env in runner._envs)
     finally:
         runner.close()
+
+
+def _runner(respond, concurrency: int):
+    from mappa_agents.runner import RolloutRunner
+    from mappa_agents.scripted import ScriptedPolicy
+    from mappa_agents.system import AgentSystem
+
+    return RolloutRunner(
+        lambda: mappa_env.make(
+            "MathChat-v0", tasks="gen:4", sandbox=_Tracked, prestart_sandbox=True
+        ),
+        AgentSystem.shared(
+            ScriptedPolicy(respond), ("problem_solver", "code_executor", "verifier")
+        ),
+        concurrency=concurrency,
+        keep_envs=True,
+        progress=False,
+    )
+
+
+def _code_reply(messages) -> str:
+    return code("print(3)") if "python" in messages[0]["content"] else "It is \\boxed{3}."
+
+
+def test_no_kernel_starts_ahead_for_an_episode_the_run_will_not_have():
+    # One episode per environment per run, as in a trainer's usual step: a kernel
+    # started ahead for a next episode would only be stopped when the run ends.
+    _Tracked.made.clear()
+    runner = _runner(_code_reply, concurrency=2)
+    try:
+        for _ in range(3):
+            before = len(_Tracked.made)
+            runner.run(2)
+            assert len(_Tracked.made) - before == 2  # one sandbox per episode, none spare
+            assert all(not env.expect_next_episode for env in runner._envs)
+        runner.run(6)  # three episodes per environment: the first ones expect another
+        assert all(sandbox.closed for sandbox in _Tracked.made)
+    finally:
+        runner.close()
+    env = mappa_env.make("MathChat-v0", tasks="gen:2", sandbox=_Tracked, prestart_sandbox=True)
+    try:
+        _code_episode(env)
+        env.expect_next_episode = False
+        env.reset()
+        assert env._spare is None
+        _code_episode(env, reset=False)
+        env.expect_next_episode = True
+        _code_episode(env)
+        assert env._spare is not None
+    finally:
+        env.close()
+
+
+def test_an_episode_a_run_stopped_driving_lets_go_of_its_kernel_and_workspace():
+    _Tracked.made.clear()
+
+    def fails_at_the_verifier(messages) -> str:
+        if "verif" in messages[0]["content"].lower():
+            raise RuntimeError("no reply today")
+        return _code_reply(messages)
+
+    runner = _runner(fails_at_the_verifier, concurrency=2)
+    try:
+        results = runner.run(2)
+        assert len(results) == 2
+        assert len(_Tracked.made) >= 2
+        assert all(sandbox.closed for sandbox in _Tracked.made)
+        assert all(env._workdir is None for env in runner._envs)
+    finally:
+        runner.close()

@@ -286,6 +286,12 @@ class PipelineEnv(EpisodeWorkspace, CoachJudging, EpisodeRecords, AECEnv):
         self.prestart_sandbox = self._sandbox_factory is not None and (
             _cold_starts(self._sandbox_factory) if prestart_sandbox is None else prestart_sandbox
         )
+        self.expect_next_episode: bool = True
+        """Whether another episode is expected soon after the one the next reset starts.
+
+        With ``False`` that reset starts no sandbox ahead for a next episode. A runner
+        that knows the environment gets no further episode in its run (the episodes left
+        are fewer than its environments) sets it, so no kernel is started for nothing."""
         coach, credit, credit_mode, reveal = self._take_coach(
             coach, credit_mode, outcome_weight, backprop_decay, reward_mode, reveal
         )
@@ -549,7 +555,12 @@ class PipelineEnv(EpisodeWorkspace, CoachJudging, EpisodeRecords, AECEnv):
         self.outcome = None
         self.agent_selection = self.agents[0]
         await self.on_episode_start()
-        if self.prestart_sandbox and self.episode_index >= 1 and self._code_ran:
+        if (
+            self.prestart_sandbox
+            and self.expect_next_episode
+            and self.episode_index >= 1
+            and self._code_ran
+        ):
             # From the second episode on, after one that ran code: an environment reset
             # once (a script, a test), or whose agents seldom write code, would leave the
             # next episode's kernel unused.
@@ -622,11 +633,11 @@ class PipelineEnv(EpisodeWorkspace, CoachJudging, EpisodeRecords, AECEnv):
             return None
         return text
 
-    def release_idle_resources(self) -> None:
+    def release_idle_resources(self, *, end_episode: bool = False) -> None:
         """Synchronous :meth:`arelease_idle_resources`."""
-        self._sync.run(self.arelease_idle_resources())
+        self._sync.run(self.arelease_idle_resources(end_episode=end_episode))
 
-    async def arelease_idle_resources(self) -> None:
+    async def arelease_idle_resources(self, *, end_episode: bool = False) -> None:
         """Let go of what the environment holds for episodes not yet started.
 
         That is the sandbox started ahead for the next episode (a running kernel) and its
@@ -638,12 +649,20 @@ class PipelineEnv(EpisodeWorkspace, CoachJudging, EpisodeRecords, AECEnv):
         the next, and a sweep of runs in one process held that many per run. The
         :class:`~mappa_agents.runner.RolloutRunner` calls this on the environments it
         keeps when a run ends. The next :meth:`reset` starts a sandbox ahead again where
-        the last episode ran code. Does nothing on a closed environment; a live
-        episode keeps its own sandboxes and workspace.
+        the last episode ran code. Does nothing on a closed environment. Reading
+        :attr:`workdir` afterwards makes a new, empty workspace.
+
+        Args:
+            end_episode: Also end an episode still in progress (its sandboxes closed, its
+                workspace removed), as a runner does for an episode it stopped driving
+                (a failed generation or step). Without it a live episode keeps its own
+                sandboxes and workspace.
         """
         if self._closed:
             return
-        await asyncio.to_thread(self._release_idle, not self.agents)
+        if end_episode and self.agents:
+            await self.on_episode_end()
+        await asyncio.to_thread(self._release_idle, end_episode or not self.agents)
 
     def close(self) -> None:
         """Close sandboxes, remove temporary files and stop the private event loop."""

@@ -56,6 +56,9 @@ OPEN_FILES_WANTED = 65536
 def raise_open_files_limit(wanted: int) -> int:
     """Raise this process's soft ``RLIMIT_NOFILE`` to ``wanted`` or its hard limit.
 
+    Args:
+        wanted: The soft limit asked for; a higher one is left as it is.
+
     Returns:
         The soft limit after the call (unchanged where it was already as high, or where
         the system refused).
@@ -70,7 +73,7 @@ def raise_open_files_limit(wanted: int) -> int:
         except (OSError, ValueError) as exc:
             logger.debug("could not raise the open-file limit to %d: %s", target, exc)
             return soft
-        logger.debug("open-file limit raised from %d to %d", soft, target)
+        logger.info("open-file limit of this process raised from %d to %d", soft, target)
         return target
     return soft
 
@@ -426,6 +429,10 @@ def start_kernel(
         launched = getattr(manager.provisioner, "process", None)
         if launched is not None:
             _process.kill_tree(launched)
+            try:  # the manager's control socket, where it connected before the failure
+                run_sync(manager._async_cleanup_resources(), timeout=30.0)
+            except (OSError, RuntimeError, TimeoutError, zmq.ZMQError) as cleanup_error:
+                logger.debug("cleaning up a failed kernel start: %s", cleanup_error)
         shutil.rmtree(runtime_dir, ignore_errors=True)
         for made in (cgroup, pids_cgroup):
             if made is not None:
