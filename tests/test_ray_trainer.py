@@ -102,6 +102,11 @@ def test_learn_on_fixed_episodes_and_sync_match_one_process(tmp_path, local_ray)
         # build their state with a zero step, which Adam would count).
         sharded.save()
         episodes = single.rollout(0)
+        # What each learner was told while it learnt: the order the learn really ran in.
+        told: list[bool] = []
+        for learner in sharded.learners.values():
+            ask = learner.at_once
+            learner.at_once = lambda ask=ask: told.append(ask()) or told[-1]
         for step in range(2):
             # The first learn with the groups working at once, the second one agent after
             # another (as groups sharing GPUs do): both orders on one set of rank actors,
@@ -109,7 +114,10 @@ def test_learn_on_fixed_episodes_and_sync_match_one_process(tmp_path, local_ray)
             sharded.backend._at_once = step == 0
             single.step = sharded.step = step
             expected = single.learn(episodes)
+            told.clear()
             got = sharded.learn(episodes)
+            assert told, "the learners never asked in which order to work"
+            assert set(told) == {step == 0}
             sharded.after_update()
             _assert_same_metrics([got], [expected], agents)
         from transformers import AutoModelForCausalLM
