@@ -320,25 +320,8 @@ def test_an_idle_environment_lets_go_of_the_next_episodes_kernel_and_its_workspa
 
 
 def test_a_runner_that_keeps_its_environments_leaves_them_idle_without_kernels():
-    from mappa_agents.runner import RolloutRunner
-    from mappa_agents.scripted import ScriptedPolicy
-    from mappa_agents.system import AgentSystem
-
     _Tracked.made.clear()
-
-    def reply(messages) -> str:
-        return code("print(3)") if "python" in messages[0]["content"] else "It is \\boxed{3}."
-
-    agents = ("problem_solver", "code_executor", "verifier")
-    runner = RolloutRunner(
-        lambda: mappa_env.make(
-            "MathChat-v0", tasks="gen:4", sandbox=_Tracked, prestart_sandbox=True
-        ),
-        AgentSystem.shared(ScriptedPolicy(reply), agents),
-        concurrency=2,
-        keep_envs=True,
-        progress=False,
-    )
+    runner = _runner(_code_reply, concurrency=2)
     try:
         for _ in range(2):
             results = runner.run(6)

@@ -424,19 +424,17 @@ def start_kernel(
             if stderr is not subprocess.DEVNULL:
                 stderr.close()
     except (OSError, RuntimeError, zmq.ZMQError) as exc:
-        # A start can fail after the process was launched (connecting the manager's
-        # control socket comes after the launch): stop it, or it outlives its sandbox.
         launched = getattr(manager.provisioner, "process", None)
         if launched is not None:
-            _process.kill_tree(launched)
-            try:  # the manager's control socket, where it connected before the failure
-                run_sync(manager._async_cleanup_resources(), timeout=30.0)
-            except (OSError, RuntimeError, TimeoutError, zmq.ZMQError) as cleanup_error:
-                logger.debug("cleaning up a failed kernel start: %s", cleanup_error)
-        shutil.rmtree(runtime_dir, ignore_errors=True)
-        for made in (cgroup, pids_cgroup):
-            if made is not None:
-                made.remove()
+            # A start can fail after the process was launched (connecting the manager's
+            # control socket comes after the launch): stop it as any kernel is stopped,
+            # or it outlives its sandbox.
+            stop_kernel(
+                Kernel(manager, launched, runtime_dir, confined=confined, cgroup=cgroup,
+                       pids_cgroup=pids_cgroup)
+            )  # fmt: skip
+        else:
+            _remove_runtime(runtime_dir, cgroup, pids_cgroup)
         raise SandboxError(
             f"could not launch the kernel process: {describe_start_error(exc)}"
         ) from exc
@@ -623,11 +621,16 @@ def close_kernel_files(kernel: Kernel) -> None:
         # Closing sockets of a dead kernel can fail at interpreter exit; the files are
         # removed below regardless.
         logger.debug("closing kernel %d resources: %s", kernel.pid, exc)
-    shutil.rmtree(kernel.runtime_dir, ignore_errors=True)
-    for cgroup in (kernel.cgroup, kernel.pids_cgroup):
+    _remove_runtime(kernel.runtime_dir, kernel.cgroup, kernel.pids_cgroup)
+    logger.debug("kernel stopped: pid %d", kernel.pid)
+
+
+def _remove_runtime(runtime_dir: Path, *cgroups: SandboxCgroup | None) -> None:
+    """Delete a kernel's runtime directory and its cgroups."""
+    shutil.rmtree(runtime_dir, ignore_errors=True)
+    for cgroup in cgroups:
         if cgroup is not None:
             cgroup.remove()  # also kills anything of the sandbox still in it
-    logger.debug("kernel stopped: pid %d", kernel.pid)
 
 
 def describe_exit(status: int | None) -> str:
