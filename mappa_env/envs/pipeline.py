@@ -633,37 +633,6 @@ class PipelineEnv(EpisodeWorkspace, CoachJudging, EpisodeRecords, AECEnv):
             return None
         return text
 
-    def release_idle_resources(self, *, end_episode: bool = False) -> None:
-        """Synchronous :meth:`arelease_idle_resources`."""
-        self._sync.run(self.arelease_idle_resources(end_episode=end_episode))
-
-    async def arelease_idle_resources(self, *, end_episode: bool = False) -> None:
-        """Let go of what the environment holds for episodes not yet started.
-
-        That is the sandbox started ahead for the next episode (a running kernel) and its
-        workspace and, once the current episode is over, that episode's workspace (its
-        files, and the uid its confined code ran as). An environment kept idle for long
-        (between a trainer's evaluations) would otherwise hold them until its next reset:
-        a trainer's runners keep their environments between runs, so a run with an
-        evaluation set of 64 environments held up to 64 kernels from one evaluation to
-        the next, and a sweep of runs in one process held that many per run. The
-        :class:`~mappa_agents.runner.RolloutRunner` calls this on the environments it
-        keeps when a run ends. The next :meth:`reset` starts a sandbox ahead again where
-        the last episode ran code. Does nothing on a closed environment. Reading
-        :attr:`workdir` afterwards makes a new, empty workspace.
-
-        Args:
-            end_episode: Also end an episode still in progress (its sandboxes closed, its
-                workspace removed), as a runner does for an episode it stopped driving
-                (a failed generation or step). Without it a live episode keeps its own
-                sandboxes and workspace.
-        """
-        if self._closed:
-            return
-        if end_episode and self.agents:
-            await self.on_episode_end()
-        await asyncio.to_thread(self._release_idle, end_episode or not self.agents)
-
     def close(self) -> None:
         """Close sandboxes, remove temporary files and stop the private event loop."""
         if self._closed:

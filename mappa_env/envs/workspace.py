@@ -4,7 +4,8 @@ Owns :class:`EpisodeWorkspace`, the part of :class:`~mappa_env.envs.pipeline.Pip
 that makes the episode's workspace, runs code in each owner's sandbox (made on demand,
 or taken from one started ahead: :mod:`mappa_env.envs._prestart`), holds the workspace's
 disk quota, finds the code timeout a task implies, says how agents' code is confined
-(the isolation report) and removes the workspace at the episode's end; and
+(the isolation report), removes the workspace at the episode's end and lets go of
+what an idle environment holds (:meth:`EpisodeWorkspace.arelease_idle_resources`); and
 :func:`resolve_sandbox_factory`, which turns the ``sandbox`` option into a factory.
 """
 
@@ -336,6 +337,37 @@ class EpisodeWorkspace:
         spare, self._spare = self._spare, None
         if spare is not None:
             spare.close()
+
+    def release_idle_resources(self, *, end_episode: bool = False) -> None:
+        """Synchronous :meth:`arelease_idle_resources`."""
+        self._sync.run(self.arelease_idle_resources(end_episode=end_episode))
+
+    async def arelease_idle_resources(self, *, end_episode: bool = False) -> None:
+        """Let go of what the environment holds for episodes not yet started.
+
+        That is the sandbox started ahead for the next episode (a running kernel) and its
+        workspace and, once the current episode is over, that episode's workspace (its
+        files, and the uid its confined code ran as). An environment kept idle for long
+        (between a trainer's evaluations) would otherwise hold them until its next reset:
+        a trainer's runners keep their environments between runs, so a run with an
+        evaluation set of 64 environments held up to 64 kernels from one evaluation to
+        the next, and a sweep of runs in one process held that many per run. The
+        :class:`~mappa_agents.runner.RolloutRunner` calls this on the environments it
+        keeps when a run ends. The next :meth:`reset` starts a sandbox ahead again where
+        the last episode ran code. Does nothing on a closed environment. Reading
+        :attr:`workdir` afterwards makes a new, empty workspace.
+
+        Args:
+            end_episode: Also end an episode still in progress (its sandboxes closed, its
+                workspace removed), as a runner does for an episode it stopped driving
+                (a failed generation or step). Without it a live episode keeps its own
+                sandboxes and workspace.
+        """
+        if self._closed:
+            return
+        if end_episode and self.agents:
+            await self.on_episode_end()
+        await asyncio.to_thread(self._release_idle, end_episode or not self.agents)
 
     def _release_idle(self, episode_over: bool) -> None:
         """Stop the next episode's sandbox started ahead and remove its workspace.
