@@ -19,6 +19,9 @@ ways, side by side in one process:
   dynamo's graph without inductor's code generation, whose compile took 270-318 s on a
   fresh machine in a training run (``results/gpu/README.md``); whether these graphs
   reach ``compiled``'s speed at a start of seconds is what this variant measures;
+- ``recorded``: the same sampling through :class:`mappa_agents.graph_decode.GraphDecoder`,
+  which records the model's decode step as a CUDA graph itself (no compiler) and
+  samples between replays;
 - ``policy-compiled``: ``HFPolicy(compile_decode=True).agenerate``, then a check that an
   in-place weight change (as an optimizer step makes) reaches the recorded graphs.
 
@@ -57,6 +60,7 @@ VARIANTS = (
     "compiled",
     "compiled-thread",
     "graphs",
+    "recorded",
     "policy-compiled",
 )
 
@@ -130,6 +134,33 @@ def bare_generate(policy: Any, ids: Any, mask: Any, new_tokens: int, **extra: An
         policy.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
 
 
+def recorded_generate(decoder: Any, policy: Any, ids: Any, mask: Any, new_tokens: int) -> None:
+    """``new_tokens`` sampled ids a row through :class:`GraphDecoder` (its own CUDA graphs).
+
+    Sampled as ``bare_generate`` samples (temperature 1, no top-k or top-p, no end
+    before ``new_tokens``).
+    """
+    import torch
+
+    from mappa_agents.hf import static_cache_length
+
+    eos = list(policy.eos_token_ids)
+
+    def pick(scores: Any) -> Any:
+        scores[:, eos] = float("-inf")
+        return torch.multinomial(torch.softmax(scores, dim=-1), 1)[:, 0]
+
+    decoder.decode(
+        ids,
+        mask,
+        max_new_tokens=new_tokens,
+        cache_length=static_cache_length(ids.shape[1], new_tokens),
+        pick=pick,
+        eos_token_ids=eos,
+        pad_token_id=policy.pad_token_id,
+    )
+
+
 def cudagraph_skips() -> int:
     """How many times ``torch.compile`` has skipped recording a CUDA graph so far."""
     from torch._dynamo.utils import counters
@@ -170,6 +201,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
     from transformers import CompileConfig
 
+    from mappa_agents.graph_decode import GraphDecoder
     from mappa_agents.hf import HFPolicy
     from mappa_agents.policy import SamplingParams
 
@@ -183,6 +215,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ids, mask = padded_batch(policy, chats)
     new = args.max_new_tokens
     compiled_policy: list[Any] = []
+    decoders = [GraphDecoder(policy.model)] if "recorded" in names else []
 
     def policy_compiled() -> None:
         import asyncio
@@ -216,6 +249,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             cache_implementation="static",
             compile_config=CompileConfig(backend="cudagraphs", mode=None, dynamic=True),
         ),
+        "recorded": lambda: recorded_generate(decoders[0], policy, ids, mask, new),
         "policy-compiled": policy_compiled,
     }
     rows: list[dict[str, Any]] = []

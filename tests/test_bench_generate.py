@@ -18,13 +18,14 @@ def test_the_static_cache_variants_run_and_write_their_rows(tmp_path):
     out = tmp_path / "out"
     summary = main(
         [
-            "--shape", str(tiny_model_dir(tmp_path / "model")), "--variants", "static,graphs",
+            "--shape", str(tiny_model_dir(tmp_path / "model")),
+            "--variants", "static,graphs,recorded",
             "--batch", "2", "--prompt-tokens", "8", "--max-new-tokens", "4", "--repeats", "1",
             "--out", str(out), "--name", "generate_tiny",
         ]
     )  # fmt: skip
     rows = {row["variant"]: row for row in summary["rows"]}
-    assert set(rows) == {"static", "graphs"}
+    assert set(rows) == {"static", "graphs", "recorded"}
     for row in rows.values():
         assert "error" not in row, row
         assert row["tok_s"] > 0

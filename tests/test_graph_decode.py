@@ -1,0 +1,164 @@
+"""``GraphDecoder``: its own decode loop gives what ``generate`` gives (eagerly on the CPU,
+replaying recorded CUDA graphs on a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from mappa_agents.graph_decode import GraphDecoder  # noqa: E402
+from mappa_agents.hf import HFPolicy  # noqa: E402
+from mappa_agents.policy import SamplingParams  # noqa: E402
+from mappa_agents.tiny_models import tiny_model_and_tokenizer  # noqa: E402
+
+CHATS = [[{"role": "user", "content": "count the shells " * n}] for n in (1, 6, 3)]
+
+
+def padded(policy: HFPolicy, chats=CHATS):
+    prompts = [policy.prompt_ids(chat) for chat in chats]
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), policy.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
+    return ids, mask
+
+
+def greedy(scores):
+    return scores.argmax(-1)
+
+
+def decode(decoder, policy, ids, mask, new=16, **kwargs):
+    return decoder.decode(
+        ids.to(decoder.device),
+        mask.to(decoder.device),
+        max_new_tokens=new,
+        cache_length=512,
+        pick=kwargs.pop("pick", greedy),
+        eos_token_ids=policy.eos_token_ids,
+        pad_token_id=policy.pad_token_id,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen3"])
+def test_greedy_ids_and_logprobs_are_generates(architecture):
+    model, tokenizer = tiny_model_and_tokenizer(architecture=architecture)
+    policy = HFPolicy(model, tokenizer)
+    expected = policy.generate(CHATS, SamplingParams(max_new_tokens=16, temperature=0))
+    ids, logprobs = decode(GraphDecoder(policy.model), policy, *padded(policy))
+    for row, generation in enumerate(expected):
+        length = len(generation.response_ids)
+        assert ids[row, :length].tolist() == generation.response_ids
+        assert logprobs[row, :length].tolist() == pytest.approx(generation.logprobs, abs=1e-4)
+
+
+def test_logprobs_are_the_models_under_teacher_forcing_also_when_sampling():
+    model, tokenizer = tiny_model_and_tokenizer()
+    policy = HFPolicy(model, tokenizer)
+    prompt_ids, mask = padded(policy)
+
+    def sample(scores):
+        scores[:, 0] = float("-inf")  # a pick may change its scores: logprobs stay raw
+        return torch.multinomial(torch.softmax(scores / 0.7, dim=-1), 1)[:, 0]
+
+    torch.manual_seed(3)
+    ids, logprobs = decode(GraphDecoder(policy.model), policy, prompt_ids, mask, pick=sample)
+    for row in range(len(CHATS)):
+        prompt = prompt_ids[row][mask[row].bool()]
+        response = ids[row]
+        end = len(response)
+        for position, token in enumerate(response.tolist()):
+            if token in policy.eos_token_ids:
+                end = position + 1
+                break
+        sequence = torch.cat([prompt, response[:end]])[None]
+        with torch.no_grad():
+            logits = policy.model(sequence).logits[0, len(prompt) - 1 : -1].float()
+        forced = torch.log_softmax(logits, -1).gather(1, response[:end, None])[:, 0]
+        assert logprobs[row, :end].tolist() == pytest.approx(forced.tolist(), abs=1e-4)
+
+
+def test_rows_ended_before_the_start_give_padding_and_a_shape_is_kept():
+    model, tokenizer = tiny_model_and_tokenizer()
+    policy = HFPolicy(model, tokenizer)
+    ids, mask = padded(policy)
+    decoder = GraphDecoder(policy.model)
+    alone, _ = decode(decoder, policy, ids, mask)
+    ended = torch.tensor([False, True, False])
+    with_filler, _ = decode(decoder, policy, ids, mask, ended=ended)
+    assert with_filler[1].tolist() == [policy.pad_token_id] * with_filler.shape[1]
+    assert with_filler[0].tolist() == alone[0, : with_filler.shape[1]].tolist()
+    assert decoder.shapes == [(3, 512)]  # the second call reused the first call's cache
+
+
+def test_decoding_stops_once_every_row_has_ended():
+    model, tokenizer = tiny_model_and_tokenizer()
+    policy = HFPolicy(model, tokenizer)
+    eos = policy.eos_token_ids[0]
+    ids, _ = decode(
+        GraphDecoder(policy.model), policy, *padded(policy), new=64,
+        pick=lambda scores: torch.full(scores.shape[:1], eos),
+    )  # fmt: skip
+    assert ids.shape[1] < 64  # stopped at the first check after every row ended
+    assert (ids[:, 0] == eos).all()
+
+
+def test_a_stop_callback_ends_its_row():
+    model, tokenizer = tiny_model_and_tokenizer()
+    policy = HFPolicy(model, tokenizer)
+    seen = []
+
+    def stopped(generated):
+        seen.append(generated.shape[1])
+        return (
+            torch.tensor([True, False, False])
+            if generated.shape[1] == 2
+            else torch.zeros(3, dtype=torch.bool)
+        )
+
+    ids, _ = decode(GraphDecoder(policy.model), policy, *padded(policy), stopped=stopped)
+    assert seen[:3] == [1, 2, 3]
+    assert (ids[0, 2:] == policy.pad_token_id).all()
+
+
+def test_bad_arguments_are_clear_errors():
+    model, tokenizer = tiny_model_and_tokenizer()
+    policy = HFPolicy(model, tokenizer)
+    ids, mask = padded(policy)
+    decoder = GraphDecoder(policy.model)
+    with pytest.raises(ValueError, match="cannot hold"):
+        decoder.decode(
+            ids, mask, max_new_tokens=600, cache_length=512, pick=greedy,
+            eos_token_ids=policy.eos_token_ids, pad_token_id=0,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="CUDA"):
+        GraphDecoder(policy.model, use_graphs=True)
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="attn_implementation='sdpa'"):
+        GraphDecoder(model)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_replayed_graphs_give_the_eager_steps_ids_and_see_weight_changes():
+    model, tokenizer = tiny_model_and_tokenizer()
+    policy = HFPolicy(model.to("cuda"), tokenizer)
+    ids, mask = padded(policy)
+    eager = GraphDecoder(policy.model, use_graphs=False)
+    graphs = GraphDecoder(policy.model)
+    assert graphs.use_graphs
+    expected, expected_logprobs = decode(eager, policy, ids, mask)
+    for _ in range(2):  # recorded on the first call, replayed on both
+        got, logprobs = decode(graphs, policy, ids, mask)
+        assert got.tolist() == expected.tolist()
+        assert torch.allclose(logprobs, expected_logprobs, atol=1e-3)
+    assert graphs.recorded_s > 0
+    with torch.no_grad():  # an optimizer step changes weights in place
+        policy.model.lm_head.weight.mul_(-1)
+    assert (
+        decode(graphs, policy, ids, mask)[0].tolist()
+        == decode(eager, policy, ids, mask)[0].tolist()
+    )
