@@ -701,3 +701,35 @@ def test_a_typo_of_the_alias_is_one_line_at_once(capsys, monkeypatch):
     assert err.startswith("mappa eval: unknown model 'smolm2-135m': did you mean 'smollm2-135m'")
     assert len(err.splitlines()) == 1
     assert connections == []  # the Hub was not asked
+
+
+def test_a_gguf_file_is_parsed_once_while_converting(monkeypatch):
+    # transformers parses the file for the config, the tokenizer and the weights, and
+    # builds gguf's tensor-name map once per module: inside the block one of each serves.
+    gguf = pytest.importorskip("gguf")
+    built = []
+
+    def counting_reader(path, mode="r"):
+        built.append(("reader", str(path), mode))
+        return object()
+
+    def counting_map(arch, n_blocks):
+        built.append(("map", arch, n_blocks))
+        return object()
+
+    monkeypatch.setattr(gguf, "GGUFReader", counting_reader)
+    monkeypatch.setattr(gguf, "get_tensor_name_map", counting_map)
+    with models.gguf_parsed_once():
+        readers = {id(gguf.GGUFReader(Path("m.gguf"))) for _ in range(3)}
+        other = gguf.GGUFReader("other.gguf")
+        maps = {id(gguf.get_tensor_name_map("llama", 30)) for _ in range(397)}
+        gguf.get_tensor_name_map("llama", 2)
+    assert len(readers) == 1
+    assert id(other) not in readers
+    assert len(maps) == 1
+    assert built == [
+        ("reader", "m.gguf", "r"), ("reader", "other.gguf", "r"),
+        ("map", "llama", 30), ("map", "llama", 2),
+    ]  # fmt: skip
+    assert gguf.GGUFReader is counting_reader  # gguf's own names are back
+    assert gguf.get_tensor_name_map is counting_map
