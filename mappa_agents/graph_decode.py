@@ -39,6 +39,11 @@ DONE_CHECK_EVERY = 8
 WARMUP_STEPS = 2
 """Eager decode steps on a side stream before a shape's graph is recorded (as capture wants)."""
 
+REPLAY_TOLERANCE = 1e-3
+"""Largest difference between a first replay's logits and the eager step's, relative to
+the largest logit, for a recorded graph to be used. Both run the same kernels on the same
+inputs, so they agree to the last bit unless recording went wrong."""
+
 
 def cache_keyword(model: Any) -> str:
     """The name of ``model.forward``'s KV-cache argument.
@@ -66,6 +71,8 @@ class _Shape:
     mask: Any
     graph: Any = None
     logits: Any = None
+    eager: bool = False
+    """Recording failed or its replay disagreed with the eager step: decode eagerly."""
 
 
 class GraphDecoder:
@@ -104,6 +111,8 @@ class GraphDecoder:
         self._shapes: dict[tuple[int, int], _Shape] = {}
         self.recorded_s = 0.0
         """Seconds spent recording graphs (warm-up steps included), over the decoder's life."""
+        self.fallbacks: dict[tuple[int, int], str] = {}
+        """Shapes decoded eagerly because their graph failed, each with the reason."""
 
     @property
     def shapes(self) -> list[tuple[int, int]]:
@@ -191,8 +200,8 @@ class GraphDecoder:
         rows = input_ids.shape[0]
         shape = self._shape(rows, cache_length)
         logits = self._prefill(shape, input_ids, attention_mask)
-        if self.use_graphs and shape.graph is None:
-            self._record(shape, logits)
+        if self.use_graphs and shape.graph is None and not shape.eager:
+            self._record(shape, logits, input_ids, attention_mask)
             logits = self._prefill(shape, input_ids, attention_mask)
 
         eos = torch.tensor(list(eos_token_ids), device=self.device)
@@ -292,33 +301,66 @@ class GraphDecoder:
         shape.graph.replay()
         return shape.logits
 
-    def _record(self, shape: _Shape, logits: Any) -> None:
-        """Record the shape's decode step as a CUDA graph (after eager warm-up steps).
+    def _record(self, shape: _Shape, logits: Any, input_ids: Any, attention_mask: Any) -> None:
+        """Record the shape's decode step as a CUDA graph, and check its first replay.
 
-        The warm-up steps write the cache; the caller fills it again before decoding.
-        Their ids are the argmax, not a sample: recording draws nothing from the
-        random generator, so a seeded call samples the same ids on a new shape as on
-        a recorded one.
+        Eager warm-up steps on a side stream come first (as capture wants). Then the
+        prompt's first decode step runs eagerly and from the graph, each after a fresh
+        prefill; a replay that disagrees with the eager step (or a capture that fails:
+        a forward that waits on the host, say) leaves the shape to eager steps, logged
+        once and kept in :attr:`fallbacks`, so a graph never decodes what the model
+        would not. The caller fills the cache again before decoding. The steps' ids
+        are the argmax, not a sample: recording draws nothing from the random
+        generator, so a seeded call samples the same ids on a new shape as on a
+        recorded one.
         """
         torch = self._torch
         started = time.perf_counter()
-        shape.input_ids.copy_(logits.argmax(-1)[:, None])
+        first_ids = logits.argmax(-1)[:, None]
+        shape.input_ids.copy_(first_ids)
         side = torch.cuda.Stream(device=self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(WARMUP_STEPS):
                 self._step_eager(shape)
         torch.cuda.current_stream(self.device).wait_stream(side)
+        key = (shape.input_ids.shape[0], shape.mask.shape[-1])
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            shape.logits = self._step_eager(shape)
+        try:
+            with torch.cuda.graph(graph):
+                shape.logits = self._step_eager(shape)
+        except RuntimeError as error:
+            torch.cuda.synchronize(self.device)
+            self._fall_back(shape, key, f"capture failed: {str(error).splitlines()[0][:200]}")
+            return
+        self._prefill(shape, input_ids, attention_mask)
+        shape.input_ids.copy_(first_ids)
+        expected = self._step_eager(shape).float().clone()
+        self._prefill(shape, input_ids, attention_mask)
+        shape.input_ids.copy_(first_ids)
+        graph.replay()
+        replayed = shape.logits.float()
+        difference = float((replayed - expected).abs().max())
+        scale = float(expected.abs().max()) or 1.0
+        if not difference <= REPLAY_TOLERANCE * scale:  # NaN fails too
+            self._fall_back(
+                shape, key, f"the replay's logits differ from the eager step's by {difference:.3g}"
+            )
+            return
         shape.graph = graph
         torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - started
         self.recorded_s += seconds
         logger.info(
             "recorded the decode step for %d rows over %d cache positions in %.2f s",
-            shape.input_ids.shape[0],
-            shape.mask.shape[-1],
+            key[0],
+            key[1],
             seconds,
+        )
+
+    def _fall_back(self, shape: _Shape, key: tuple[int, int], reason: str) -> None:
+        shape.eager, shape.graph, shape.logits = True, None, None
+        self.fallbacks[key] = reason
+        logger.warning(
+            "decoding %d rows over %d cache positions eagerly (slower): %s", key[0], key[1], reason
         )
