@@ -342,50 +342,56 @@ def test_a_group_resumes_a_bf16_run_on_its_float32_masters(tmp_path, local_ray):
     assert [m["step"] for m in _metrics(out / "metrics.jsonl")] == [1, 2, 3]
 
 
-@pytest.mark.parametrize(
-    ("sync", "used", "tied"),
-    # Buckets with a tied head (as SmolLM2's): sent once under the embedding's name.
-    [("auto", "object_store", False), ("broadcast", "broadcast", True)],
-)
-def test_rollout_engines_as_actors_get_the_weights_and_train_alike(
-    tmp_path, local_ray, sync, used, tied
-):
+def _assert_engines_hold_the_groups_weights(learner) -> None:
+    trained = learner.group.weights()
+    for engine in learner.policy.engines:
+        acting = ray.get(engine.weights.remote())
+        assert acting.keys() == trained.keys()
+        for name, value in trained.items():
+            torch.testing.assert_close(acting[name], value, rtol=0, atol=0)
+
+
+def test_rollout_engines_as_actors_get_the_weights_and_train_alike(tmp_path, local_ray):
+    # One run, both ways weights reach engines on CPUs: a broadcast in buckets (a tied
+    # head, as SmolLM2's, sent once under the embedding's name) after the first step,
+    # the object store after the second; the run against one process. Which way `auto`
+    # takes, and which names a plan holds with and without a tied head, are
+    # test_weight_sync's checks.
     from mappa_agents.tiny_models import build_tiny_model, build_tiny_tokenizer
+    from mappa_train.ray.sync_modes import ObjectStoreSync
     from mappa_train.rollout_engines import EnginePolicy
     from mappa_train.sync_modes import acting_dtype
 
     model_dir = tmp_path / "model"
     tokenizer = build_tiny_tokenizer()
-    build_tiny_model(tokenizer, tie_embeddings=tied).save_pretrained(model_dir)
+    build_tiny_model(tokenizer, tie_embeddings=True).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     straight = _trainer(Trainer, _config(tmp_path / "straight", model_dir))
     straight.train()
     config = _config(
         tmp_path / "engines", model_dir, distributed="ray", ranks_per_agent=2,
-        engines_per_agent=2, weight_sync=sync,
+        engines_per_agent=2, weight_sync="broadcast",
         weight_sync_bucket_mb=0.05,  # several buckets (the tiny model is ~0.3 MiB)
     )  # fmt: skip
     trainer = _trainer(RayTrainer, config)
     try:
-        trainer.train(until=2)  # a staged run keeps its engines for the next call
+        trainer.train(until=1)  # a staged run keeps its engines for the next call
         learner = trainer.learners["writer"]
         assert isinstance(learner.policy, EnginePolicy)
         assert learner.model is None  # no copy in the driver: the engines act
-        assert learner.weight_sync == used
-        if used == "broadcast":
-            # The run's own plan again (same dtype and bucket size: ranks keep the same).
-            plan = learner.group.plan_sync(
-                acting_dtype(learner.policy, learner.model),
-                int(config.weight_sync_bucket_mb * 2**20),
-            )
-            sent = {slot.name for bucket in plan for slot in bucket}
-            assert ("lm_head.weight" in sent) is not tied
-        trained = learner.group.weights()
-        for engine in learner.policy.engines:
-            acting = ray.get(engine.weights.remote())
-            assert acting.keys() == trained.keys()
-            for name, value in trained.items():
-                torch.testing.assert_close(acting[name], value, rtol=0, atol=0)
+        assert learner.weight_sync == "broadcast"
+        # The run's own plan again (same dtype and bucket size: ranks keep the same).
+        plan = learner.group.plan_sync(
+            acting_dtype(learner.policy, learner.model),
+            int(config.weight_sync_bucket_mb * 2**20),
+        )
+        assert len(plan) > 1
+        assert "lm_head.weight" not in {slot.name for bucket in plan for slot in bucket}
+        _assert_engines_hold_the_groups_weights(learner)
+        learner.sync = ObjectStoreSync(learner.group, learner.policy)
+        trainer.train(until=2)
+        assert learner.weight_sync == "object_store"
+        _assert_engines_hold_the_groups_weights(learner)
         trainer.train()
     finally:
         trainer.close()
