@@ -310,7 +310,11 @@ class GraphDecoder:
                 self._step_eager(shape)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # Only this thread is barred from calls unsafe during a capture. The default
+        # ("global") bars every thread of the process, so a sweep's update running
+        # beside a rollout that records a new shape would fail at its next allocation
+        # or synchronisation (torch's own graph trees record in this mode too).
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             shape.logits = self._step_eager(shape)
         shape.graph = graph
         torch.cuda.synchronize(self.device)
