@@ -4,7 +4,7 @@ Runs ``--steps`` steps of the trainer on MathChat-v0 (three agents, Jupyter sand
 the rules coach, ``process`` credit; SmolLM2-135M unless ``--shape`` names a random
 shape or another model) and reports:
 
-- the first step's seconds (it compiles each agent's decoding) and the steady-state
+- the first step's seconds (it records each agent's decode graphs) and the steady-state
   step: the median of the later steps, split into rollouts, log-prob passes, the
   update, and the rest (``other``: writing rollouts, metrics, the sandbox's cleanup);
 - rollout tokens/s next to the policies' own batch throughput on the very same prompts
@@ -88,7 +88,7 @@ def step_breakdown(wall_s: float, metrics: Mapping[str, Any]) -> dict[str, float
 
 
 def steady_state(steps: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """Medians over the steps after the first (the first compiles); all steps if one.
+    """Medians over the steps after the first (the first records graphs); all steps if one.
 
     Only the number-valued figures of a step (not its ``compile`` totals).
     """
@@ -487,7 +487,9 @@ def make_parser() -> argparse.ArgumentParser:
         default=None,
         help="a training recipe (YAML/JSON) whose steps to time; options given here win",
     )
-    parser.add_argument("--steps", type=int, default=4, help="steps to run (the first compiles)")
+    parser.add_argument(
+        "--steps", type=int, default=4, help="steps to run (the first records graphs)"
+    )
     # Left unset (None), these take the config's value, or without one the defaults below.
     parser.add_argument("--prompts", type=int, default=None, help="default 32")
     parser.add_argument("--samples", type=int, default=None, help="default 2")
@@ -558,14 +560,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"engine agreement: {agreement}")
         weights = engine_weights(trainer)
         print(f"engine weights: {weights}")
-        # The compiled HF policies the agents would act through without vLLM. A call
-        # compiles for the batch shapes it meets, so the same prompts run twice and the
-        # second call is the figure (the first call's seconds are kept beside it).
+        # The graph-decoding HF policies the agents would act through without vLLM. A
+        # call records graphs for the batch shapes it meets, so the same prompts run twice
+        # and the second call is the figure (the first call's seconds are kept beside it).
         hf_policies = {a: learner.policy for a, learner in trainer.learners.items()}
         first_call = policy_throughput(trainer, samples, hf_policies)
         hf = policy_throughput(trainer, samples, hf_policies)
         hf["first_call_seconds"] = first_call["seconds"]
-        print(f"compiled HF on the same prompts: {hf['tok_s']} tok/s")
+        print(f"graph-decoding HF on the same prompts: {hf['tok_s']} tok/s")
     peak_gib = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
     first_model = next(iter(trainer.learners.values())).model
     floor: dict[str, Any] = {}
@@ -655,7 +657,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             {"what": "  other s", "value": round(steady["other_s"], 2)},
             {"what": "rollout tok/s", "value": summary["rollout_tok_s"]},
             {"what": "policy tok/s, same prompts", "value": engine["tok_s"]},
-            {"what": "compiled HF tok/s, same prompts", "value": hf.get("tok_s")},
+            {"what": "HF tok/s (graph decoding), same prompts", "value": hf.get("tok_s")},
             {
                 "what": f"decode floor tok/s ({floor.get('method', 'off')})",
                 "value": floor.get("tokens_per_s"),

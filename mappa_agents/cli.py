@@ -232,7 +232,7 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
         "--compile-decode",
         action="store_true",
         help="local models on CUDA: decode with a static KV cache and CUDA graphs "
-        "(the first batches compile; see HFPolicy)",
+        "(recorded at each new batch shape; see HFPolicy)",
     )
 
 

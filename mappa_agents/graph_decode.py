@@ -21,6 +21,7 @@ Without CUDA the same steps run eagerly, which is what the CPU tests check.
 
 from __future__ import annotations
 
+import collections
 import inspect
 import logging
 import time
@@ -38,6 +39,9 @@ DONE_CHECK_EVERY = 8
 
 WARMUP_STEPS = 2
 """Eager decode steps on a side stream before a shape's graph is recorded (as capture wants)."""
+
+DEFAULT_MAX_SHAPES = 4
+"""Shapes a decoder keeps at once (see :class:`GraphDecoder`'s ``max_shapes``)."""
 
 REPLAY_TOLERANCE = 1e-3
 """Largest difference between a first replay's logits and the eager step's, relative to
@@ -82,14 +86,25 @@ class GraphDecoder:
         model: A transformers causal LM, in eval mode, on the device it decodes on.
         use_graphs: Record and replay CUDA graphs (default: when the model is on CUDA).
             ``False`` runs the same steps eagerly.
+        max_shapes: Shapes kept at once; the one used longest ago is let go (its KV
+            cache and graph) when another is needed, and recorded again if it comes
+            back. Each shape holds a KV cache of ``rows x cache length`` positions:
+            for SmolLM2-135M (30 layers, 3 KV heads of 64 in bfloat16) 22.5 KiB a
+            position, 5.6 GiB at 64 rows over 4,096 positions, so a policy meeting all
+            12 shapes of 4-64 rows and 512-4,096 positions would otherwise hold 13.8 GiB.
 
     Raises:
         ValueError: If the model's attention implementation cannot take an additive
             4-D mask (``sdpa`` and ``eager`` can).
     """
 
-    def __init__(self, model: Any, *, use_graphs: bool | None = None) -> None:
+    def __init__(
+        self, model: Any, *, use_graphs: bool | None = None, max_shapes: int = DEFAULT_MAX_SHAPES
+    ) -> None:
         import torch
+
+        if max_shapes < 1:
+            raise ValueError(f"max_shapes must be at least 1, got {max_shapes}")
 
         implementation = getattr(model.config, "_attn_implementation", "sdpa") or "sdpa"
         if implementation not in ATTENTION_IMPLEMENTATIONS:
@@ -108,7 +123,8 @@ class GraphDecoder:
         forward = inspect.signature(model.forward).parameters
         self._takes_cache_position = "cache_position" in forward
         self._takes_logits_to_keep = "logits_to_keep" in forward
-        self._shapes: dict[tuple[int, int], _Shape] = {}
+        self.max_shapes = max_shapes
+        self._shapes: collections.OrderedDict[tuple[int, int], _Shape] = collections.OrderedDict()
         self.recorded_s = 0.0
         """Seconds spent recording graphs (warm-up steps included), over the decoder's life."""
         self.fallbacks: dict[tuple[int, int], str] = {}
@@ -116,7 +132,7 @@ class GraphDecoder:
 
     @property
     def shapes(self) -> list[tuple[int, int]]:
-        """The (rows, cache length) shapes recorded so far."""
+        """The (rows, cache length) shapes held now (at most ``max_shapes``)."""
         return sorted(self._shapes)
 
     def decode(
@@ -240,7 +256,12 @@ class GraphDecoder:
     def _shape(self, rows: int, cache_length: int) -> _Shape:
         key = (rows, cache_length)
         shape = self._shapes.get(key)
-        if shape is None:
+        if shape is not None:
+            self._shapes.move_to_end(key)
+        else:
+            while len(self._shapes) >= self.max_shapes:
+                dropped, _ = self._shapes.popitem(last=False)
+                logger.debug("let go of the decode shape %s (cache and graph)", dropped)
             torch = self._torch
             from transformers import StaticCache
 
@@ -327,7 +348,11 @@ class GraphDecoder:
         key = (shape.input_ids.shape[0], shape.mask.shape[-1])
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):
+            # Only this thread is barred from calls unsafe during a capture. The default
+            # ("global") bars every thread of the process, so a sweep's update running
+            # beside a rollout that records a new shape would fail at its next allocation
+            # or synchronisation (torch's own graph trees record in this mode too).
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 shape.logits = self._step_eager(shape)
         except RuntimeError as error:
             torch.cuda.synchronize(self.device)

@@ -1,17 +1,20 @@
 """A policy backed by a Hugging Face transformers causal LM, in this process.
 
 Prompts go through the model's chat template, are left-padded into batches and run
-through ``model.generate``. Every generation keeps the exact prompt ids, the exact
-sampled ids and the log-probability of each sampled id, so training never re-tokenises
-text. torch and transformers are imported when a policy is built, not on import.
+through ``model.generate``, or with ``compile_decode`` through
+:class:`~mappa_agents.graph_decode.GraphDecoder` (the model's decode step replayed as
+CUDA graphs recorded per batch shape). Every generation keeps the exact prompt ids, the
+exact sampled ids and the log-probability of each sampled id, so training never
+re-tokenises text. torch and transformers are imported when a policy is built, not on
+import.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mappa_agents.dtypes import resolve_dtype
+from mappa_agents.graph_decode import GraphDecoder
 from mappa_agents.policy import (
     ChatMessages,
     Generation,
@@ -50,7 +54,7 @@ MIN_CACHE_LENGTH = 512
 """Smallest static KV cache (``compile_decode``); larger ones are powers of two."""
 
 DECODE_ROW_GROWTH = 4
-"""Compiled decode batches are padded to a power of this many rows (4, 16, 64, ...)."""
+"""``compile_decode`` batches are padded to a power of this many rows (4, 16, 64, ...)."""
 
 
 def decode_attention(
@@ -65,8 +69,9 @@ def decode_attention(
     a thread that was new each step (it now runs on the policy's own). cuDNN builds an execution
     plan per attention shape and PyTorch keeps those plans per thread, and eager decoding
     meets a new key length at every step: the likely cause, which this choice removes
-    (benchmarks/results/gpu/README.md). Decoding over a static cache (``compile_decode``)
-    meets one shape and keeps the default choice, as does every other device.
+    (benchmarks/results/gpu/README.md). Decoding over a static cache (``compile_decode``,
+    which replays recorded graphs) meets one shape and keeps the default choice, as does
+    every other device.
 
     Args:
         device_type: The model's device type (``"cuda"``, ``"cpu"``, ...).
@@ -85,16 +90,16 @@ def decode_attention(
 
 
 def decode_batch_rows(count: int, max_batch_size: int) -> int:
-    """Rows a compiled decode batch is padded to: the next power of four from 4, at most the cap.
+    """Rows a ``compile_decode`` batch is padded to: the next power of four from 4, at most the cap.
 
-    CUDA graphs are recorded per batch shape, and a recording holds memory. Rounding the
-    batch up to 4, 16, 64, ... rows keeps the shapes of a policy to a handful, 3 up to a
-    64-row cap. A single prompt runs as 4 rows too: ``torch.compile`` specializes a
-    dimension of size 1, so one-row batches would compile a second decode graph (tens
-    of seconds on a GPU) beside the one graph, dynamic in rows and cache length, that
-    serves every other shape. A decode step is bound by launch overhead, not by rows,
-    so filler rows cost little there; they do take their share of the (eager) prefill
-    and of the KV cache: 17 prompts run as 64 rows.
+    :class:`~mappa_agents.graph_decode.GraphDecoder` records one CUDA graph, with its
+    own static KV cache and buffers, per (rows, cache length), and each recording holds
+    memory while it is kept (the decoder keeps the few it used last). Rounding the
+    batch up to 4, 16, 64, ... rows keeps the shapes of a policy to a handful, 3 up to
+    a 64-row cap; a single prompt runs as 4 rows too rather than record a one-row shape
+    of its own. A decode step is bound by launch overhead, not by rows, so filler rows
+    cost little there; they do take their share of the (eager) prefill and of the KV
+    cache: 17 prompts run as 64 rows.
 
     Args:
         count: Prompts in the batch (``1 <= count <= max_batch_size``).
@@ -113,7 +118,7 @@ def static_cache_length(prompt_width: int, max_new_tokens: int) -> int:
     """Positions a static KV cache needs, rounded up to a power of two (at least 512).
 
     Calls of different prompt widths then share one cache shape and replay the same
-    compiled decode step. Powers of two give few shapes over a whole run: the code
+    recorded decode step. Powers of two give few shapes over a whole run: the code
     executor's prompts of a MathChat reproduction run (histories up to ~2,000 tokens,
     256 new ones) need 4 cache lengths, against 7 in steps of 256. The price is up to
     twice the positions of the cache (memory, and attention over masked positions).
@@ -151,32 +156,41 @@ def resolve_device(device: str) -> str:
     return "cuda" if _torch().cuda.is_available() else "cpu"
 
 
-def prepare_cuda_graph_thread() -> None:
-    """Give the calling thread the per-thread state of torch's CUDA graph trees.
+def pick_next_ids(scores: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The next id of each row, chosen from its logits as ``generate`` chooses it.
 
-    Compiled decoding records CUDA graphs through ``torch._inductor.cudagraph_trees``.
-    torch releases without the fix for pytorch issue 123177 set that module's
-    thread-local state up only in the thread that imported it, and fail with a bare
-    ``AssertionError`` when another thread records a graph; later releases set it up
-    lazily. This sets it up here when it is missing, as those later releases do, and
-    does nothing when it is present or torch lacks the module.
+    For a row's logits ``s`` over the vocabulary:
+
+    - greedy (``temperature == 0``): ``argmax_v s[v]``;
+    - else ``s' = s / temperature``; with ``top_k > 0``, entries of ``s'`` below its
+      ``top_k``-th largest become ``-inf``; with ``top_p < 1``, so do the smallest
+      entries whose probabilities under ``softmax(s')`` sum to at most ``1 - top_p``
+      (the largest entry always stays); the id is then drawn as
+      ``torch.multinomial(softmax(s'), 1)``.
+
+    The steps are transformers' own warpers (``TemperatureLogitsWarper``,
+    ``TopKLogitsWarper``, ``TopPLogitsWarper``) in ``generate``'s order, so from the same
+    logits and random generator state this draws what ``generate`` draws.
+
+    Args:
+        scores: ``rows x vocab`` float32 logits (left unchanged).
+        params: The call's sampling settings.
+
+    Returns:
+        ``rows`` chosen ids.
     """
     torch = _torch()
-    try:
-        from torch._inductor import cudagraph_trees
-    except ImportError:
-        return
-    local = getattr(cudagraph_trees, "local", None)
-    if local is None or hasattr(local, "tree_manager_containers"):
-        return
-    if torch._C._is_key_in_tls("tree_manager_containers"):
-        return
-    initialize = getattr(cudagraph_trees, "_initialize_tls", None)
-    if initialize is not None:
-        initialize(local)
-    else:
-        local.tree_manager_containers = {}
-        local.tree_manager_locks = collections.defaultdict(threading.Lock)
+    if params.greedy:
+        return scores.argmax(dim=-1)
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    scores = TemperatureLogitsWarper(float(params.temperature))(None, scores)
+    if params.top_k > 0:
+        scores = TopKLogitsWarper(top_k=params.top_k)(None, scores)
+    if params.top_p < 1.0:
+        scores = TopPLogitsWarper(top_p=params.top_p)(None, scores)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.multinomial(probs, num_samples=1)[:, 0]
 
 
 class _SampledLogprobRecorder:
@@ -213,24 +227,6 @@ class _SampledLogprobRecorder:
             self._previous = None
 
 
-class _EndFillerRows:
-    """A logits processor that makes filler rows (index >= ``first``) emit EOS at once.
-
-    Compiled decoding pads a batch with copies of a prompt; without this, a filler row
-    that happened to sample a long answer would keep the whole batch decoding. It runs
-    after :class:`_SampledLogprobRecorder`, which therefore still sees raw logits.
-    """
-
-    def __init__(self, first: int, eos_token_id: int) -> None:
-        self.first = first
-        self.eos_token_id = eos_token_id
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        scores[self.first :] = float("-inf")
-        scores[self.first :, self.eos_token_id] = 0.0
-        return scores
-
-
 class HFPolicy:
     """A transformers causal LM as a :class:`~mappa_agents.policy.Policy`.
 
@@ -256,18 +252,22 @@ class HFPolicy:
             bigger batches are split (prompts of similar length are grouped).
         adapter: Name of the LoRA adapter of a peft model to generate with; it is made
             active for each call (see :mod:`mappa_agents.lora`: agents sharing one base).
-        compile_decode: Decode with a static KV cache and CUDA graphs (transformers'
-            automatic ``torch.compile`` of the decode step). Decoding in eager mode is
-            bound by Python and kernel launches, not by the GPU; graphs remove most of
-            that. The first call compiles one decode graph, dynamic in batch rows and
-            cache length (tens of seconds); a new batch shape records new CUDA graphs,
-            so batches are padded to a power of four from 4 (rows discarded) and
-            caches sized in powers of two (:func:`decode_batch_rows`,
-            :func:`static_cache_length`). All calls run on one
-            thread of the policy's own, where the graphs were recorded. Weights may
-            change in place between calls (optimizer steps do); replacing parameter
-            tensors needs a new policy. Not with ``adapter``. On CPU only the static
-            cache is used (a warning says so). Fixed when the policy is built.
+        compile_decode: Decode through a :class:`~mappa_agents.graph_decode.GraphDecoder`:
+            the model's decode step over a static KV cache, recorded by mappa as a CUDA
+            graph per batch shape and replayed (no compiler), each id picked between
+            replays as ``generate`` picks it (:func:`pick_next_ids`) and stop strings
+            checked there too. Decoding in eager mode is bound by Python and kernel
+            launches, not by the GPU; graphs remove most of that. Each new (rows,
+            cache length) shape is recorded at its first call (a few eager warm-up
+            steps, then the recording), so batches are padded to a power of four from
+            4 (filler rows end before their first id and are discarded) and caches
+            sized in powers of two (:func:`decode_batch_rows`,
+            :func:`static_cache_length`). The decoder is made at the first call, on
+            the policy's own thread, where every call of such a policy runs. Weights
+            may change in place between calls (optimizer steps do); replacing
+            parameter tensors needs a new policy. Needs the ``sdpa`` or ``eager``
+            attention implementation. Not with ``adapter``. On CPU the same steps run
+            eagerly, without graphs (a warning says so). Fixed when the policy is built.
         **model_kwargs: Passed to ``AutoModelForCausalLM.from_pretrained`` (e.g.
             ``attn_implementation``, ``trust_remote_code``).
 
@@ -306,24 +306,25 @@ class HFPolicy:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if compile_decode and adapter is not None:
-            # Switching adapters changes the compiled module's graph at every call.
+            # A recorded graph replays the adapter that was active when it was recorded;
+            # policies sharing one base switch adapters at every call.
             raise ValueError(
                 "compile_decode does not work with a LoRA adapter: leave compile_decode off "
                 "for policies sharing one base model"
             )
         self.max_batch_size = max_batch_size
         self._compile_decode = compile_decode
-        # The policy's own generation thread, for the whole of its life. CUDA graphs are
-        # recorded per thread, so compiled decoding always runs on it; eager calls from an
-        # event loop (`agenerate`) run on it too: a rollout's loop would otherwise start
-        # new executor threads every step, and per-thread state (cuDNN's attention plans,
-        # allocator caches) would start cold each time (with cuDNN's attention, a generate
-        # call took 6.7 s on a new thread against 2.3 s on one that had generated, on one
-        # H100).
+        # The policy's own generation thread, for the whole of its life. Every call of a
+        # compile_decode policy runs on it, so its GraphDecoder is made, records and
+        # replays there; eager calls from an event loop (`agenerate`) run on it too: a
+        # rollout's loop would otherwise start new executor threads every step, and
+        # per-thread state (cuDNN's attention plans, allocator caches) would start cold
+        # each time (with cuDNN's attention, a generate call took 6.7 s on a new thread
+        # against 2.3 s on one that had generated, on one H100).
         self._decode_executor = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="mappa-decode"
         )
-        self._decode_thread_ready = False
+        self._decoder: GraphDecoder | None = None
         self._closing = False
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.adapter = adapter
@@ -372,15 +373,9 @@ class HFPolicy:
         self._transformers = transformers
         if compile_decode and self.device == "cpu":
             logger.warning(
-                "compile_decode on the CPU: transformers compiles decoding on accelerators "
-                "only, so this policy gets the static KV cache without CUDA graphs (slower "
-                "than without compile_decode)"
-            )
-        if compile_decode and not hasattr(transformers.GenerationConfig(), "max_cache_len"):
-            logger.warning(
-                "transformers %s sizes each call's static KV cache itself: calls with new "
-                "prompt widths will compile again; a newer transformers avoids that",
-                transformers.__version__,
+                "compile_decode on the CPU: CUDA graphs need a CUDA device, so this policy "
+                "runs the same decode steps eagerly over a static KV cache, without CUDA "
+                "graphs"
             )
 
     @property
@@ -440,11 +435,6 @@ class HFPolicy:
     def _generate_on_decode_thread(
         self, batch: Sequence[ChatMessages], params: SamplingParams
     ) -> list[Generation]:
-        if not self._decode_thread_ready:
-            # Here, not as the executor's initializer: an error reaches the caller.
-            if self._compile_decode and self.device.startswith("cuda"):
-                prepare_cuda_graph_thread()
-            self._decode_thread_ready = True
         if not self._compile_decode:
             # `generate` itself, on this thread: `agenerate` stays `generate` off the loop
             # (what wraps or replaces an instance's `generate` sees the rollout's calls).
@@ -513,6 +503,7 @@ class HFPolicy:
         with _GENERATE_LOCK:
             on_cuda = str(self.device).startswith("cuda")
             self.model = None  # type: ignore[assignment]
+            self._decoder = None  # it holds the model, its KV caches and graphs
             if on_cuda:
                 self._torch.cuda.empty_cache()
 
@@ -527,7 +518,7 @@ class HFPolicy:
             raise ValueError("neither the model nor the tokenizer defines an EOS token")
         return ids
 
-    def _generation_config(self, params: SamplingParams, prompt_width: int) -> Any:
+    def _generation_config(self, params: SamplingParams) -> Any:
         sampling: dict[str, Any] = {}
         if not params.greedy:
             # Explicit values, top_k=0 included: generate() fills unset ones from global
@@ -546,15 +537,6 @@ class HFPolicy:
         )
         if params.stop:
             config.stop_strings = list(params.stop)
-        if self._compile_decode:
-            config.cache_implementation = "static"
-            config.max_cache_len = static_cache_length(prompt_width, params.max_new_tokens)
-            # Dynamic shapes from the first call: one decode graph for every batch and
-            # cache shape. torch.compile's default compiles a static graph first and a
-            # dynamic one at each dimension that changes later (3 graphs by the
-            # third shape, measured with a tiny model on CPU); CUDA graphs are recorded per
-            # shape either way.
-            config.compile_config = self._transformers.CompileConfig(dynamic=True)
         return config
 
     def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
@@ -570,38 +552,19 @@ class HFPolicy:
             ids = prompts[row] if row < len(prompts) else prompts[0]
             input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
             attention_mask[row, width - len(ids) :] = 1
-        recorder = _SampledLogprobRecorder()
-        processors: list[Any] = [recorder]
-        if rows > len(prompts):
-            processors.append(_EndFillerRows(len(prompts), self.eos_token_ids[0]))
-        extra: dict[str, Any] = {"tokenizer": self.tokenizer} if params.stop else {}
-        # The model's own generation config could add processors (repetition penalty,
-        # min_p, ...) that generate() merges in; swap in a bare one for this call.
-        saved_config = self.model.generation_config
-        self.model.generation_config = self._transformers.GenerationConfig(
-            eos_token_id=self.eos_token_ids, pad_token_id=self.pad_token_id
-        )
         started = time.perf_counter()
-        try:
-            attention = decode_attention(self.model.device.type, self._compile_decode)
-            with torch.inference_mode(), attention:
-                output = self.model.generate(
-                    input_ids=input_ids.to(self.model.device),
-                    attention_mask=attention_mask.to(self.model.device),
-                    generation_config=self._generation_config(params, width),
-                    logits_processor=self._transformers.LogitsProcessorList(processors),
-                    **extra,
-                )
-        finally:
-            self.model.generation_config = saved_config
+        if self._compile_decode:
+            new_tokens, logprobs = self._decode_with_graphs(
+                input_ids, attention_mask, len(prompts), params
+            )
+        else:
+            new_tokens, logprobs = self._decode_with_generate(input_ids, attention_mask, params)
         elapsed = time.perf_counter() - started
-        sequences = output.sequences.cpu()
-        logprobs = recorder.finish(output.sequences)
-        new_tokens = sequences[:, width:]
-        if logprobs.shape != new_tokens.shape:
+        if logprobs.shape != new_tokens.shape or new_tokens.shape[0] != rows:
             raise RuntimeError(
                 f"recorded {tuple(logprobs.shape)} logprobs for {tuple(new_tokens.shape)} "
-                "generated tokens; another logits processor or decoding mode is interfering"
+                f"generated tokens of {rows} rows; another logits processor or decoding "
+                "mode is interfering"
             )
         info = {
             "model": self.name,
@@ -616,6 +579,73 @@ class HFPolicy:
             for row, prompt in enumerate(prompts)
         ]
 
+    def _decode_with_generate(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eager decoding through ``model.generate``: ``(new ids, logprobs)`` on the CPU."""
+        torch = self._torch
+        recorder = _SampledLogprobRecorder()
+        extra: dict[str, Any] = {"tokenizer": self.tokenizer} if params.stop else {}
+        # The model's own generation config could add processors (repetition penalty,
+        # min_p, ...) that generate() merges in; swap in a bare one for this call.
+        saved_config = self.model.generation_config
+        self.model.generation_config = self._transformers.GenerationConfig(
+            eos_token_id=self.eos_token_ids, pad_token_id=self.pad_token_id
+        )
+        try:
+            attention = decode_attention(self.model.device.type, static_cache=False)
+            with torch.inference_mode(), attention:
+                output = self.model.generate(
+                    input_ids=input_ids.to(self.model.device),
+                    attention_mask=attention_mask.to(self.model.device),
+                    generation_config=self._generation_config(params),
+                    logits_processor=self._transformers.LogitsProcessorList([recorder]),
+                    **extra,
+                )
+        finally:
+            self.model.generation_config = saved_config
+        new_tokens = output.sequences[:, input_ids.shape[1] :].cpu()
+        return new_tokens, recorder.finish(output.sequences)
+
+    def _decode_with_graphs(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        prompts: int,
+        params: SamplingParams,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``compile_decode``: decoding through the policy's :class:`GraphDecoder`.
+
+        Rows from ``prompts`` on are filler, ended before their first id. Returns
+        ``(new ids, logprobs)`` on the CPU.
+        """
+        torch = self._torch
+        if self._decoder is None:
+            # Once per policy, on its own thread (every compile_decode call runs there).
+            self._decoder = GraphDecoder(self.model)
+        decoder = self._decoder
+        rows, width = input_ids.shape
+        stopped = None
+        if params.stop:
+            from transformers.generation.stopping_criteria import StopStringCriteria
+
+            criteria = StopStringCriteria(self.tokenizer, list(params.stop))
+
+            def stopped(generated: torch.Tensor) -> torch.Tensor:
+                return criteria(generated, None)
+
+        return decoder.decode(
+            input_ids.to(decoder.device),
+            attention_mask.to(decoder.device),
+            max_new_tokens=params.max_new_tokens,
+            cache_length=static_cache_length(width, params.max_new_tokens),
+            pick=functools.partial(pick_next_ids, params=params),
+            eos_token_ids=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            ended=torch.arange(rows) >= prompts,
+            stopped=stopped,
+        )
+
     def finish_generation(
         self,
         prompt_ids: list[int],
@@ -624,7 +654,7 @@ class HFPolicy:
         params: SamplingParams,
         info: dict[str, Any] | None = None,
     ) -> Generation:
-        """Turn one row of ``generate`` output into a :class:`Generation`.
+        """Turn one decoded row (``generate``'s or the graph decoder's) into a :class:`Generation`.
 
         Cuts at the first EOS (kept) and at the first stop string (ids up to the token
         that completed it, text before it), drops the padding after the end, and splits
@@ -632,7 +662,7 @@ class HFPolicy:
 
         Args:
             prompt_ids: The prompt's ids (unpadded).
-            generated_ids: The ids ``generate`` produced for this row (padding included).
+            generated_ids: The ids decoded for this row (padding included).
             logprobs: One logprob per generated id.
             params: The sampling settings used.
             info: Backend details to attach.
@@ -656,7 +686,7 @@ class HFPolicy:
             text = text[: find_stop(text, params.stop)]
             finish_reason = "stop"
         elif finish_reason == "length" and len(ids) < params.max_new_tokens:
-            # generate() stopped this row early (its token-level stop-string check) though
+            # Decoding stopped this row early (its token-level stop-string check) though
             # the decoded text shows no stop string: still a stop, not a length cut.
             finish_reason = "stop"
         answer, reasoning = split_reasoning(text)

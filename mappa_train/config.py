@@ -215,10 +215,11 @@ class TrainConfig:
     (local models); prompts of similar length are batched together."""
 
     compile_decode: bool = True
-    """Decode rollouts on CUDA with a static KV cache and CUDA graphs (``HFPolicy``'s
-    ``compile_decode``): eager decoding is bound by kernel launches, not by the GPU. The
-    first rollout compiles each agent's model (tens of seconds). Ignored on CPU and with
-    LoRA (adapters switch at every call)."""
+    """Decode rollouts on CUDA by replaying each model's decode step as a CUDA graph over
+    a static KV cache (``HFPolicy``'s ``compile_decode``): eager decoding is bound by
+    kernel launches, not by the GPU. mappa records the graphs itself, one per batch rows
+    and cache length, the first time a policy meets that shape (no compiler runs).
+    Ignored on CPU and with LoRA (adapters switch at every call)."""
 
     logprob_chunk_size: int = 1024
     """Response positions per output-head chunk when computing log-probs."""
@@ -244,9 +245,10 @@ class TrainConfig:
     decides before each agent's update from its model and rows: off (faster) when the
     largest micro-batch's activations (:func:`mappa_train.memory.activation_bytes`) fit
     in half the free device memory, else on; the log says when the choice changes.
-    ``True`` / ``False`` fix it. With compiled decoding (``compile_decode`` on CUDA) a
-    switch on is kept: switching recompiles the decode graphs. The Ray learners treat
-    ``"auto"`` as ``True``."""
+    ``True`` / ``False`` fix it. Switching leaves decoding alone: layers read the setting
+    only when training with gradients on, and recorded decode graphs (``compile_decode``)
+    replay the kernels they were recorded with. The Ray learners treat ``"auto"`` as
+    ``True``."""
 
     dtype: str = "auto"
     """Model dtype: ``auto`` (bf16 on CUDA, fp32 on CPU), ``bfloat16`` or ``float32``

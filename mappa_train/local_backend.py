@@ -135,7 +135,6 @@ class LocalBackend:
             source,
             config,
             device=run.device,
-            compiles_decoding=run.compiles_decoding,
         )
 
     def _start_lora(self, run: RunSpec) -> dict[str, Any]:
@@ -209,7 +208,6 @@ class LocalBackend:
                 source,
                 config,
                 device=run.device,
-                compiles_decoding=run.compiles_decoding,
                 adapter=agent,
             )
         return frozen

@@ -56,8 +56,6 @@ class LocalLearner:
     """The run's settings."""
     device: str = "cpu"
     """Where ``model`` is."""
-    compiles_decoding: bool = False
-    """Whether ``policy`` decodes with CUDA graphs (checkpointing then stays on once on)."""
     adapter: str | None = None
     """Name of the agent's LoRA adapter when agents share one base model."""
     engine: Any = None
@@ -186,10 +184,6 @@ class LocalLearner:
         activations = activation_bytes(tokens, model.config, value_bytes)
         free = free_memory_bytes(self.device)
         wanted = needs_checkpointing(activations, free)
-        if self.checkpointing and not wanted and self.compiles_decoding:
-            # Decoder layers read the flag at every call, so compiled decoding would
-            # compile its graphs again at each switch: once on, it stays on.
-            wanted = True
         # Asked of the model: agents on one LoRA base share its setting.
         if wanted != is_checkpointing(model):
             (enable_checkpointing if wanted else disable_checkpointing)(model)

@@ -222,8 +222,9 @@ class Trainer:
     def compiles_decoding(self) -> bool:
         """Whether the agents' policies decode with CUDA graphs (``compile_decode``).
 
-        Only full fine-tuning on CUDA does: transformers compiles decoding on
-        accelerators, and LoRA policies switch adapters at every call.
+        Only full fine-tuning on CUDA does: the graphs need a CUDA device, and a
+        recorded graph replays the LoRA adapter that was active when it was recorded,
+        while LoRA policies switch adapters at every call.
         """
         return (
             self.config.compile_decode

@@ -197,3 +197,21 @@ def test_a_step_that_cannot_be_recorded_is_decoded_eagerly_and_said(caplog):
     assert list(decoder.fallbacks) == [(3, 512)]
     assert "capture failed" in decoder.fallbacks[3, 512]
     assert "eagerly" in caplog.text
+
+
+def test_the_shape_used_longest_ago_is_let_go_beyond_the_cap():
+    model, tokenizer = tiny_model_and_tokenizer()
+    policy = HFPolicy(model, tokenizer)
+    ids, mask = padded(policy)
+    decoder = GraphDecoder(policy.model, max_shapes=2)
+    first, _ = decode(decoder, policy, ids, mask)
+    for rows, length in ((3, 1024), (3, 512), (2, 512)):
+        decoder.decode(
+            ids[:rows], mask[:rows], max_new_tokens=4, cache_length=length, pick=greedy,
+            eos_token_ids=policy.eos_token_ids, pad_token_id=policy.pad_token_id,
+        )  # fmt: skip
+    assert decoder.shapes == [(2, 512), (3, 512)]  # (3, 1024) was used longest ago
+    again, _ = decode(decoder, policy, ids, mask)
+    assert again.tolist() == first.tolist()
+    with pytest.raises(ValueError, match="max_shapes"):
+        GraphDecoder(policy.model, max_shapes=0)

@@ -7,18 +7,20 @@ import dataclasses
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from mappa_agents.graph_decode import GraphDecoder  # noqa: E402
 from mappa_agents.hf import (  # noqa: E402
     MIN_CACHE_LENGTH,
     HFPolicy,
     decode_attention,
     decode_batch_rows,
-    prepare_cuda_graph_thread,
+    pick_next_ids,
     static_cache_length,
 )
 from mappa_agents.policy import (  # noqa: E402
@@ -418,7 +420,7 @@ def test_compiled_decode_shapes_are_bucketed():
     rows = [decode_batch_rows(n, 64) for n in counts]
     assert sorted(set(rows)) == [4, 16, 64]  # three recorded batch shapes up to 64 rows
     assert all(r >= n for r, n in zip(rows, counts))
-    # One prompt runs as 4 rows: a batch dimension of 1 would compile a graph of its own.
+    # One prompt runs as 4 rows: a one-row batch would record a shape of its own.
     assert [decode_batch_rows(n, 64) for n in (1, 2, 4, 5, 16, 17, 64)] == [4, 4, 4, 16, 16, 64, 64]
     assert decode_batch_rows(40, 48) == 48  # never above the policy's largest batch
     assert decode_batch_rows(1, 2) == 2
@@ -431,22 +433,46 @@ def test_compiled_decode_shapes_are_bucketed():
     assert all(static_cache_length(w, 256) >= w + 256 for w in range(1, 5000, 37))
 
 
+def _spy_on_decoding(monkeypatch):
+    """Every ``GraphDecoder.decode`` call, as calls come: thread, arguments and raw ids."""
+    calls = []
+    decode = GraphDecoder.decode
+
+    def spy(self, input_ids, attention_mask, **kwargs):
+        call = SimpleNamespace(decoder=self, thread=threading.current_thread(), kwargs=kwargs)
+        call.input_ids = input_ids
+        calls.append(call)
+        call.ids, call.logprobs = decode(self, input_ids, attention_mask, **kwargs)
+        return call.ids, call.logprobs
+
+    monkeypatch.setattr(GraphDecoder, "decode", spy)
+    return calls
+
+
+def _decoders_made(monkeypatch):
+    """The threads each ``GraphDecoder`` of a policy was made on, as they are made."""
+    from mappa_agents import hf
+
+    threads = []
+
+    class Counted(GraphDecoder):
+        def __init__(self, *args, **kwargs):
+            threads.append(threading.current_thread())
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(hf, "GraphDecoder", Counted)
+    return threads
+
+
 def test_compile_decode_pads_the_batch_without_changing_results(tiny, caplog, monkeypatch):
-    # Off CUDA transformers does not compile, so this checks what compile_decode adds
-    # around the graphs: filler rows, the static cache and the policy's own thread.
+    # On the CPU GraphDecoder runs its steps eagerly, so this checks what compile_decode
+    # adds around the graphs: filler rows, the static cache and the picking of ids.
     model, tokenizer = tiny
     with caplog.at_level("WARNING", logger="mappa_agents.hf"):
         compiled = HFPolicy(model, tokenizer, max_batch_size=4, compile_decode=True)
     assert "without CUDA graphs" in caplog.text
     plain = HFPolicy(model, tokenizer, max_batch_size=4)
-    configs = []
-    generate = model.generate
-
-    def spy(**kwargs):
-        configs.append(kwargs["generation_config"])
-        return generate(**kwargs)
-
-    monkeypatch.setattr(model, "generate", spy)
+    calls = _spy_on_decoding(monkeypatch)
     prompts = [LONG, SHORT, THIRD]  # padded to 4 rows
     params = SamplingParams(max_new_tokens=10, temperature=0)
     padded = compiled.generate(prompts, params)
@@ -458,84 +484,165 @@ def test_compile_decode_pads_the_batch_without_changing_results(tiny, caplog, mo
         assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
         assert got.info["batch_size"] == 3
         assert got.info["decode_rows"] == 4
-    with_graphs, without = configs
-    assert with_graphs.cache_implementation == "static"
-    assert with_graphs.compile_config is not None
+        assert got.info["latency_s"] > 0
+    (call,) = calls  # the plain policy decoded through generate
     width = max(len(g.prompt_ids) for g in padded)
-    assert with_graphs.max_cache_len == static_cache_length(width, 10)
-    assert without.cache_implementation is None
-    assert without.compile_config is None
-
-    seeded = SamplingParams(max_new_tokens=8, temperature=1.0, seed=7)
-    first = compiled.generate(prompts, seeded)
-    again = compiled.generate(prompts, seeded)
-    assert [g.response_ids for g in first] == [g.response_ids for g in again]
+    assert tuple(call.input_ids.shape) == (4, width)
+    assert call.kwargs["ended"].tolist() == [False, False, False, True]
+    assert call.kwargs["cache_length"] == static_cache_length(width, 10)
+    assert call.kwargs["max_new_tokens"] == 10
+    assert call.kwargs["stopped"] is None
 
 
-@pytest.mark.slow
-def test_three_policies_share_one_decode_graph_for_every_shape(monkeypatch):
-    # What a run's first step pays for: each decode graph torch.compile traces takes tens
-    # of seconds on a GPU. transformers compiles on accelerators only, so this forces the
-    # compile on CPU with the eager backend (dynamo's tracing and graph count, no codegen).
-    torch = pytest.importorskip("torch")
-    from torch._dynamo.utils import counters
-
-    from mappa_agents import hf
-
-    build_config = hf.HFPolicy._generation_config
-
-    def traced_on_cpu(self, params, width):
-        config = build_config(self, params, width)
-        config.compile_config._compile_all_devices = True
-        config.compile_config.backend = "eager"
-        config.compile_config.mode = None
-        return config
-
-    monkeypatch.setattr(hf.HFPolicy, "_generation_config", traced_on_cpu)
-    torch._dynamo.reset()
+def test_three_policies_record_one_shape_per_batch_rows_and_cache_length(monkeypatch):
+    # What a run's first steps pay for: each shape a policy meets records a graph once
+    # (a fraction of a second on a GPU). Batches of 1, 3 and 10 prompts at two prompt
+    # widths make 4 shapes per policy: 4 and 16 rows, 512 and 1024 cache positions.
+    made = _decoders_made(monkeypatch)
     policies = [
         HFPolicy(*tiny_model_and_tokenizer(seed=seed), compile_decode=True, max_batch_size=16)
         for seed in range(3)  # three agents of one architecture, as in MathChat
     ]
-    before = counters["stats"]["unique_graphs"]
     params = SamplingParams(max_new_tokens=4, temperature=0)
     widths = set()
-    for rows, words in [(1, 5), (3, 5), (10, 5), (3, 100)]:
-        prompts = [[{"role": "user", "content": "hello " * words + str(k)}] for k in range(rows)]
-        for policy in policies:
-            generations = policy.generate(prompts, params)
-            widths.add(static_cache_length(max(len(g.prompt_ids) for g in generations), 4))
-    assert widths == {512, 1024}  # two cache lengths, and batches of 4 and 16 rows
-    assert counters["stats"]["unique_graphs"] - before == 1
-    torch._dynamo.reset()
+    for words in (5, 100):
+        for count in (1, 3, 10):
+            prompts = [
+                [{"role": "user", "content": "hello " * words + str(k)}] for k in range(count)
+            ]
+            for policy in policies:
+                generations = policy.generate(prompts, params)
+                assert [g.info["decode_rows"] for g in generations] == [
+                    4 if count < 5 else 16
+                ] * count
+                widths.add(static_cache_length(max(len(g.prompt_ids) for g in generations), 4))
+    assert widths == {512, 1024}
+    assert len(made) == 3  # one decoder per policy, made at its first call
+    for policy in policies:
+        assert policy._decoder.shapes == [(4, 512), (4, 1024), (16, 512), (16, 1024)]
 
 
 def test_filler_rows_end_at_once_and_real_rows_keep_decoding(tiny, monkeypatch):
     model, tokenizer = tiny
     compiled = HFPolicy(model, tokenizer, max_batch_size=4, compile_decode=True)
-    seen = {}
+    calls = _spy_on_decoding(monkeypatch)
+    params = SamplingParams(max_new_tokens=6, temperature=0)
+    (generation,) = compiled.generate([SHORT], params)
+    assert generation.finish_reason == "length"
+    assert len(generation.response_ids) == 6
+    pad = compiled.pad_token_id
+    for prompts in ([SHORT], [SHORT, LONG], [SHORT, LONG, THIRD]):
+        compiled.generate(prompts, params)
+        ids = calls[-1].ids
+        assert ids.shape[0] == 4  # one to three prompts run as four rows
+        assert (ids[len(prompts) :] == pad).all()  # filler rows: padding from the start
+        assert (ids[: len(prompts)] != pad).all()  # real rows: 6 ids each
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_new_tokens=16, seed=2),
+        SamplingParams(max_new_tokens=16, temperature=0.7, top_k=20, top_p=0.9, seed=3),
+    ],
+    ids=["t1", "t0.7-topk-topp"],
+)
+def test_seeded_compiled_sampling_is_reproducible_and_draws_what_generate_draws(tiny, params):
+    model, tokenizer = tiny
+    compiled = HFPolicy(model, tokenizer, max_batch_size=4, compile_decode=True)
+    plain = HFPolicy(model, tokenizer, max_batch_size=4)
+    prompts = [SHORT, LONG, THIRD, SHORT]  # four rows: no filler rows draw beside them
+
+    def ids(generations):
+        return [g.response_ids for g in generations]
+
+    first = compiled.generate(prompts, params)
+    assert ids(compiled.generate(prompts, params)) == ids(first)
+    # The same warpers in the same order over (nearly) the same logits: the same draws.
+    assert ids(plain.generate(prompts, params)) == ids(first)
+    other_seed = dataclasses.replace(params, seed=params.seed + 1)
+    assert ids(compiled.generate(prompts, other_seed)) != ids(first)
+
+
+def test_top_k_top_p_and_temperature_reach_the_pick(tiny):
+    model, tokenizer = tiny
+    compiled = HFPolicy(model, tokenizer, max_batch_size=4, compile_decode=True)
+    prompts = [SHORT, LONG, THIRD]
+
+    def ids(**settings):
+        params = SamplingParams(max_new_tokens=12, seed=0, **settings)
+        return [g.response_ids for g in compiled.generate(prompts, params)]
+
+    greedy = ids(temperature=0)
+    assert ids() != greedy  # sampling at temperature 1 strays from the argmax
+    assert ids(top_k=1) == greedy
+    assert ids(top_p=1e-6) == greedy  # the likeliest id alone holds that mass
+
+
+def test_pick_next_ids_applies_temperature_top_k_and_top_p():
+    torch.manual_seed(0)
+    scores = torch.tensor([[0.0, 1.0, 2.0, 3.0]]).repeat(4000, 1)
+    kept = scores.clone()
+
+    def shares(**settings):
+        params = SamplingParams(**settings)
+        picked = pick_next_ids(scores, params)
+        return torch.bincount(picked, minlength=4).float() / len(picked)
+
+    assert shares(temperature=0).tolist() == [0.0, 0.0, 0.0, 1.0]
+    assert torch.allclose(shares(), torch.softmax(scores[0], -1), atol=0.03)
+    cold = torch.softmax(scores[0] / 0.25, -1)  # [0.0000, 0.0003, 0.0180, 0.9817]
+    assert torch.allclose(shares(temperature=0.25), cold, atol=0.02)
+    assert shares(top_k=1).tolist() == [0.0, 0.0, 0.0, 1.0]
+    assert shares(top_k=2)[:2].tolist() == [0.0, 0.0]
+    # softmax: 0.032, 0.087, 0.237, 0.644; top_p drops the least likely ids whose mass is
+    # at most 1 - top_p: 0.3 drops two of them, 0.4 three.
+    nucleus = shares(top_p=0.7)
+    assert nucleus[:2].tolist() == [0.0, 0.0]
+    assert (nucleus[2:] > 0).all()
+    assert shares(top_p=0.6).tolist() == [0.0, 0.0, 0.0, 1.0]
+    assert torch.equal(scores, kept)  # the decoder's log-probs come from the same tensor
+
+
+def test_stop_strings_end_compiled_decoding_as_they_end_generate(tiny, monkeypatch):
+    model, tokenizer = tiny
+    compiled = HFPolicy(model, tokenizer, max_batch_size=4, compile_decode=True)
+    plain = HFPolicy(model, tokenizer, max_batch_size=4)
+    params = SamplingParams(max_new_tokens=24, temperature=0)
+    prompts = [SHORT, LONG]  # the shorter first: batch rows in the prompts' order
+    free = plain.generate(prompts, params)
+    stop = _clean_window(free[1].text)
+    stopping = dataclasses.replace(params, stop=(stop,))
+    calls = _spy_on_decoding(monkeypatch)
+    raw = []
     generate = model.generate
 
     def spy(**kwargs):
         output = generate(**kwargs)
-        seen["sequences"] = output.sequences
+        raw.append(output.sequences[:, kwargs["input_ids"].shape[1] :])
         return output
 
     monkeypatch.setattr(model, "generate", spy)
-    (generation,) = compiled.generate([SHORT], SamplingParams(max_new_tokens=6, temperature=0))
-    assert generation.finish_reason == "length"
-    assert len(generation.response_ids) == 6
-    # One prompt runs as four rows too: a batch of one would compile a graph of its own.
-    assert seen["sequences"].shape[0] == 4
-    compiled.generate([SHORT, LONG], SamplingParams(max_new_tokens=6, temperature=0))
-    assert seen["sequences"].shape[0] == 4  # two prompts run as four rows
-    compiled.generate([SHORT, LONG, THIRD], SamplingParams(max_new_tokens=6, temperature=0))
-    sequences = seen["sequences"]
-    width = sequences.shape[1] - 6
-    assert sequences.shape[0] == 4
-    filler = sequences[3, width:].tolist()
-    assert filler[0] == compiled.eos_token_ids[0]  # ended on its first token
-    assert set(filler[1:]) <= {compiled.pad_token_id}
+    got = compiled.generate(prompts, stopping)
+    want = plain.generate(prompts, stopping)
+    for mine, theirs in zip(got, want):
+        assert mine.response_ids == theirs.response_ids
+        assert mine.text == theirs.text
+        assert mine.finish_reason == theirs.finish_reason
+        assert mine.logprobs == pytest.approx(theirs.logprobs, abs=1e-4)
+    assert got[1].finish_reason == "stop"
+    end = len(got[1].response_ids)
+    assert end < len(free[1].response_ids)
+    # Decoding itself ended the row at the id that completed the stop string (padding
+    # after it), as generate's stopping criterion ends it.
+    pad = compiled.pad_token_id
+    decoded = calls[0].ids[:2].tolist()
+    assert decoded[1][end:] == [pad] * (len(decoded[1]) - end)
+    generated = raw[0].tolist()
+    width = params.max_new_tokens
+    assert [row + [pad] * (width - len(row)) for row in decoded] == [
+        row + [pad] * (width - len(row)) for row in generated
+    ]
 
 
 def _generating_threads(model, monkeypatch):
@@ -553,8 +660,9 @@ def _generating_threads(model, monkeypatch):
 
 def test_compiled_decoding_runs_on_the_policy_thread_only(tiny, monkeypatch):
     model, tokenizer = tiny
+    made = _decoders_made(monkeypatch)
     compiled = HFPolicy(model, tokenizer, max_batch_size=4, compile_decode=True)
-    threads = _generating_threads(model, monkeypatch)
+    calls = _spy_on_decoding(monkeypatch)
     params = SamplingParams(max_new_tokens=3, seed=0)
     compiled.generate([SHORT], params)
 
@@ -564,10 +672,14 @@ def test_compiled_decoding_runs_on_the_policy_thread_only(tiny, monkeypatch):
     asyncio.run(from_the_event_loop())
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda _: compiled.generate([THIRD], params), range(2)))
+    threads = [call.thread for call in calls]
     assert len(threads) == 6
     assert len(set(threads)) == 1
     assert threads[0].name.startswith("mappa-decode")
+    assert made == threads[:1]  # one decoder, made on that thread
+    assert {id(call.decoder) for call in calls} == {id(compiled._decoder)}
     compiled.close()
+    assert compiled._decoder is None  # its caches go with the model
     with pytest.raises(RuntimeError, match="closed"):
         compiled.generate([SHORT], params)
 
@@ -604,14 +716,14 @@ def test_closing_a_compiled_policy_ends_queued_calls_with_the_closed_error(tiny,
     model, tokenizer = tiny
     compiled = HFPolicy(model, tokenizer, max_batch_size=4, compile_decode=True)
     entered, release = threading.Event(), threading.Event()
-    generate = model.generate
+    decode = GraphDecoder.decode
 
-    def slow(**kwargs):
+    def slow(self, *args, **kwargs):
         entered.set()
         release.wait(60)
-        return generate(**kwargs)
+        return decode(self, *args, **kwargs)
 
-    monkeypatch.setattr(model, "generate", slow)
+    monkeypatch.setattr(GraphDecoder, "decode", slow)
     params = SamplingParams(max_new_tokens=2, seed=0)
 
     def call():
@@ -622,7 +734,7 @@ def test_closing_a_compiled_policy_ends_queued_calls_with_the_closed_error(tiny,
 
     with ThreadPoolExecutor(4) as pool:
         running = pool.submit(call)
-        assert entered.wait(60)  # inside generate, holding the generate lock
+        assert entered.wait(60)  # decoding, holding the generate lock
         queued = [pool.submit(call) for _ in range(2)]
         while compiled._decode_executor._work_queue.qsize() < 2:
             threading.Event().wait(0.01)
@@ -646,55 +758,10 @@ def test_compile_decode_is_fixed_when_the_policy_is_built(tiny):
         policy.compile_decode = True
 
 
-def test_cuda_graph_thread_state_with_this_torch():
-    from torch._inductor import cudagraph_trees
-
-    seen = {}
-
-    def in_a_new_thread():
-        prepare_cuda_graph_thread()
-        seen["containers"] = cudagraph_trees.get_obj(
-            cudagraph_trees.local, "tree_manager_containers"
-        )
-
-    worker = threading.Thread(target=in_a_new_thread)
-    worker.start()
-    worker.join()
-    assert isinstance(seen["containers"], dict)
-
-
 def test_compile_decode_refuses_a_lora_adapter(tiny):
     model, tokenizer = tiny
     with pytest.raises(ValueError, match="compile_decode"):
         HFPolicy(model, tokenizer, adapter="writer", compile_decode=True)
-
-
-def test_cuda_graph_thread_state_is_set_up_where_torch_left_it_out(monkeypatch):
-    # Stand-in for torch releases that set the state up only in the importing thread.
-    import sys
-    import types
-
-    old_layout = types.ModuleType("torch._inductor.cudagraph_trees")
-    old_layout.local = threading.local()
-    old_layout.local.tree_manager_containers = {"main": "kept"}
-    monkeypatch.setitem(sys.modules, "torch._inductor.cudagraph_trees", old_layout)
-    monkeypatch.setattr(torch._inductor, "cudagraph_trees", old_layout, raising=False)
-    seen = {}
-
-    def in_a_new_thread():
-        seen["before"] = hasattr(old_layout.local, "tree_manager_containers")
-        prepare_cuda_graph_thread()
-        seen["containers"] = old_layout.local.tree_manager_containers
-        seen["lock"] = old_layout.local.tree_manager_locks[0]
-
-    worker = threading.Thread(target=in_a_new_thread)
-    worker.start()
-    worker.join()
-    assert seen["before"] is False
-    assert seen["containers"] == {}
-    assert hasattr(seen["lock"], "acquire")
-    prepare_cuda_graph_thread()  # the importing thread keeps its own state
-    assert old_layout.local.tree_manager_containers == {"main": "kept"}
 
 
 # ---------------------------------------------------------------- CUDA
