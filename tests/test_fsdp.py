@@ -104,7 +104,8 @@ def _single_process(model_dir: Path, count: int, config: TrainConfig, skip_old: 
     return old, ref_lp, stats, weights
 
 
-def _rank_main(rank: int, port: int, model_dir: str, count: int, out: str, overrides) -> None:
+def _rank_main(rank: int, port: int, model_dir: str, cases: list, out: str) -> None:
+    """One rank: every case in turn on one process group (one launch for all of them)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -118,20 +119,24 @@ def _rank_main(rank: int, port: int, model_dir: str, count: int, out: str, overr
         timeout=datetime.timedelta(seconds=RANK_TIMEOUT_S),
     )
     try:
-        config = _config(**overrides)
         mesh = init_device_mesh("cpu", (WORLD,))
-        model, ref = _load(Path(model_dir)), _load(Path(model_dir))
-        rows = _rows(count, model.config.vocab_size)
-        learner = ShardedLearner("solver", model, ref, config, mesh=mesh, pad_id=0)
-        old = learner.logprobs(rows)
-        ref_lp = learner.logprobs(rows, reference=True)
-        prep = _prep(rows, old, ref_lp, overrides.get("skip_old", False))
-        stats = [
-            learner.update(prep, step=step, lr=config.lr, kl_in_loss=True) for step in range(STEPS)
-        ]
-        weights = learner.full_state_dict()
+        results = []
+        for count, overrides in cases:
+            config = _config(**overrides)
+            model, ref = _load(Path(model_dir)), _load(Path(model_dir))
+            rows = _rows(count, model.config.vocab_size)
+            learner = ShardedLearner("solver", model, ref, config, mesh=mesh, pad_id=0)
+            old = learner.logprobs(rows)
+            ref_lp = learner.logprobs(rows, reference=True)
+            prep = _prep(rows, old, ref_lp, overrides.get("skip_old", False))
+            stats = [
+                learner.update(prep, step=step, lr=config.lr, kl_in_loss=True)
+                for step in range(STEPS)
+            ]
+            weights = learner.full_state_dict()
+            results.append({"old": old, "ref": ref_lp, "stats": stats, "weights": weights})
         if rank == 0:
-            torch.save({"old": old, "ref": ref_lp, "stats": stats, "weights": weights}, out)
+            torch.save(results, out)
         # Leave together: a rank that tears gloo down while its peer is still busy can
         # abort in gloo's threads (seen once under load: SIGABRT, "terminate called
         # without an active exception").
@@ -146,56 +151,59 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _run_group(model_dir: Path, count: int, out: Path, overrides: dict) -> dict:
+def _run_group(model_dir: Path, cases: list, out: Path) -> list[dict]:
     import torch.multiprocessing as mp
 
     context = mp.start_processes(
         _rank_main,
-        args=(_free_port(), str(model_dir), count, str(out), overrides),
+        args=(_free_port(), str(model_dir), cases, str(out)),
         nprocs=WORLD,
         join=False,
         start_method="spawn",
     )
-    deadline = datetime.datetime.now() + datetime.timedelta(seconds=RANK_TIMEOUT_S + 60)
+    deadline = datetime.datetime.now() + datetime.timedelta(
+        seconds=len(cases) * RANK_TIMEOUT_S + 60
+    )
     while not context.join(timeout=5):
         if datetime.datetime.now() > deadline:
             for process in context.processes:
                 process.kill()
-            pytest.fail(f"the learner group did not finish in {RANK_TIMEOUT_S + 60} s")
+            pytest.fail("the learner group did not finish in time")
     return torch.load(out)
 
 
-@pytest.mark.parametrize(
-    ("count", "overrides"),
-    [
-        # Batches of 4 + 1 rows, one row per micro-batch: the ranks get 2 and 2, then 1
-        # and 0 micro-batches, so rank 1 has no rows and makes one filler pass.
-        (5, {}),
-        (6, {"micro_batch_tokens": 24, "train_batch_size": 6}),  # token-budget batches
-        # One optimizer step without old log-probs (the pass skipped): the loss pass's
-        # own, and the KL statistic from it, reduced over the ranks.
-        (5, {"train_batch_size": 5, "skip_old": True}),
-    ],
-)
-def test_two_ranks_train_as_one_process(tmp_path, count, overrides):
-    model_dir = tiny_model_dir(tmp_path / "model")
-    config = _config(**overrides)
-    old, ref, stats, weights = _single_process(
-        model_dir, count, config, overrides.get("skip_old", False)
-    )
-    group = _run_group(model_dir, count, tmp_path / "rank0.pt", overrides)
+CASES = [
+    # Batches of 4 + 1 rows, one row per micro-batch: the ranks get 2 and 2, then 1
+    # and 0 micro-batches, so rank 1 has no rows and makes one filler pass.
+    (5, {}),
+    (6, {"micro_batch_tokens": 24, "train_batch_size": 6}),  # token-budget batches
+    # One optimizer step without old log-probs (the pass skipped): the loss pass's
+    # own, and the KL statistic from it, reduced over the ranks.
+    (5, {"train_batch_size": 5, "skip_old": True}),
+]
 
-    # Old and reference log-probs, from which the driver computes KL and advantages.
-    torch.testing.assert_close(group["old"], old, rtol=0, atol=1e-5)
-    torch.testing.assert_close(group["ref"], ref, rtol=0, atol=1e-5)
-    for single, sharded in zip(stats, group["stats"]):
-        assert sharded.keys() == single.keys()
-        assert ("kl" in single) == overrides.get("skip_old", False)
-        for key in ("loss", "clip_fraction", "grad_norm", "optimizer_steps", "tokens", "kl"):
-            if key in single:
-                assert sharded[key] == pytest.approx(single[key], rel=1e-5, abs=1e-5), key
-    start = _load(model_dir).state_dict()
-    moved = max(float((weights[k] - start[k]).abs().max()) for k in weights)
-    assert moved > 1e-3  # the comparison below is of weights that trained
-    for name, value in weights.items():
-        torch.testing.assert_close(group["weights"][name], value, rtol=0, atol=1e-5)
+
+def test_two_ranks_train_as_one_process(tmp_path):
+    # Every case on one launch of the two ranks (each rank process starts torch once).
+    model_dir = tiny_model_dir(tmp_path / "model")
+    groups = _run_group(model_dir, CASES, tmp_path / "rank0.pt")
+    assert len(groups) == len(CASES)
+    for (count, overrides), group in zip(CASES, groups):
+        config = _config(**overrides)
+        old, ref, stats, weights = _single_process(
+            model_dir, count, config, overrides.get("skip_old", False)
+        )
+        # Old and reference log-probs, from which the driver computes KL and advantages.
+        torch.testing.assert_close(group["old"], old, rtol=0, atol=1e-5)
+        torch.testing.assert_close(group["ref"], ref, rtol=0, atol=1e-5)
+        for single, sharded in zip(stats, group["stats"]):
+            assert sharded.keys() == single.keys()
+            assert ("kl" in single) == overrides.get("skip_old", False)
+            for key in ("loss", "clip_fraction", "grad_norm", "optimizer_steps", "tokens", "kl"):
+                if key in single:
+                    assert sharded[key] == pytest.approx(single[key], rel=1e-5, abs=1e-5), key
+        start = _load(model_dir).state_dict()
+        moved = max(float((weights[k] - start[k]).abs().max()) for k in weights)
+        assert moved > 1e-3  # the comparison below is of weights that trained
+        for name, value in weights.items():
+            torch.testing.assert_close(group["weights"][name], value, rtol=0, atol=1e-5)
