@@ -40,13 +40,54 @@ DONE_CHECK_EVERY = 8
 WARMUP_STEPS = 2
 """Eager decode steps on a side stream before a shape's graph is recorded (as capture wants)."""
 
-DEFAULT_MAX_SHAPES = 4
-"""Shapes a decoder keeps at once (see :class:`GraphDecoder`'s ``max_shapes``)."""
+DEFAULT_MAX_CACHE_BYTES = 4 * 2**30
+"""KV-cache bytes a decoder keeps over its shapes (see :class:`GraphDecoder`)."""
+
+CHECKED_STEPS = 2
+"""Decode steps a new graph's replays are checked on against eager steps (the second
+catches a counter the capture froze)."""
 
 REPLAY_TOLERANCE = 1e-3
-"""Largest difference between a first replay's logits and the eager step's, relative to
-the largest logit, for a recorded graph to be used. Both run the same kernels on the same
+"""Largest difference between a replay's logits and the eager step's, relative to the
+largest logit, for a recorded graph to be used. Both run the same kernels on the same
 inputs, so they agree to the last bit unless recording went wrong."""
+
+SLIDING_LAYER_TYPES = ("sliding_attention", "chunked_attention")
+"""Layer types whose mask a single full-attention mask cannot stand for."""
+
+
+def unsupported_reason(model: Any) -> str | None:
+    """Why :class:`GraphDecoder` cannot decode ``model``, or ``None`` when it can.
+
+    It builds one additive 4-D mask for every layer: models whose attention
+    implementation does not take such a mask (``sdpa`` and ``eager`` do), or whose
+    layers attend over a sliding or chunked window, need ``generate``.
+
+    Args:
+        model: A transformers causal LM.
+
+    Returns:
+        A sentence naming the cause and what to do, or ``None``.
+    """
+    config = model.config
+    implementation = getattr(config, "_attn_implementation", "sdpa") or "sdpa"
+    if implementation not in ATTENTION_IMPLEMENTATIONS:
+        return (
+            f"decoding with recorded CUDA graphs needs the 'sdpa' or 'eager' attention "
+            f"implementation; this model uses {implementation!r}: load it with "
+            "attn_implementation='sdpa'"
+        )
+    layer_types = getattr(config, "layer_types", None) or []
+    windowed = [kind for kind in layer_types if kind in SLIDING_LAYER_TYPES]
+    if not layer_types and getattr(config, "sliding_window", None):
+        # Configs without layer types: a window applies where the model says it is used.
+        windowed = ["sliding_attention"] if getattr(config, "use_sliding_window", True) else []
+    if windowed:
+        return (
+            f"decoding with recorded CUDA graphs builds one full-attention mask, and this "
+            f"model has {len(windowed)} {windowed[0]} layer(s): it decodes with generate"
+        )
+    return None
 
 
 def cache_keyword(model: Any) -> str:
@@ -60,7 +101,8 @@ def cache_keyword(model: Any) -> str:
     Returns:
         ``"cache"`` where the forward takes it, else ``"past_key_values"``.
     """
-    parameters = inspect.signature(model.forward).parameters
+    # The class's forward: an instance's may be wrapped as (*args, **kwargs).
+    parameters = inspect.signature(type(model).forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"
 
 
@@ -77,6 +119,8 @@ class _Shape:
     logits: Any = None
     eager: bool = False
     """Recording failed or its replay disagreed with the eager step: decode eagerly."""
+    cache_bytes: int = 0
+    """Bytes of the shape's KV cache (known after its first prefill)."""
 
 
 class GraphDecoder:
@@ -86,33 +130,30 @@ class GraphDecoder:
         model: A transformers causal LM, in eval mode, on the device it decodes on.
         use_graphs: Record and replay CUDA graphs (default: when the model is on CUDA).
             ``False`` runs the same steps eagerly.
-        max_shapes: Shapes kept at once; the one used longest ago is let go (its KV
-            cache and graph) when another is needed, and recorded again if it comes
-            back. Each shape holds a KV cache of ``rows x cache length`` positions:
-            for SmolLM2-135M (30 layers, 3 KV heads of 64 in bfloat16) 22.5 KiB a
-            position, 5.6 GiB at 64 rows over 4,096 positions, so a policy meeting all
-            12 shapes of 4-64 rows and 512-4,096 positions would otherwise hold 13.8 GiB.
+        max_cache_bytes: KV-cache bytes kept over all shapes: a new shape lets go of
+            the ones used longest ago (their caches and graphs) until it fits, and a
+            shape that comes back is recorded again; the shape in use is always kept.
+            A shape's cache holds ``rows x cache length`` positions: for SmolLM2-135M
+            (30 layers, 3 KV heads of 64 in bfloat16) 22.5 KiB a position, 5.6 GiB at
+            64 rows over 4,096 positions; the 12 shapes of 4-64 rows and 512-4,096
+            positions a MathChat run can meet would hold 13.8 GiB together.
 
     Raises:
-        ValueError: If the model's attention implementation cannot take an additive
-            4-D mask (``sdpa`` and ``eager`` can).
+        ValueError: If :func:`unsupported_reason` finds the model cannot be decoded here.
     """
 
     def __init__(
-        self, model: Any, *, use_graphs: bool | None = None, max_shapes: int = DEFAULT_MAX_SHAPES
+        self,
+        model: Any,
+        *,
+        use_graphs: bool | None = None,
+        max_cache_bytes: int = DEFAULT_MAX_CACHE_BYTES,
     ) -> None:
         import torch
 
-        if max_shapes < 1:
-            raise ValueError(f"max_shapes must be at least 1, got {max_shapes}")
-
-        implementation = getattr(model.config, "_attn_implementation", "sdpa") or "sdpa"
-        if implementation not in ATTENTION_IMPLEMENTATIONS:
-            raise ValueError(
-                f"decoding with recorded CUDA graphs needs the 'sdpa' or 'eager' attention "
-                f"implementation; this model uses {implementation!r}: load it with "
-                "attn_implementation='sdpa'"
-            )
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(reason)
         self.model = model
         self.device = next(model.parameters()).device
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
@@ -120,19 +161,27 @@ class GraphDecoder:
             raise ValueError("use_graphs needs a model on a CUDA device")
         self._torch = torch
         self._cache_keyword = cache_keyword(model)
-        forward = inspect.signature(model.forward).parameters
+        forward = inspect.signature(type(model).forward).parameters
         self._takes_cache_position = "cache_position" in forward
         self._takes_logits_to_keep = "logits_to_keep" in forward
-        self.max_shapes = max_shapes
+        self.max_cache_bytes = max_cache_bytes
+        self._pool: Any = None
         self._shapes: collections.OrderedDict[tuple[int, int], _Shape] = collections.OrderedDict()
         self.recorded_s = 0.0
         """Seconds spent recording graphs (warm-up steps included), over the decoder's life."""
+        self.recordings = 0
+        """Graphs recorded over the decoder's life (a shape let go and met again counts twice)."""
         self.fallbacks: dict[tuple[int, int], str] = {}
         """Shapes decoded eagerly because their graph failed, each with the reason."""
 
     @property
+    def cache_bytes(self) -> int:
+        """KV-cache bytes the decoder holds now, over its shapes."""
+        return sum(shape.cache_bytes for shape in self._shapes.values())
+
+    @property
     def shapes(self) -> list[tuple[int, int]]:
-        """The (rows, cache length) shapes held now (at most ``max_shapes``)."""
+        """The (rows, cache length) shapes held now (their caches within ``max_cache_bytes``)."""
         return sorted(self._shapes)
 
     def decode(
@@ -147,7 +196,7 @@ class GraphDecoder:
         pad_token_id: int,
         ended: Any = None,
         stopped: Callable[[Any], Any] | None = None,
-    ) -> tuple[Any, Any]:
+    ) -> tuple[Any, Any, list[int]]:
         """Decode up to ``max_new_tokens`` ids for each row of a left-padded batch.
 
         Args:
@@ -166,9 +215,13 @@ class GraphDecoder:
                 string.
 
         Returns:
-            ``(ids, logprobs)``: ``rows x steps`` generated ids (padding after each
-            row's end) and the raw-model log-probability of each, both on the CPU;
-            ``steps`` is at most ``max_new_tokens``, fewer when every row ended early.
+            ``(ids, logprobs, lengths)``: ``rows x steps`` generated ids (padding after
+            each row's end), the raw-model log-probability of each (both on the CPU),
+            and each row's length: the ids up to and including the one that ended it
+            (EOS, a stop string), ``steps`` for a row that never ended, 0 for a row
+            ended before the start. ``steps`` is at most ``max_new_tokens``, fewer
+            when every row ended early. ``pick`` sees only the rows not ended before
+            the start, so filler rows draw nothing from the random generator.
 
         Raises:
             ValueError: If the cache cannot hold the prompt and the new ids.
@@ -211,7 +264,7 @@ class GraphDecoder:
         pad_token_id: int,
         ended: Any,
         stopped: Callable[[Any], Any] | None,
-    ) -> tuple[Any, Any]:
+    ) -> tuple[Any, Any, list[int]]:
         torch = self._torch
         rows = input_ids.shape[0]
         shape = self._shape(rows, cache_length)
@@ -226,20 +279,30 @@ class GraphDecoder:
             if ended is None
             else ended.to(self.device, torch.bool).clone()
         )
+        live = None if ended is None else (~finished).nonzero()[:, 0]
+        ends = torch.full((rows,), -1, dtype=torch.long, device=self.device)
+        ends[finished] = 0
         ids = torch.full((rows, max_new_tokens), pad_token_id, dtype=torch.long, device=self.device)
         logprobs = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=self.device)
+        padding = torch.full((rows,), pad_token_id, dtype=torch.long, device=self.device)
         steps = 0
         for step in range(max_new_tokens):
             scores = logits.float()
             # Before ``pick``, which may change the scores it is given.
             all_logprobs = torch.log_softmax(scores, dim=-1)
-            chosen = pick(scores).to(torch.long)
-            chosen = torch.where(finished, torch.full_like(chosen, pad_token_id), chosen)
+            if live is None:
+                chosen = pick(scores).to(torch.long)
+            else:
+                chosen = padding.clone()
+                chosen[live] = pick(scores[live]).to(torch.long)
+            chosen = torch.where(finished, padding, chosen)
             logprobs[:, step] = all_logprobs.gather(1, chosen[:, None])[:, 0]
             ids[:, step] = chosen
+            was_finished = finished.clone()
             finished |= torch.isin(chosen, eos)
             if stopped is not None:
                 finished |= stopped(ids[:, : step + 1]).to(self.device)
+            ends[finished & ~was_finished] = step + 1
             steps = step + 1
             if steps == max_new_tokens:
                 break
@@ -249,9 +312,8 @@ class GraphDecoder:
             logits = self._step(shape)
             shape.position_ids.add_(1)
             shape.cache_position.add_(1)
-        # Rows that ended keep padding past their end; trailing all-padding steps of a
-        # check interval are dropped with the rest after the last step taken.
-        return ids[:, :steps].cpu(), logprobs[:, :steps].cpu()
+        lengths = [steps if end < 0 else end for end in ends.tolist()]
+        return ids[:, :steps].cpu(), logprobs[:, :steps].cpu(), lengths
 
     def _shape(self, rows: int, cache_length: int) -> _Shape:
         key = (rows, cache_length)
@@ -259,9 +321,7 @@ class GraphDecoder:
         if shape is not None:
             self._shapes.move_to_end(key)
         else:
-            while len(self._shapes) >= self.max_shapes:
-                dropped, _ = self._shapes.popitem(last=False)
-                logger.debug("let go of the decode shape %s (cache and graph)", dropped)
+            self._make_room(rows * cache_length)
             torch = self._torch
             from transformers import StaticCache
 
@@ -275,6 +335,20 @@ class GraphDecoder:
             )
             self._shapes[key] = shape
         return shape
+
+    def _make_room(self, positions: int) -> None:
+        """Let go of the shapes used longest ago until a cache of ``positions`` fits."""
+        sized = [shape for shape in self._shapes.values() if shape.cache_bytes]
+        if not sized:
+            return
+        per_position = sized[0].cache_bytes / (
+            sized[0].input_ids.shape[0] * sized[0].mask.shape[-1]
+        )
+        held = sum(shape.cache_bytes for shape in self._shapes.values())
+        while self._shapes and held + positions * per_position > self.max_cache_bytes:
+            dropped, shape = self._shapes.popitem(last=False)
+            held -= shape.cache_bytes
+            logger.debug("let go of the decode shape %s (cache and graph)", dropped)
 
     def _forward(self, shape: _Shape, **inputs: Any) -> Any:
         arguments: dict[str, Any] = {self._cache_keyword: shape.cache, "use_cache": True}
@@ -303,6 +377,13 @@ class GraphDecoder:
         shape.mask[:, 0, 0, :width] = torch.where(mask.bool(), 0.0, lowest).to(shape.mask.dtype)
         shape.position_ids.copy_(mask.sum(-1, keepdim=True))
         shape.cache_position.fill_(width)
+        if not shape.cache_bytes:
+            shape.cache_bytes = sum(
+                tensor.nbytes
+                for layer in getattr(shape.cache, "layers", [])
+                for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None))
+                if tensor is not None
+            )
         return logits
 
     def _step_eager(self, shape: _Shape) -> Any:
@@ -323,11 +404,13 @@ class GraphDecoder:
         return shape.logits
 
     def _record(self, shape: _Shape, logits: Any, input_ids: Any, attention_mask: Any) -> None:
-        """Record the shape's decode step as a CUDA graph, and check its first replay.
+        """Record the shape's decode step as a CUDA graph, and check its replays.
 
-        Eager warm-up steps on a side stream come first (as capture wants). Then the
-        prompt's first decode step runs eagerly and from the graph, each after a fresh
-        prefill; a replay that disagrees with the eager step (or a capture that fails:
+        Eager warm-up steps on a side stream come first (as capture wants), all on the
+        model's own device. Then the prompt's first :data:`CHECKED_STEPS` decode steps
+        run eagerly and from the graph, each run after a fresh prefill, the graph's
+        output filled with NaN before each replay (a replay that computes nothing
+        fails); a replay that disagrees with the eager step (or a capture that fails:
         a forward that waits on the host, say) leaves the shape to eager steps, logged
         once and kept in :attr:`fallbacks`, so a graph never decodes what the model
         would not. The caller fills the cache again before decoding. The steps' ids
@@ -337,51 +420,89 @@ class GraphDecoder:
         """
         torch = self._torch
         started = time.perf_counter()
-        first_ids = logits.argmax(-1)[:, None]
-        shape.input_ids.copy_(first_ids)
-        side = torch.cuda.Stream(device=self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_STEPS):
-                self._step_eager(shape)
-        torch.cuda.current_stream(self.device).wait_stream(side)
         key = (shape.input_ids.shape[0], shape.mask.shape[-1])
-        graph = torch.cuda.CUDAGraph()
-        try:
-            # Only this thread is barred from calls unsafe during a capture. The default
-            # ("global") bars every thread of the process, so a sweep's update running
-            # beside a rollout that records a new shape would fail at its next allocation
-            # or synchronisation (torch's own graph trees record in this mode too).
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                shape.logits = self._step_eager(shape)
-        except RuntimeError as error:
+        first_ids = logits.argmax(-1)[:, None]
+        with torch.cuda.device(self.device):
+            shape.input_ids.copy_(first_ids)
+            side = torch.cuda.Stream(device=self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_STEPS):
+                    self._step_eager(shape)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            if self._pool is None:
+                # One memory pool for the decoder's graphs: they never replay at once.
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            try:
+                # Only this thread is barred from calls unsafe during a capture. The
+                # default ("global") bars every thread of the process, so a sweep's
+                # update running beside a rollout that records a new shape would fail at
+                # its next allocation or synchronisation (torch's own graph trees record
+                # in this mode too).
+                with torch.cuda.graph(
+                    graph,
+                    pool=self._pool,
+                    stream=torch.cuda.Stream(device=self.device),
+                    capture_error_mode="thread_local",
+                ):
+                    shape.logits = self._step_eager(shape)
+            except RuntimeError as error:
+                torch.cuda.synchronize(self.device)
+                reason = f"capture failed: {str(error).splitlines()[0][:200]}"
+                self._fall_back(shape, key, reason)
+                return
+            shape.graph = graph
+            difference = self._replay_difference(shape, first_ids, input_ids, attention_mask)
+            if not difference <= REPLAY_TOLERANCE:  # NaN fails too
+                reason = f"the replays' logits differ from the eager steps' by {difference:.3g}"
+                self._fall_back(shape, key, reason)
+                return
             torch.cuda.synchronize(self.device)
-            self._fall_back(shape, key, f"capture failed: {str(error).splitlines()[0][:200]}")
-            return
-        self._prefill(shape, input_ids, attention_mask)
-        shape.input_ids.copy_(first_ids)
-        expected = self._step_eager(shape).float().clone()
-        self._prefill(shape, input_ids, attention_mask)
-        shape.input_ids.copy_(first_ids)
-        graph.replay()
-        replayed = shape.logits.float()
-        difference = float((replayed - expected).abs().max())
-        scale = float(expected.abs().max()) or 1.0
-        if not difference <= REPLAY_TOLERANCE * scale:  # NaN fails too
-            self._fall_back(
-                shape, key, f"the replay's logits differ from the eager step's by {difference:.3g}"
-            )
-            return
-        shape.graph = graph
-        torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - started
         self.recorded_s += seconds
+        self.recordings += 1
         logger.info(
-            "recorded the decode step for %d rows over %d cache positions in %.2f s",
+            "recorded the decode step for %d rows over %d cache positions in %.2f s "
+            "(%d graphs recorded so far)",
             key[0],
             key[1],
             seconds,
+            self.recordings,
         )
+
+    def _replay_difference(
+        self, shape: _Shape, first_ids: Any, input_ids: Any, attention_mask: Any
+    ) -> float:
+        """Largest difference of the graph's logits from eager steps', over the largest logit.
+
+        Each run starts from a fresh prefill and feeds the same ids (the eager steps'
+        argmax) for :data:`CHECKED_STEPS` steps.
+        """
+        torch = self._torch
+        eager_steps, feeds = [], [first_ids]
+        self._prefill(shape, input_ids, attention_mask)
+        for step in range(CHECKED_STEPS):
+            shape.input_ids.copy_(feeds[step])
+            eager_steps.append(self._step_eager(shape).float().clone())
+            feeds.append(eager_steps[-1].argmax(-1)[:, None])
+            shape.position_ids.add_(1)
+            shape.cache_position.add_(1)
+        self._prefill(shape, input_ids, attention_mask)
+        worst = 0.0
+        for step, expected in enumerate(eager_steps):
+            shape.input_ids.copy_(feeds[step])
+            shape.logits.fill_(float("nan"))
+            shape.graph.replay()
+            scale = float(expected.abs().max()) or 1.0
+            difference = float((shape.logits.float() - expected).abs().max()) / scale
+            if difference != difference:  # NaN: the replay wrote nothing
+                return difference
+            worst = max(worst, difference)
+            shape.position_ids.add_(1)
+            shape.cache_position.add_(1)
+        torch.cuda.synchronize(self.device)
+        return worst
 
     def _fall_back(self, shape: _Shape, key: tuple[int, int], reason: str) -> None:
         shape.eager, shape.graph, shape.logits = True, None, None

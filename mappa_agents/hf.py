@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mappa_agents.dtypes import resolve_dtype
-from mappa_agents.graph_decode import GraphDecoder
+from mappa_agents.graph_decode import GraphDecoder, unsupported_reason
 from mappa_agents.policy import (
     ChatMessages,
     Generation,
@@ -265,9 +265,13 @@ class HFPolicy:
             :func:`static_cache_length`). The decoder is made at the first call, on
             the policy's own thread, where every call of such a policy runs. Weights
             may change in place between calls (optimizer steps do); replacing
-            parameter tensors needs a new policy. Needs the ``sdpa`` or ``eager``
-            attention implementation. Not with ``adapter``. On CPU the same steps run
-            eagerly, without graphs (a warning says so). Fixed when the policy is built.
+            parameter tensors needs a new policy. A model the decoder cannot decode
+            (another attention implementation than ``sdpa`` or ``eager``, or layers
+            with a sliding window: :func:`~mappa_agents.graph_decode.unsupported_reason`)
+            decodes through ``generate`` instead, a warning says why, and
+            :attr:`compile_decode` reads ``False``. Not with ``adapter``. On CPU the
+            same steps run eagerly, without graphs (a warning says so). Fixed when the
+            policy is built.
         **model_kwargs: Passed to ``AutoModelForCausalLM.from_pretrained`` (e.g.
             ``attn_implementation``, ``trust_remote_code``).
 
@@ -371,7 +375,11 @@ class HFPolicy:
         self.pad_token_id = pad if pad is not None else self.eos_token_ids[0]
         self._torch = torch
         self._transformers = transformers
-        if compile_decode and self.device == "cpu":
+        unsupported = unsupported_reason(self.model) if compile_decode else None
+        if unsupported is not None:
+            logger.warning("compile_decode is off for %s: %s", self.name, unsupported)
+            self._compile_decode = False
+        elif compile_decode and self.device == "cpu":
             logger.warning(
                 "compile_decode on the CPU: CUDA graphs need a CUDA device, so this policy "
                 "runs the same decode steps eagerly over a static KV cache, without CUDA "
@@ -553,8 +561,11 @@ class HFPolicy:
             input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
             attention_mask[row, width - len(ids) :] = 1
         started = time.perf_counter()
+        # Each row's length where the decoding knows it (a stop it cut at may not show
+        # in the text, and padding after it is no part of the response).
+        lengths: list[int] | None = None
         if self._compile_decode:
-            new_tokens, logprobs = self._decode_with_graphs(
+            new_tokens, logprobs, lengths = self._decode_with_graphs(
                 input_ids, attention_mask, len(prompts), params
             )
         else:
@@ -572,9 +583,14 @@ class HFPolicy:
             "decode_rows": rows,
             "latency_s": elapsed,
         }
+        kept = lengths or [new_tokens.shape[1]] * rows
         return [
             self.finish_generation(
-                prompt, new_tokens[row].tolist(), logprobs[row].tolist(), params, dict(info)
+                prompt,
+                new_tokens[row, : kept[row]].tolist(),
+                logprobs[row, : kept[row]].tolist(),
+                params,
+                dict(info),
             )
             for row, prompt in enumerate(prompts)
         ]
@@ -613,11 +629,12 @@ class HFPolicy:
         attention_mask: torch.Tensor,
         prompts: int,
         params: SamplingParams,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """``compile_decode``: decoding through the policy's :class:`GraphDecoder`.
 
         Rows from ``prompts`` on are filler, ended before their first id. Returns
-        ``(new ids, logprobs)`` on the CPU.
+        ``(new ids, logprobs, lengths)``, the ids and logprobs on the CPU (see
+        :meth:`GraphDecoder.decode`).
         """
         torch = self._torch
         if self._decoder is None:

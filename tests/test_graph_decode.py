@@ -69,7 +69,7 @@ def test_greedy_ids_are_the_models_argmax_with_its_logprobs(architecture):
     model, tokenizer = tiny_model_and_tokenizer(architecture=architecture)
     policy = HFPolicy(model, tokenizer)
     prompt_ids, mask = padded(policy)
-    ids, logprobs = decode(GraphDecoder(policy.model), policy, prompt_ids, mask)
+    ids, logprobs, _ = decode(GraphDecoder(policy.model), policy, prompt_ids, mask)
     assert ids.shape == (3, 16)
     for row, (response, forced) in enumerate(teacher_forced(policy, prompt_ids, mask, ids)):
         chosen = forced.gather(1, response[:, None])[:, 0]
@@ -87,7 +87,7 @@ def test_logprobs_are_the_models_under_teacher_forcing_also_when_sampling():
         return torch.multinomial(torch.softmax(scores / 0.7, dim=-1), 1)[:, 0]
 
     torch.manual_seed(3)
-    ids, logprobs = decode(GraphDecoder(policy.model), policy, prompt_ids, mask, pick=sample)
+    ids, logprobs, _ = decode(GraphDecoder(policy.model), policy, prompt_ids, mask, pick=sample)
     for row, (response, forced) in enumerate(teacher_forced(policy, prompt_ids, mask, ids)):
         chosen = forced.gather(1, response[:, None])[:, 0]
         assert logprobs[row, : len(response)].tolist() == pytest.approx(chosen.tolist(), abs=1e-4)
@@ -98,24 +98,47 @@ def test_rows_ended_before_the_start_give_padding_and_a_shape_is_kept():
     policy = HFPolicy(model, tokenizer)
     ids, mask = padded(policy)
     decoder = GraphDecoder(policy.model)
-    alone, _ = decode(decoder, policy, ids, mask)
+    alone, _, _ = decode(decoder, policy, ids, mask)
     ended = torch.tensor([False, True, False])
-    with_filler, _ = decode(decoder, policy, ids, mask, ended=ended)
+    with_filler, _, lengths = decode(decoder, policy, ids, mask, ended=ended)
     assert with_filler[1].tolist() == [policy.pad_token_id] * with_filler.shape[1]
     assert with_filler[0].tolist() == alone[0, : with_filler.shape[1]].tolist()
+    assert lengths[1] == 0
     assert decoder.shapes == [(3, 512)]  # the second call reused the first call's cache
+
+
+def test_only_live_rows_are_picked_so_filler_rows_draw_no_random_numbers():
+    model, tokenizer = tiny_model_and_tokenizer()
+    policy = HFPolicy(model, tokenizer)
+    ids, mask = padded(policy)
+    seen = []
+
+    def sample(scores):
+        seen.append(scores.shape[0])
+        return torch.multinomial(torch.softmax(scores, dim=-1), 1)[:, 0]
+
+    decoder = GraphDecoder(policy.model)
+    torch.manual_seed(0)
+    alone, _, _ = decode(decoder, policy, ids[[0, 2]], mask[[0, 2]], pick=sample)
+    assert set(seen) == {2}
+    torch.manual_seed(0)
+    ended = torch.tensor([False, True, False])
+    with_filler, _, _ = decode(decoder, policy, ids, mask, pick=sample, ended=ended)
+    assert set(seen) == {2}  # the filler row was never offered to the pick
+    assert with_filler[[0, 2]].tolist() == alone.tolist()  # so the draws are the same
 
 
 def test_decoding_stops_once_every_row_has_ended():
     model, tokenizer = tiny_model_and_tokenizer()
     policy = HFPolicy(model, tokenizer)
     eos = policy.eos_token_ids[0]
-    ids, _ = decode(
+    ids, _, lengths = decode(
         GraphDecoder(policy.model), policy, *padded(policy), new=64,
         pick=lambda scores: torch.full(scores.shape[:1], eos),
     )  # fmt: skip
     assert ids.shape[1] < 64  # stopped at the first check after every row ended
     assert (ids[:, 0] == eos).all()
+    assert lengths == [1, 1, 1]  # the padding after the end is no part of a row
 
 
 def test_a_stop_callback_ends_its_row():
@@ -131,9 +154,11 @@ def test_a_stop_callback_ends_its_row():
             else torch.zeros(3, dtype=torch.bool)
         )
 
-    ids, _ = decode(GraphDecoder(policy.model), policy, *padded(policy), stopped=stopped)
+    ids, _, lengths = decode(GraphDecoder(policy.model), policy, *padded(policy), stopped=stopped)
     assert seen[:3] == [1, 2, 3]
     assert (ids[0, 2:] == policy.pad_token_id).all()
+    assert lengths[0] == 2  # the id that completed the stop ends the row
+    assert lengths[1:] == [16, 16]  # never ended: every step taken
 
 
 def test_bad_arguments_are_clear_errors():
@@ -153,6 +178,30 @@ def test_bad_arguments_are_clear_errors():
         GraphDecoder(model)
 
 
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        ({"_attn_implementation": "sdpa", "layer_types": ["full_attention"] * 2}, None),
+        ({"_attn_implementation": "eager"}, None),
+        ({"_attn_implementation": "flash_attention_2"}, "attn_implementation='sdpa'"),
+        ({"layer_types": ["full_attention", "sliding_attention"]}, "1 sliding_attention"),
+        ({"layer_types": ["chunked_attention"]}, "chunked_attention"),
+        ({"sliding_window": 4096}, "sliding_attention"),  # a window without layer types
+        ({"sliding_window": 4096, "use_sliding_window": False}, None),
+    ],
+)
+def test_models_one_full_attention_mask_cannot_stand_for_are_named(config, says):
+    from types import SimpleNamespace
+
+    from mappa_agents.graph_decode import unsupported_reason
+
+    reason = unsupported_reason(SimpleNamespace(config=SimpleNamespace(**config)))
+    if says is None:
+        assert reason is None
+    else:
+        assert says in reason
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_replayed_graphs_give_the_eager_steps_ids_and_see_weight_changes():
     model, tokenizer = tiny_model_and_tokenizer()
@@ -161,12 +210,13 @@ def test_replayed_graphs_give_the_eager_steps_ids_and_see_weight_changes():
     eager = GraphDecoder(policy.model, use_graphs=False)
     graphs = GraphDecoder(policy.model)
     assert graphs.use_graphs
-    expected, expected_logprobs = decode(eager, policy, ids, mask)
+    expected, expected_logprobs, _ = decode(eager, policy, ids, mask)
     for _ in range(2):  # recorded on the first call, replayed on both
-        got, logprobs = decode(graphs, policy, ids, mask)
+        got, logprobs, _ = decode(graphs, policy, ids, mask)
         assert got.tolist() == expected.tolist()
         assert torch.allclose(logprobs, expected_logprobs, atol=1e-3)
     assert graphs.recorded_s > 0
+    assert graphs.recordings == 1
     assert graphs.fallbacks == {}
     with torch.no_grad():  # an optimizer step changes weights in place
         policy.model.lm_head.weight.mul_(-1)
@@ -181,7 +231,7 @@ def test_a_step_that_cannot_be_recorded_is_decoded_eagerly_and_said(caplog):
     model, tokenizer = tiny_model_and_tokenizer()
     policy = HFPolicy(model.to("cuda"), tokenizer)
     ids, mask = padded(policy)
-    expected, _ = decode(GraphDecoder(policy.model, use_graphs=False), policy, ids, mask)
+    expected, _, _ = decode(GraphDecoder(policy.model, use_graphs=False), policy, ids, mask)
     forward = policy.model.forward
 
     def waits_on_the_host(*args, **kwargs):
@@ -192,26 +242,35 @@ def test_a_step_that_cannot_be_recorded_is_decoded_eagerly_and_said(caplog):
     policy.model.forward = waits_on_the_host
     decoder = GraphDecoder(policy.model)
     with caplog.at_level("WARNING", logger="mappa_agents.graph_decode"):
-        got, _ = decode(decoder, policy, ids, mask)
+        got, _, _ = decode(decoder, policy, ids, mask)
     assert got.tolist() == expected.tolist()
     assert list(decoder.fallbacks) == [(3, 512)]
     assert "capture failed" in decoder.fallbacks[3, 512]
     assert "eagerly" in caplog.text
 
 
-def test_the_shape_used_longest_ago_is_let_go_beyond_the_cap():
+def test_shapes_used_longest_ago_are_let_go_beyond_the_cache_budget():
     model, tokenizer = tiny_model_and_tokenizer()
     policy = HFPolicy(model, tokenizer)
     ids, mask = padded(policy)
-    decoder = GraphDecoder(policy.model, max_shapes=2)
-    first, _ = decode(decoder, policy, ids, mask)
-    for rows, length in ((3, 1024), (3, 512), (2, 512)):
+    sizing = GraphDecoder(policy.model)
+    first, _, _ = decode(sizing, policy, ids, mask)
+    one = sizing.cache_bytes  # (3, 512): 1,536 positions
+    assert one > 0
+    decoder = GraphDecoder(policy.model, max_cache_bytes=2 * one)
+
+    def run(rows, length):
         decoder.decode(
             ids[:rows], mask[:rows], max_new_tokens=4, cache_length=length, pick=greedy,
             eos_token_ids=policy.eos_token_ids, pad_token_id=policy.pad_token_id,
         )  # fmt: skip
-    assert decoder.shapes == [(2, 512), (3, 512)]  # (3, 1024) was used longest ago
-    again, _ = decode(decoder, policy, ids, mask)
+
+    run(3, 512)
+    run(2, 512)  # two thirds of one more: both fit
+    assert decoder.shapes == [(2, 512), (3, 512)]
+    run(3, 1024)  # twice the first alone: both earlier shapes go
+    assert decoder.shapes == [(3, 1024)]
+    assert decoder.cache_bytes == 2 * one
+    again, _, _ = decode(decoder, policy, ids, mask)  # (3, 512) comes back
+    assert decoder.shapes == [(3, 512)]
     assert again.tolist() == first.tolist()
-    with pytest.raises(ValueError, match="max_shapes"):
-        GraphDecoder(policy.model, max_shapes=0)

@@ -442,8 +442,8 @@ def _spy_on_decoding(monkeypatch):
         call = SimpleNamespace(decoder=self, thread=threading.current_thread(), kwargs=kwargs)
         call.input_ids = input_ids
         calls.append(call)
-        call.ids, call.logprobs = decode(self, input_ids, attention_mask, **kwargs)
-        return call.ids, call.logprobs
+        call.ids, call.logprobs, call.lengths = decode(self, input_ids, attention_mask, **kwargs)
+        return call.ids, call.logprobs, call.lengths
 
     monkeypatch.setattr(GraphDecoder, "decode", spy)
     return calls
@@ -643,6 +643,56 @@ def test_stop_strings_end_compiled_decoding_as_they_end_generate(tiny, monkeypat
     assert [row + [pad] * (width - len(row)) for row in decoded] == [
         row + [pad] * (width - len(row)) for row in generated
     ]
+
+
+def test_a_stop_the_text_does_not_show_ends_the_response_at_its_id(tiny, monkeypatch):
+    # A special-token stop is cut from the decoded text, so only the decoder knows
+    # where the row ended: the response stops there (no padding ids, no "length").
+    from mappa_agents import hf
+
+    model, tokenizer = tiny
+    compiled = HFPolicy(model, tokenizer, max_batch_size=4, compile_decode=True)
+    user = tokenizer.convert_tokens_to_ids("<|user|>")
+    assert user not in compiled.eos_token_ids
+    assert user != compiled.pad_token_id or compiled.pad_token_id not in compiled.eos_token_ids
+    steps = []
+
+    def forced(scores, params):
+        chosen = scores.argmax(-1)
+        if len(steps) == 2:
+            chosen[:] = user
+        steps.append(1)
+        return chosen
+
+    monkeypatch.setattr(hf, "pick_next_ids", forced)
+    params = SamplingParams(max_new_tokens=8, temperature=0, stop=("<|user|>",))
+    (generation,) = compiled.generate([SHORT], params)
+    assert len(generation.response_ids) == 3
+    assert generation.response_ids[-1] == user
+    assert len(generation.logprobs) == 3
+    assert generation.finish_reason == "stop"
+
+
+def test_a_model_the_graph_decoder_cannot_decode_generates_instead(caplog):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = build_tiny_tokenizer()
+    config = Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        use_sliding_window=True, sliding_window=8, max_window_layers=0,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )  # fmt: skip
+    model = Qwen3ForCausalLM(config).eval()  # every layer attends over 8 positions
+    with caplog.at_level("WARNING", logger="mappa_agents.hf"):
+        policy = HFPolicy(model, tokenizer, compile_decode=True)
+    assert "compile_decode is off" in caplog.text
+    assert "sliding_attention" in caplog.text
+    assert not policy.compile_decode
+    (generation,) = policy.generate([SHORT], SamplingParams(max_new_tokens=4, temperature=0))
+    assert len(generation.response_ids) == 4
+    assert policy._decoder is None  # generate decoded it
 
 
 def _generating_threads(model, monkeypatch):
