@@ -236,19 +236,26 @@ class GraphDecoder:
                 f"and {max_new_tokens} new ones"
             )
         # Everything in inference mode: the cache's tensors are made in it (lazily, by
-        # the first prefill) and may only be written in it.
-        with torch.inference_mode():
-            return self._decode(
-                input_ids,
-                attention_mask,
-                max_new_tokens=max_new_tokens,
-                cache_length=cache_length,
-                pick=pick,
-                eos_token_ids=eos_token_ids,
-                pad_token_id=pad_token_id,
-                ended=ended,
-                stopped=stopped,
-            )
+        # the first prefill) and may only be written in it. And in eval mode: a layer
+        # with activation checkpointing on drops the cache in training mode (transformers
+        # 5.17), and a recorded graph would replay whatever mode it was recorded in.
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                return self._decode(
+                    input_ids,
+                    attention_mask,
+                    max_new_tokens=max_new_tokens,
+                    cache_length=cache_length,
+                    pick=pick,
+                    eos_token_ids=eos_token_ids,
+                    pad_token_id=pad_token_id,
+                    ended=ended,
+                    stopped=stopped,
+                )
+        finally:
+            self.model.train(was_training)
 
     # ----------------------------------------------------------------- internals
 

@@ -274,3 +274,24 @@ def test_shapes_used_longest_ago_are_let_go_beyond_the_cache_budget():
     again, _, _ = decode(decoder, policy, ids, mask)  # (3, 512) comes back
     assert decoder.shapes == [(3, 512)]
     assert again.tolist() == first.tolist()
+
+
+def test_a_model_left_in_training_mode_decodes_in_eval_mode_and_is_given_back_so():
+    model, tokenizer = tiny_model_and_tokenizer()
+    policy = HFPolicy(model, tokenizer)
+    ids, mask = padded(policy)
+    decoder = GraphDecoder(policy.model)
+    expected, _, _ = decode(decoder, policy, ids, mask)
+    modes = []
+    forward = policy.model.forward
+
+    def noting_the_mode(*args, **kwargs):
+        modes.append(policy.model.training)
+        return forward(*args, **kwargs)
+
+    policy.model.forward = noting_the_mode
+    policy.model.train()
+    got, _, _ = decode(decoder, policy, ids, mask)
+    assert set(modes) == {False}
+    assert policy.model.training
+    assert got.tolist() == expected.tolist()
