@@ -22,10 +22,11 @@ Without CUDA the same steps run eagerly, which is what the CPU tests check.
 from __future__ import annotations
 
 import collections
+import contextlib
 import inspect
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -235,92 +236,76 @@ class GraphDecoder:
                 f"a cache of {cache_length} positions cannot hold {width} prompt positions "
                 f"and {max_new_tokens} new ones"
             )
-        # Everything in inference mode: the cache's tensors are made in it (lazily, by
-        # the first prefill) and may only be written in it. And in eval mode: a layer
-        # with activation checkpointing on drops the cache in training mode (transformers
-        # 5.17), and a recorded graph would replay whatever mode it was recorded in.
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.inference_mode():
-                return self._decode(
-                    input_ids,
-                    attention_mask,
-                    max_new_tokens=max_new_tokens,
-                    cache_length=cache_length,
-                    pick=pick,
-                    eos_token_ids=eos_token_ids,
-                    pad_token_id=pad_token_id,
-                    ended=ended,
-                    stopped=stopped,
-                )
-        finally:
-            self.model.train(was_training)
+        with self._eval_inference():
+            rows = input_ids.shape[0]
+            shape = self._shape(rows, cache_length)
+            logits = self._prefill(shape, input_ids, attention_mask)
+            if self.use_graphs and shape.graph is None and not shape.eager:
+                self._record(shape, logits, input_ids, attention_mask)
+                logits = self._prefill(shape, input_ids, attention_mask)
+
+            eos = torch.tensor(list(eos_token_ids), device=self.device)
+            finished = (
+                torch.zeros(rows, dtype=torch.bool, device=self.device)
+                if ended is None
+                else ended.to(self.device, torch.bool).clone()
+            )
+            live = None if ended is None else (~finished).nonzero()[:, 0]
+            ends = torch.full((rows,), -1, dtype=torch.long, device=self.device)
+            ends[finished] = 0
+            ids = torch.full(
+                (rows, max_new_tokens), pad_token_id, dtype=torch.long, device=self.device
+            )
+            logprobs = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=self.device)
+            padding = torch.full((rows,), pad_token_id, dtype=torch.long, device=self.device)
+            steps = 0
+            for step in range(max_new_tokens):
+                scores = logits.float()
+                # Before ``pick``, which may change the scores it is given.
+                all_logprobs = torch.log_softmax(scores, dim=-1)
+                if live is None:
+                    chosen = pick(scores).to(torch.long)
+                else:
+                    chosen = padding.clone()
+                    chosen[live] = pick(scores[live]).to(torch.long)
+                chosen = torch.where(finished, padding, chosen)
+                logprobs[:, step] = all_logprobs.gather(1, chosen[:, None])[:, 0]
+                ids[:, step] = chosen
+                was_finished = finished.clone()
+                finished |= torch.isin(chosen, eos)
+                if stopped is not None:
+                    finished |= stopped(ids[:, : step + 1]).to(self.device)
+                ends[finished & ~was_finished] = step + 1
+                steps = step + 1
+                if steps == max_new_tokens:
+                    break
+                if steps % DONE_CHECK_EVERY == 0 and bool(finished.all()):
+                    break
+                shape.input_ids.copy_(chosen[:, None])
+                logits = self._step(shape)
+                shape.position_ids.add_(1)
+                shape.cache_position.add_(1)
+            lengths = [steps if end < 0 else end for end in ends.tolist()]
+            return ids[:, :steps].cpu(), logprobs[:, :steps].cpu(), lengths
 
     # ----------------------------------------------------------------- internals
 
-    def _decode(
-        self,
-        input_ids: Any,
-        attention_mask: Any,
-        *,
-        max_new_tokens: int,
-        cache_length: int,
-        pick: Callable[[Any], Any],
-        eos_token_ids: Sequence[int],
-        pad_token_id: int,
-        ended: Any,
-        stopped: Callable[[Any], Any] | None,
-    ) -> tuple[Any, Any, list[int]]:
-        torch = self._torch
-        rows = input_ids.shape[0]
-        shape = self._shape(rows, cache_length)
-        logits = self._prefill(shape, input_ids, attention_mask)
-        if self.use_graphs and shape.graph is None and not shape.eager:
-            self._record(shape, logits, input_ids, attention_mask)
-            logits = self._prefill(shape, input_ids, attention_mask)
+    @contextlib.contextmanager
+    def _eval_inference(self) -> Iterator[None]:
+        """Eval and inference mode for a call; the model's mode given back after.
 
-        eos = torch.tensor(list(eos_token_ids), device=self.device)
-        finished = (
-            torch.zeros(rows, dtype=torch.bool, device=self.device)
-            if ended is None
-            else ended.to(self.device, torch.bool).clone()
-        )
-        live = None if ended is None else (~finished).nonzero()[:, 0]
-        ends = torch.full((rows,), -1, dtype=torch.long, device=self.device)
-        ends[finished] = 0
-        ids = torch.full((rows, max_new_tokens), pad_token_id, dtype=torch.long, device=self.device)
-        logprobs = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=self.device)
-        padding = torch.full((rows,), pad_token_id, dtype=torch.long, device=self.device)
-        steps = 0
-        for step in range(max_new_tokens):
-            scores = logits.float()
-            # Before ``pick``, which may change the scores it is given.
-            all_logprobs = torch.log_softmax(scores, dim=-1)
-            if live is None:
-                chosen = pick(scores).to(torch.long)
-            else:
-                chosen = padding.clone()
-                chosen[live] = pick(scores[live]).to(torch.long)
-            chosen = torch.where(finished, padding, chosen)
-            logprobs[:, step] = all_logprobs.gather(1, chosen[:, None])[:, 0]
-            ids[:, step] = chosen
-            was_finished = finished.clone()
-            finished |= torch.isin(chosen, eos)
-            if stopped is not None:
-                finished |= stopped(ids[:, : step + 1]).to(self.device)
-            ends[finished & ~was_finished] = step + 1
-            steps = step + 1
-            if steps == max_new_tokens:
-                break
-            if steps % DONE_CHECK_EVERY == 0 and bool(finished.all()):
-                break
-            shape.input_ids.copy_(chosen[:, None])
-            logits = self._step(shape)
-            shape.position_ids.add_(1)
-            shape.cache_position.add_(1)
-        lengths = [steps if end < 0 else end for end in ends.tolist()]
-        return ids[:, :steps].cpu(), logprobs[:, :steps].cpu(), lengths
+        Inference mode: the cache's tensors are made in it (lazily, by the first
+        prefill) and may only be written in it. Eval mode: a layer with activation
+        checkpointing on drops the cache in training mode (transformers 5.17), and a
+        recorded graph would replay whatever mode it was recorded in.
+        """
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self._torch.inference_mode():
+                yield
+        finally:
+            self.model.train(was_training)
 
     def _shape(self, rows: int, cache_length: int) -> _Shape:
         key = (rows, cache_length)

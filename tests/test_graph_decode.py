@@ -26,6 +26,14 @@ def padded(policy: HFPolicy, chats=CHATS):
     return ids, mask
 
 
+@pytest.fixture
+def tiny_policy():
+    """A plain policy over a tiny model, and ``CHATS`` left-padded for it."""
+    model, tokenizer = tiny_model_and_tokenizer()
+    policy = HFPolicy(model, tokenizer)
+    return (policy, *padded(policy))
+
+
 def greedy(scores):
     return scores.argmax(-1)
 
@@ -93,10 +101,8 @@ def test_logprobs_are_the_models_under_teacher_forcing_also_when_sampling():
         assert logprobs[row, : len(response)].tolist() == pytest.approx(chosen.tolist(), abs=1e-4)
 
 
-def test_rows_ended_before_the_start_give_padding_and_a_shape_is_kept():
-    model, tokenizer = tiny_model_and_tokenizer()
-    policy = HFPolicy(model, tokenizer)
-    ids, mask = padded(policy)
+def test_rows_ended_before_the_start_give_padding_and_a_shape_is_kept(tiny_policy):
+    policy, ids, mask = tiny_policy
     decoder = GraphDecoder(policy.model)
     alone, _, _ = decode(decoder, policy, ids, mask)
     ended = torch.tensor([False, True, False])
@@ -107,10 +113,8 @@ def test_rows_ended_before_the_start_give_padding_and_a_shape_is_kept():
     assert decoder.shapes == [(3, 512)]  # the second call reused the first call's cache
 
 
-def test_only_live_rows_are_picked_so_filler_rows_draw_no_random_numbers():
-    model, tokenizer = tiny_model_and_tokenizer()
-    policy = HFPolicy(model, tokenizer)
-    ids, mask = padded(policy)
+def test_only_live_rows_are_picked_so_filler_rows_draw_no_random_numbers(tiny_policy):
+    policy, ids, mask = tiny_policy
     seen = []
 
     def sample(scores):
@@ -161,10 +165,8 @@ def test_a_stop_callback_ends_its_row():
     assert lengths[1:] == [16, 16]  # never ended: every step taken
 
 
-def test_bad_arguments_are_clear_errors():
-    model, tokenizer = tiny_model_and_tokenizer()
-    policy = HFPolicy(model, tokenizer)
-    ids, mask = padded(policy)
+def test_bad_arguments_are_clear_errors(tiny_policy):
+    policy, ids, mask = tiny_policy
     decoder = GraphDecoder(policy.model)
     with pytest.raises(ValueError, match="cannot hold"):
         decoder.decode(
@@ -173,9 +175,9 @@ def test_bad_arguments_are_clear_errors():
         )  # fmt: skip
     with pytest.raises(ValueError, match="CUDA"):
         GraphDecoder(policy.model, use_graphs=True)
-    model.config._attn_implementation = "flash_attention_2"
+    policy.model.config._attn_implementation = "flash_attention_2"
     with pytest.raises(ValueError, match="attn_implementation='sdpa'"):
-        GraphDecoder(model)
+        GraphDecoder(policy.model)
 
 
 @pytest.mark.parametrize(
@@ -249,10 +251,8 @@ def test_a_step_that_cannot_be_recorded_is_decoded_eagerly_and_said(caplog):
     assert "eagerly" in caplog.text
 
 
-def test_shapes_used_longest_ago_are_let_go_beyond_the_cache_budget():
-    model, tokenizer = tiny_model_and_tokenizer()
-    policy = HFPolicy(model, tokenizer)
-    ids, mask = padded(policy)
+def test_shapes_used_longest_ago_are_let_go_beyond_the_cache_budget(tiny_policy):
+    policy, ids, mask = tiny_policy
     sizing = GraphDecoder(policy.model)
     first, _, _ = decode(sizing, policy, ids, mask)
     one = sizing.cache_bytes  # (3, 512): 1,536 positions
@@ -276,10 +276,8 @@ def test_shapes_used_longest_ago_are_let_go_beyond_the_cache_budget():
     assert again.tolist() == first.tolist()
 
 
-def test_a_model_left_in_training_mode_decodes_in_eval_mode_and_is_given_back_so():
-    model, tokenizer = tiny_model_and_tokenizer()
-    policy = HFPolicy(model, tokenizer)
-    ids, mask = padded(policy)
+def test_a_model_left_in_training_mode_decodes_in_eval_mode_and_is_given_back_so(tiny_policy):
+    policy, ids, mask = tiny_policy
     decoder = GraphDecoder(policy.model)
     expected, _, _ = decode(decoder, policy, ids, mask)
     modes = []
