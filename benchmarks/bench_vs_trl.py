@@ -632,12 +632,25 @@ def fix_reply_length(policy: Any, engine: str) -> None:
     if original_config is None:
         raise TypeError(f"{type(policy).__name__} has no generation config to fix the length of")
 
-    def fixed_config(params: Any, prompt_width: int) -> Any:
-        config = original_config(params, prompt_width)
+    def fixed_config(params: Any, *rest: Any) -> Any:
+        config = original_config(params, *rest)
         config.min_new_tokens = params.max_new_tokens
         return config
 
     policy._generation_config = fixed_config
+    # Decoding through recorded graphs (compile_decode) picks ids between replays, not
+    # through generate's config: EOS is masked there (log-probs stay the raw model's,
+    # taken before the pick, as generate's recorder takes them).
+    original_pick = getattr(policy, "pick", None)
+    if original_pick is not None:
+        eos = list(policy.eos_token_ids)
+
+        def fixed_pick(scores: Any, params: Any) -> Any:
+            scores = scores.clone()
+            scores[:, eos] = float("-inf")
+            return original_pick(scores, params)
+
+        policy.pick = fixed_pick
 
 
 def run_mappa(work: Workload, directory: Path) -> Generator[None, None, dict[str, Any]]:

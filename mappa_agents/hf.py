@@ -18,7 +18,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -284,6 +284,10 @@ class HFPolicy:
         eos_token_ids: Ids that end a response (the model's generation config and the
             tokenizer's EOS).
         pad_token_id: Id used for left padding (the tokenizer's pad, else the first EOS).
+        pick: How ``compile_decode`` chooses each id from a step's ``rows x vocab``
+            float32 logits and the call's :class:`~mappa_agents.policy.SamplingParams`
+            (default :func:`pick_next_ids`, as ``generate`` chooses). Replacing it
+            changes sampling only: log-probs stay the model's, taken before the pick.
 
     Raises:
         MissingExtraError: If torch or transformers is not installed.
@@ -332,6 +336,7 @@ class HFPolicy:
         self._closing = False
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.adapter = adapter
+        self.pick: Callable[[torch.Tensor, SamplingParams], torch.Tensor] = pick_next_ids
 
         if isinstance(model, (str, Path)):
             source = str(model)
@@ -656,7 +661,7 @@ class HFPolicy:
             attention_mask.to(decoder.device),
             max_new_tokens=params.max_new_tokens,
             cache_length=static_cache_length(width, params.max_new_tokens),
-            pick=functools.partial(pick_next_ids, params=params),
+            pick=functools.partial(self.pick, params=params),
             eos_token_ids=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
             ended=torch.arange(rows) >= prompts,

@@ -127,6 +127,26 @@ def test_mappa_gets_fixed_length_replies_the_same_way():
     bench_vs_trl.fix_reply_length(policy, "hf")
     params = SamplingParams(max_new_tokens=12)
     assert policy._generation_config(params, 5).min_new_tokens == 12
+    # Decoding through recorded graphs: the pick never takes an end id.
+
+    from mappa_agents.hf import HFPolicy
+    from mappa_agents.tiny_models import tiny_model_and_tokenizer
+
+    compiled = HFPolicy(*tiny_model_and_tokenizer(), compile_decode=True, max_batch_size=4)
+    offered = []
+
+    def greedy_pick(scores, params):
+        offered.append(scores)
+        return scores.argmax(-1)
+
+    compiled.pick = greedy_pick
+    bench_vs_trl.fix_reply_length(compiled, "hf")
+    greedy = SamplingParams(max_new_tokens=12, temperature=0)
+    (reply,) = compiled.generate([[{"role": "user", "content": "hi"}]], greedy)
+    assert len(reply.response_ids) == 12
+    assert len(offered) == 12
+    for scores in offered:
+        assert (scores[:, compiled.eos_token_ids] == float("-inf")).all()
     with pytest.raises(TypeError, match="generation config"):
         bench_vs_trl.fix_reply_length(object(), "hf")
 

@@ -648,7 +648,6 @@ def test_stop_strings_end_compiled_decoding_as_they_end_generate(tiny, monkeypat
 def test_a_stop_the_text_does_not_show_ends_the_response_at_its_id(tiny, monkeypatch):
     # A special-token stop is cut from the decoded text, so only the decoder knows
     # where the row ended: the response stops there (no padding ids, no "length").
-    from mappa_agents import hf
 
     model, tokenizer = tiny
     compiled = HFPolicy(model, tokenizer, max_batch_size=4, compile_decode=True)
@@ -664,7 +663,7 @@ def test_a_stop_the_text_does_not_show_ends_the_response_at_its_id(tiny, monkeyp
         steps.append(1)
         return chosen
 
-    monkeypatch.setattr(hf, "pick_next_ids", forced)
+    compiled.pick = forced
     params = SamplingParams(max_new_tokens=8, temperature=0, stop=("<|user|>",))
     (generation,) = compiled.generate([SHORT], params)
     assert len(generation.response_ids) == 3
