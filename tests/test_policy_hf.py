@@ -645,10 +645,9 @@ def test_stop_strings_end_compiled_decoding_as_they_end_generate(tiny, monkeypat
     ]
 
 
-def test_a_stop_the_text_does_not_show_ends_the_response_at_its_id(tiny, monkeypatch):
+def test_a_stop_the_text_does_not_show_ends_the_response_at_its_id(tiny):
     # A special-token stop is cut from the decoded text, so only the decoder knows
     # where the row ended: the response stops there (no padding ids, no "length").
-
     model, tokenizer = tiny
     compiled = HFPolicy(model, tokenizer, max_batch_size=4, compile_decode=True)
     user = tokenizer.convert_tokens_to_ids("<|user|>")
