@@ -249,6 +249,8 @@ def test_a_step_that_cannot_be_recorded_is_decoded_eagerly_and_said(caplog):
     assert list(decoder.fallbacks) == [(3, 512)]
     assert "capture failed" in decoder.fallbacks[3, 512]
     assert "eagerly" in caplog.text
+    # Sampling still works in this process after the failed capture.
+    torch.multinomial(torch.ones(2, 4, device="cuda"), 1)
 
 
 def test_shapes_used_longest_ago_are_let_go_beyond_the_cache_budget(tiny_policy):
