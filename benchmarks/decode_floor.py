@@ -17,7 +17,6 @@ the position), as a decode step late in a reply does.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from typing import Any
@@ -45,6 +44,8 @@ def decode_floor(
     import torch
     from transformers import StaticCache
 
+    from mappa_agents.graph_decode import cache_keyword
+
     if batch < 1 or repeats < 1:
         raise ValueError(f"batch and repeats must be at least 1, got {batch} and {repeats}")
     prefill = context_tokens // 2
@@ -62,9 +63,7 @@ def decode_floor(
     position = torch.tensor([prefill], device=device)
     was_training = model.training
     model.eval()
-    # transformers renamed the forward's cache argument (``past_key_values`` -> ``cache``).
-    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else None
-    cache_kw = {cache_arg or "past_key_values": cache}
+    cache_kw = {cache_keyword(model): cache}
 
     def step() -> Any:
         out = model(input_ids=step_ids, cache_position=position, use_cache=True, **cache_kw)
