@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mappa_agents.packed_gqa import use_packed_attention, wants_packed_attention
+
 logger = logging.getLogger(__name__)
 
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
@@ -143,6 +145,10 @@ class GraphDecoder:
             (30 layers, 3 KV heads of 64 in bfloat16) 22.5 KiB a position, 5.6 GiB at
             64 rows over 4,096 positions; the 12 shapes of 4-64 rows and 512-4,096
             positions a MathChat run can meet would hold 13.8 GiB together.
+        pack_heads: Run decode steps' attention through
+            :func:`mappa_agents.packed_gqa.packed_gqa_sdpa`, which reads grouped
+            key/value heads without copying them (default: where
+            :func:`~mappa_agents.packed_gqa.wants_packed_attention` says it gains).
 
     Raises:
         ValueError: If :func:`unsupported_reason` finds the model cannot be decoded here.
@@ -154,6 +160,7 @@ class GraphDecoder:
         *,
         use_graphs: bool | None = None,
         max_cache_bytes: int = DEFAULT_MAX_CACHE_BYTES,
+        pack_heads: bool | None = None,
     ) -> None:
         import torch
 
@@ -171,6 +178,7 @@ class GraphDecoder:
         self._takes_cache_position = "cache_position" in forward
         self._takes_logits_to_keep = "logits_to_keep" in forward
         self.max_cache_bytes = max_cache_bytes
+        self.pack_heads = wants_packed_attention(model) if pack_heads is None else pack_heads
         self._pool: Any = None
         self._shapes: collections.OrderedDict[tuple[int, int], _Shape] = collections.OrderedDict()
         self.recorded_s = 0.0
@@ -386,13 +394,14 @@ class GraphDecoder:
     def _step_eager(self, shape: _Shape) -> Any:
         """One decode step from the buffers: unmask the new position, run the model."""
         shape.mask.index_fill_(3, shape.cache_position, 0.0)
-        return self._forward(
-            shape,
-            input_ids=shape.input_ids,
-            attention_mask=shape.mask,
-            position_ids=shape.position_ids,
-            cache_position=shape.cache_position,
-        )
+        with use_packed_attention(self.model, self.pack_heads):
+            return self._forward(
+                shape,
+                input_ids=shape.input_ids,
+                attention_mask=shape.mask,
+                position_ids=shape.position_ids,
+                cache_position=shape.cache_position,
+            )
 
     def _step(self, shape: _Shape) -> Any:
         if shape.graph is None:
@@ -427,8 +436,11 @@ class GraphDecoder:
                 for _ in range(WARMUP_STEPS):
                     self._step_eager(shape)
             torch.cuda.current_stream(self.device).wait_stream(side)
-            if self._pool is None:
-                # One memory pool for the decoder's graphs: they never replay at once.
+            if not any(held.graph is not None for held in self._shapes.values()):
+                # One memory pool for the decoder's graphs (they never replay at once),
+                # while one of them lives: once the last graph recorded into a pool is
+                # let go, torch frees the pool, and a capture into its old handle fails
+                # (an internal assert in the caching allocator, on one H100).
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             try:
@@ -504,22 +516,33 @@ class GraphDecoder:
         return worst
 
     def _check_random_numbers_after(self, reason: str, error: BaseException) -> None:
-        """Stop with the cause if a failed capture left CUDA's random numbers unusable.
+        """Give CUDA's random numbers back their eager state after a failed capture.
 
-        A capture that fails part-way may leave the device's random generator in its
-        capturing state; sampling would then fail at every later draw of the process
-        (a seeded ``generate`` on one H100 failed with "Offset increment outside graph
-        capture" after such a capture, in the same test process). Eager decoding is no
-        way on then: the run must restart without ``compile_decode``.
+        A capture puts the device's random generator state in a capturing mode that only
+        a capture that ends cleanly leaves; after one that failed part-way, every later
+        draw of the process fails with "Offset increment outside graph capture" (seen on
+        one H100, in the same test process). The generator then gets a copy of its state
+        (same seed and offset, not capturing): torch's ``clone_state`` and
+        ``graphsafe_set_state``. If drawing still fails, the run stops with the cause and
+        the way on (decoding without ``compile_decode``).
         """
+        torch = self._torch
         try:
-            self._torch.rand(1, device=self.device)
+            torch.rand(1, device=self.device)
+            return
+        except RuntimeError:
+            index = self.device.index if self.device.index is not None else 0
+            generator = torch.cuda.default_generators[index]
+            generator.graphsafe_set_state(generator.clone_state())
+        try:
+            torch.rand(1, device=self.device)
         except RuntimeError as broken:
             raise RuntimeError(
                 f"recording the decode step failed ({reason}) and left CUDA's random "
                 f"number generator unusable in this process ({broken}): decode without "
                 "compile_decode (--no-compile-decode)"
             ) from error
+        logger.info("CUDA's random generator left capturing mode after a failed capture")
 
     def _fall_back(self, shape: _Shape, key: tuple[int, int], reason: str) -> None:
         shape.eager, shape.graph, shape.logits = True, None, None

@@ -253,6 +253,26 @@ def test_a_step_that_cannot_be_recorded_is_decoded_eagerly_and_said(caplog):
     torch.multinomial(torch.ones(2, 4, device="cuda"), 1)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_shape_recorded_after_every_earlier_graph_was_let_go_gets_a_graph_too():
+    # torch frees a graph pool with its last graph; capturing into the freed pool's
+    # handle failed an allocator assert on one H100 and left the shape eager.
+    model, tokenizer = tiny_model_and_tokenizer()
+    policy = HFPolicy(model.to("cuda"), tokenizer)
+    ids, mask = padded(policy)
+    expected, _, _ = decode(GraphDecoder(policy.model, use_graphs=False), policy, ids, mask)
+    decoder = GraphDecoder(policy.model, max_cache_bytes=1)  # one shape at a time
+    for length in (512, 1024, 512):
+        got, _, _ = decoder.decode(
+            ids.cuda(), mask.cuda(), max_new_tokens=16, cache_length=length, pick=greedy,
+            eos_token_ids=policy.eos_token_ids, pad_token_id=policy.pad_token_id,
+        )  # fmt: skip
+        assert decoder.shapes == [(3, length)]
+        assert got.tolist() == expected.tolist()
+    assert decoder.fallbacks == {}
+    assert decoder.recordings == 3
+
+
 def test_shapes_used_longest_ago_are_let_go_beyond_the_cache_budget(tiny_policy):
     policy, ids, mask = tiny_policy
     sizing = GraphDecoder(policy.model)
