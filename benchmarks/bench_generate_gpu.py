@@ -22,6 +22,9 @@ ways, side by side in one process:
 - ``recorded``: the same sampling through :class:`mappa_agents.graph_decode.GraphDecoder`,
   which records the model's decode step as a CUDA graph itself (no compiler) and
   samples between replays;
+- ``recorded-copied``: ``recorded`` with grouped key/value heads copied in each decode
+  step's attention as transformers 5.17 does under a mask (``pack_heads=False``), beside
+  ``recorded``'s packed heads (:mod:`mappa_agents.packed_gqa`);
 - ``policy-compiled``: ``HFPolicy(compile_decode=True).agenerate``, then a check that an
   in-place weight change (as an optimizer step makes) reaches the recorded graphs.
 
@@ -61,6 +64,7 @@ VARIANTS = (
     "compiled-thread",
     "graphs",
     "recorded",
+    "recorded-copied",
     "policy-compiled",
 )
 
@@ -215,7 +219,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ids, mask = padded_batch(policy, chats)
     new = args.max_new_tokens
     compiled_policy: list[Any] = []
-    decoders = [GraphDecoder(policy.model)] if "recorded" in names else []
+    makers = {
+        "recorded": lambda: GraphDecoder(policy.model),
+        "recorded-copied": lambda: GraphDecoder(policy.model, pack_heads=False),
+    }
+    decoders = {name: make() for name, make in makers.items() if name in names}
 
     def policy_compiled() -> None:
         import asyncio
@@ -249,7 +257,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             cache_implementation="static",
             compile_config=CompileConfig(backend="cudagraphs", mode=None, dynamic=True),
         ),
-        "recorded": lambda: recorded_generate(decoders[0], policy, ids, mask, new),
+        "recorded": lambda: recorded_generate(decoders["recorded"], policy, ids, mask, new),
+        "recorded-copied": lambda: recorded_generate(
+            decoders["recorded-copied"], policy, ids, mask, new
+        ),
         "policy-compiled": policy_compiled,
     }
     rows: list[dict[str, Any]] = []
@@ -292,6 +303,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "rows": rows,
         "profile_bare": profile,
         "in_place_weights_reach_graphs": in_place,
+        # A shape whose graph failed decodes eagerly: its variant's time is then eager.
+        "decoders": {
+            name: {
+                "pack_heads": decoder.pack_heads,
+                "recorded_s": round(decoder.recorded_s, 3),
+                "fallbacks": {f"{r}x{c}": why for (r, c), why in decoder.fallbacks.items()},
+            }
+            for name, decoder in decoders.items()
+        },
     }
     write_results(args.name or f"generate_gpu_{Path(args.shape).name}", summary, out)
     print_table(
