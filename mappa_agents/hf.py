@@ -16,13 +16,13 @@ import concurrent.futures
 import contextlib
 import functools
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mappa_agents.dtypes import resolve_dtype
+from mappa_agents.generation_lock import GENERATION_LOCK
 from mappa_agents.graph_decode import GraphDecoder, unsupported_reason
 from mappa_agents.policy import (
     ChatMessages,
@@ -42,13 +42,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Every HFPolicy of the process generates under this one lock. Sampling draws from
-# torch's process-global generator, and a seeded call reseeds it and restores it
-# afterwards (fork_rng); two policies doing that from different threads (the runner
-# runs agents' policies concurrently) would reseed and draw from the same generator
-# interleaved, so seeded results would depend on thread timing. A per-policy lock
-# cannot prevent that: the guarded resource belongs to the whole process.
-_GENERATE_LOCK = threading.Lock()
 
 MIN_CACHE_LENGTH = 512
 """Smallest static KV cache (``compile_decode``); larger ones are powers of two."""
@@ -288,6 +281,12 @@ class HFPolicy:
             float32 logits and the call's :class:`~mappa_agents.policy.SamplingParams`
             (default :func:`pick_next_ids`, as ``generate`` chooses). Replacing it
             changes sampling only: log-probs stay the model's, taken before the pick.
+        decodes_beside_others: Whether an unseeded call may run while other policies'
+            unseeded calls run (:mod:`mappa_agents.generation_lock`; default: with
+            ``compile_decode`` on CUDA, where a call mostly waits on its graphs'
+            replays). A seeded call always runs alone in the process, and calls on one
+            model take turns. Eager decoding switches process-wide attention settings
+            per call, so it never runs beside another call.
 
     Raises:
         MissingExtraError: If torch or transformers is not installed.
@@ -337,6 +336,7 @@ class HFPolicy:
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.adapter = adapter
         self.pick: Callable[[torch.Tensor, SamplingParams], torch.Tensor] = pick_next_ids
+        self.decodes_beside_others = False
 
         if isinstance(model, (str, Path)):
             source = str(model)
@@ -390,6 +390,7 @@ class HFPolicy:
                 "runs the same decode steps eagerly over a static KV cache, without CUDA "
                 "graphs"
             )
+        self.decodes_beside_others = self._compile_decode and self.device.startswith("cuda")
 
     @property
     def compile_decode(self) -> bool:
@@ -466,9 +467,10 @@ class HFPolicy:
         order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
         results: list[Generation | None] = [None] * len(prompts)
         torch = self._torch
-        # Unseeded calls take the lock too: their draws would land inside another
-        # policy's seeded call.
-        with _GENERATE_LOCK:
+        # Unseeded calls take the lock too (shared): their draws would land inside
+        # another policy's seeded call.
+        alone = params.seed is not None or not (self.decodes_beside_others and self._compile_decode)
+        with GENERATION_LOCK.hold(self.model, exclusive=alone):
             model = self.model
             if model is None:  # closed while this call waited for the lock
                 raise self._closed_error()
@@ -513,7 +515,7 @@ class HFPolicy:
         self._closing = True
         # Not waiting for the thread: its running call needs the lock taken below.
         self._decode_executor.shutdown(wait=False, cancel_futures=True)
-        with _GENERATE_LOCK:
+        with GENERATION_LOCK.hold(self.model, exclusive=True):
             on_cuda = str(self.device).startswith("cuda")
             self.model = None  # type: ignore[assignment]
             self._decoder = None  # it holds the model, its KV caches and graphs

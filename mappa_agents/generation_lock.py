@@ -1,0 +1,95 @@
+"""Which of a process's local generate calls may run at the same time.
+
+Sampling draws from torch's process-global random generator, and a seeded call reseeds
+it and restores it afterwards (``fork_rng``): two calls doing that from different threads
+would reseed and draw from the one generator interleaved, so a seeded call must run
+alone in the process. An unseeded call only draws (torch's generators draw under a lock
+of their own), so unseeded calls of different models may run together: the three agents
+of an ``episodes`` rollout then decode at the same time on one GPU, each replaying its own
+recorded graphs, instead of taking turns. Calls on one model always take turns: policies
+sharing a base model switch its adapter, and a decoder switches its attention, for a
+whole call.
+
+:data:`GENERATION_LOCK` is the process's lock: :meth:`GenerationLock.hold` takes it
+exclusively (a seeded call, or a call that may not share) or shared per model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+
+class GenerationLock:
+    """A lock held either by one caller alone, or by many callers of different models.
+
+    Exclusive holders are preferred: once one waits, no new shared holder enters, so a
+    seeded call is not starved by a stream of unseeded ones.
+    """
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._exclusive_waiting = 0
+        self._model_locks: weakref.WeakKeyDictionary[Any, threading.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    @contextlib.contextmanager
+    def hold(self, model: Any, *, exclusive: bool) -> Iterator[None]:
+        """Hold the lock for one generate call on ``model``.
+
+        Args:
+            model: The model the call runs (calls on one model never overlap); ``None``
+                (a closed policy's) holds exclusively.
+            exclusive: Whether the call must run alone in the process (a seeded call).
+        """
+        if exclusive or model is None:
+            with self._exclusively():
+                yield
+            return
+        with self._shared_hold(), self._model_lock(model):
+            yield
+
+    @contextlib.contextmanager
+    def _exclusively(self) -> Iterator[None]:
+        with self._condition:
+            self._exclusive_waiting += 1
+            try:
+                self._condition.wait_for(lambda: not self._exclusive and not self._shared)
+            finally:
+                self._exclusive_waiting -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._exclusive = False
+                self._condition.notify_all()
+
+    @contextlib.contextmanager
+    def _shared_hold(self) -> Iterator[None]:
+        with self._condition:
+            self._condition.wait_for(lambda: not self._exclusive and not self._exclusive_waiting)
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._shared -= 1
+                self._condition.notify_all()
+
+    def _model_lock(self, model: Any) -> threading.Lock:
+        with self._condition:
+            lock = self._model_locks.get(model)
+            if lock is None:
+                lock = self._model_locks[model] = threading.Lock()
+            return lock
+
+
+GENERATION_LOCK = GenerationLock()
+"""The lock every :class:`~mappa_agents.hf.HFPolicy` of the process generates under."""

@@ -1,0 +1,149 @@
+"""Which local generate calls run at the same time: unseeded calls of different models
+together, a seeded call alone, calls on one model in turn."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from mappa_agents.generation_lock import GenerationLock
+
+WAIT_S = 30.0
+"""Longest wait for something that must happen (generous: a loaded machine is slow)."""
+
+QUIET_S = 0.3
+"""How long something that must not happen is watched for."""
+
+
+class Model:
+    """A stand-in model: the lock only needs an object to key on."""
+
+
+def in_thread(target, *args):
+    thread = threading.Thread(target=target, args=args, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_unseeded_calls_of_different_models_hold_the_lock_together():
+    lock = GenerationLock()
+    both_inside = threading.Barrier(2, timeout=WAIT_S)
+
+    def call(model):
+        with lock.hold(model, exclusive=False):
+            both_inside.wait()  # breaks (and the thread raises) if they cannot overlap
+
+    threads = [in_thread(call, Model()) for _ in range(2)]
+    for thread in threads:
+        thread.join(WAIT_S)
+    assert not both_inside.broken
+
+
+@pytest.mark.parametrize("second", ["exclusive", "same model"])
+def test_a_call_that_may_not_share_waits_for_the_one_inside(second):
+    lock = GenerationLock()
+    model = Model()
+    inside, release, entered = threading.Event(), threading.Event(), threading.Event()
+
+    def first():
+        with lock.hold(model, exclusive=False):
+            inside.set()
+            release.wait(WAIT_S)
+
+    def other():
+        exclusive = second == "exclusive"
+        with lock.hold(Model() if exclusive else model, exclusive=exclusive):
+            entered.set()
+
+    holder = in_thread(first)
+    assert inside.wait(WAIT_S)
+    waiter = in_thread(other)
+    assert not entered.wait(QUIET_S)
+    release.set()
+    assert entered.wait(WAIT_S)
+    holder.join(WAIT_S)
+    waiter.join(WAIT_S)
+
+
+def test_a_waiting_seeded_call_goes_before_unseeded_calls_that_come_after_it():
+    lock = GenerationLock()
+    order: list[str] = []
+    inside, release = threading.Event(), threading.Event()
+
+    def first():
+        with lock.hold(Model(), exclusive=False):
+            inside.set()
+            release.wait(WAIT_S)
+
+    def seeded():
+        with lock.hold(Model(), exclusive=True):
+            order.append("seeded")
+
+    def unseeded():
+        with lock.hold(Model(), exclusive=False):
+            order.append("unseeded")
+
+    threads = [in_thread(first)]
+    assert inside.wait(WAIT_S)
+    threads.append(in_thread(seeded))
+    while not lock._exclusive_waiting:  # the seeded call is queued
+        threading.Event().wait(0.01)
+    threads.append(in_thread(unseeded))
+    assert not threading.Event().wait(QUIET_S)
+    assert order == []  # the unseeded call waits behind the queued seeded one
+    release.set()
+    for thread in threads:
+        thread.join(WAIT_S)
+    assert order == ["seeded", "unseeded"]
+
+
+def test_policies_decode_beside_each_other_only_unseeded_and_where_allowed():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from mappa_agents.hf import HFPolicy
+    from mappa_agents.policy import SamplingParams
+    from mappa_agents.tiny_models import tiny_model_and_tokenizer
+
+    policies = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        policies.append(HFPolicy(*tiny_model_and_tokenizer(), compile_decode=True))
+    assert [p.decodes_beside_others for p in policies] == [False, False]  # the CPU default
+    chat = [{"role": "user", "content": "count the shells"}]
+
+    def run_both(params, barrier):
+        for policy in policies:
+            decode = policy._decode_with_graphs
+
+            def meeting(*args, _decode=decode, **kwargs):
+                barrier.wait()
+                return _decode(*args, **kwargs)
+
+            policy._decode_with_graphs = meeting
+        results: list[str] = []
+
+        def call(policy):
+            try:
+                policy.generate([chat], params)
+                results.append("generated")
+            except threading.BrokenBarrierError:
+                results.append("met no one")
+
+        threads = [in_thread(call, policy) for policy in policies]
+        for thread in threads:
+            thread.join(WAIT_S)
+        for policy in policies:
+            del policy._decode_with_graphs
+        return results
+
+    unseeded = SamplingParams(max_new_tokens=4)
+    for policy in policies:
+        policy.decodes_beside_others = True
+    together = threading.Barrier(2, timeout=WAIT_S)
+    assert run_both(unseeded, together) == ["generated", "generated"]
+    assert not together.broken
+    # A seeded call runs alone: the two never meet, and each call goes on after waiting.
+    apart = threading.Barrier(2, timeout=QUIET_S)
+    seeded = SamplingParams(max_new_tokens=4, seed=3)
+    assert run_both(seeded, apart) == ["met no one", "met no one"]  # one after the other
