@@ -12,6 +12,7 @@ whole call.
 
 :data:`GENERATION_LOCK` is the process's lock: :meth:`GenerationLock.hold` takes it
 exclusively (a seeded call, or a call that may not share) or shared per model.
+:data:`RANDOM_DRAWS` keeps sampling out of CUDA graph captures.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from collections.abc import Iterator
 from typing import Any
 
 
-class GenerationLock:
-    """A lock held either by one caller alone, or by many callers of different models.
+class SharedExclusiveLock:
+    """A lock held either by one caller alone or by any number of callers together.
 
-    Exclusive holders are preferred: once one waits, no new shared holder enters, so a
-    seeded call is not starved by a stream of unseeded ones.
+    Exclusive holders are preferred: once one waits, no new shared holder enters, so an
+    exclusive caller is not starved by a stream of shared ones.
     """
 
     def __init__(self) -> None:
@@ -35,28 +36,10 @@ class GenerationLock:
         self._shared = 0
         self._exclusive = False
         self._exclusive_waiting = 0
-        self._model_locks: weakref.WeakKeyDictionary[Any, threading.Lock] = (
-            weakref.WeakKeyDictionary()
-        )
 
     @contextlib.contextmanager
-    def hold(self, model: Any, *, exclusive: bool) -> Iterator[None]:
-        """Hold the lock for one generate call on ``model``.
-
-        Args:
-            model: The model the call runs (calls on one model never overlap); ``None``
-                (a closed policy's) holds exclusively.
-            exclusive: Whether the call must run alone in the process (a seeded call).
-        """
-        if exclusive or model is None:
-            with self._exclusively():
-                yield
-            return
-        with self._shared_hold(), self._model_lock(model):
-            yield
-
-    @contextlib.contextmanager
-    def _exclusively(self) -> Iterator[None]:
+    def exclusive(self) -> Iterator[None]:
+        """Hold the lock alone."""
         with self._condition:
             self._exclusive_waiting += 1
             try:
@@ -72,7 +55,8 @@ class GenerationLock:
                 self._condition.notify_all()
 
     @contextlib.contextmanager
-    def _shared_hold(self) -> Iterator[None]:
+    def shared(self) -> Iterator[None]:
+        """Hold the lock beside other shared holders."""
         with self._condition:
             self._condition.wait_for(lambda: not self._exclusive and not self._exclusive_waiting)
             self._shared += 1
@@ -83,8 +67,42 @@ class GenerationLock:
                 self._shared -= 1
                 self._condition.notify_all()
 
-    def _model_lock(self, model: Any) -> threading.Lock:
+    @property
+    def exclusive_waiting(self) -> int:
+        """Callers waiting to hold the lock alone."""
         with self._condition:
+            return self._exclusive_waiting
+
+
+class GenerationLock:
+    """The generate calls' lock: seeded calls alone, unseeded ones of different models together."""
+
+    def __init__(self) -> None:
+        self.calls = SharedExclusiveLock()
+        """Held alone by calls that must run alone, shared by the others."""
+        self._model_locks: weakref.WeakKeyDictionary[Any, threading.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._model_locks_guard = threading.Lock()
+
+    @contextlib.contextmanager
+    def hold(self, model: Any, *, exclusive: bool) -> Iterator[None]:
+        """Hold the lock for one generate call on ``model``.
+
+        Args:
+            model: The model the call runs (calls on one model never overlap); ``None``
+                (a closed policy's) holds exclusively.
+            exclusive: Whether the call must run alone in the process (a seeded call).
+        """
+        if exclusive or model is None:
+            with self.calls.exclusive():
+                yield
+            return
+        with self.calls.shared(), self._model_lock(model):
+            yield
+
+    def _model_lock(self, model: Any) -> threading.Lock:
+        with self._model_locks_guard:
             lock = self._model_locks.get(model)
             if lock is None:
                 lock = self._model_locks[model] = threading.Lock()
@@ -93,3 +111,11 @@ class GenerationLock:
 
 GENERATION_LOCK = GenerationLock()
 """The lock every :class:`~mappa_agents.hf.HFPolicy` of the process generates under."""
+
+RANDOM_DRAWS = SharedExclusiveLock()
+"""Held shared around each id a decoder samples and alone around each CUDA graph capture.
+
+A capture puts the device's random generator in its capturing mode for its whole length,
+and a draw from another thread meanwhile fails ("Offset increment outside graph
+capture"): with calls decoding beside each other, one policy's recording of a new shape
+would fail another's sampling."""

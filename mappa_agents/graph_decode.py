@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mappa_agents.generation_lock import RANDOM_DRAWS
 from mappa_agents.packed_gqa import use_packed_attention, wants_packed_attention
 
 logger = logging.getLogger(__name__)
@@ -276,11 +277,12 @@ class GraphDecoder:
                 scores = logits.float()
                 # Before ``pick``, which may change the scores it is given.
                 all_logprobs = torch.log_softmax(scores, dim=-1)
-                if live is None:
-                    chosen = pick(scores).to(torch.long)
-                else:
-                    chosen = padding.clone()
-                    chosen[live] = pick(scores[live]).to(torch.long)
+                with RANDOM_DRAWS.shared():
+                    if live is None:
+                        chosen = pick(scores).to(torch.long)
+                    else:
+                        chosen = padding.clone()
+                        chosen[live] = pick(scores[live]).to(torch.long)
                 chosen = torch.where(finished, padding, chosen)
                 logprobs[:, step] = all_logprobs.gather(1, chosen[:, None])[:, 0]
                 ids[:, step] = chosen
@@ -443,24 +445,28 @@ class GraphDecoder:
                 # (an internal assert in the caching allocator, on one H100).
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            try:
-                # Only this thread is barred from calls unsafe during a capture. The
-                # default ("global") bars every thread of the process, so a sweep's
-                # update running beside a rollout that records a new shape would fail at
-                # its next allocation or synchronisation (torch's own graph trees record
-                # in this mode too).
-                with torch.cuda.graph(
-                    graph,
-                    pool=self._pool,
-                    stream=torch.cuda.Stream(device=self.device),
-                    capture_error_mode="thread_local",
-                ):
-                    shape.logits = self._step_eager(shape)
-            except RuntimeError as error:
-                torch.cuda.synchronize(self.device)
-                reason = f"capture failed: {str(error).splitlines()[0][:200]}"
-                self._check_random_numbers_after(reason, error)
-                self._fall_back(shape, key, reason)
+            failure = None
+            # No other thread samples while the device's random generator is captured.
+            with RANDOM_DRAWS.exclusive():
+                try:
+                    # Only this thread is barred from calls unsafe during a capture. The
+                    # default ("global") bars every thread of the process, so a sweep's
+                    # update running beside a rollout that records a new shape would
+                    # fail at its next allocation or synchronisation (torch's own graph
+                    # trees record in this mode too).
+                    with torch.cuda.graph(
+                        graph,
+                        pool=self._pool,
+                        stream=torch.cuda.Stream(device=self.device),
+                        capture_error_mode="thread_local",
+                    ):
+                        shape.logits = self._step_eager(shape)
+                except RuntimeError as error:
+                    torch.cuda.synchronize(self.device)
+                    failure = f"capture failed: {str(error).splitlines()[0][:200]}"
+                    self._check_random_numbers_after(failure, error)
+            if failure is not None:
+                self._fall_back(shape, key, failure)
                 return
             shape.graph = graph
             difference = self._replay_difference(shape, first_ids, input_ids, attention_mask)

@@ -87,7 +87,7 @@ def test_a_waiting_seeded_call_goes_before_unseeded_calls_that_come_after_it():
     threads = [in_thread(first)]
     assert inside.wait(WAIT_S)
     threads.append(in_thread(seeded))
-    while not lock._exclusive_waiting:  # the seeded call is queued
+    while not lock.calls.exclusive_waiting:  # the seeded call is queued
         threading.Event().wait(0.01)
     threads.append(in_thread(unseeded))
     assert not threading.Event().wait(QUIET_S)
@@ -147,3 +147,25 @@ def test_policies_decode_beside_each_other_only_unseeded_and_where_allowed():
     apart = threading.Barrier(2, timeout=QUIET_S)
     seeded = SamplingParams(max_new_tokens=4, seed=3)
     assert run_both(seeded, apart) == ["met no one", "met no one"]  # one after the other
+
+
+def test_a_decoder_samples_each_id_holding_random_draws_shared():
+    # A CUDA graph capture holds it alone: another thread's draw during a capture fails.
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from mappa_agents.generation_lock import RANDOM_DRAWS
+    from mappa_agents.graph_decode import GraphDecoder
+    from mappa_agents.tiny_models import tiny_model_and_tokenizer
+
+    model, _ = tiny_model_and_tokenizer()
+    held: list[int] = []
+
+    def pick(scores):
+        held.append(RANDOM_DRAWS._shared)
+        return torch.multinomial(torch.softmax(scores, -1), 1)[:, 0]
+
+    GraphDecoder(model).decode(
+        torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.long), max_new_tokens=3,
+        cache_length=512, pick=pick, eos_token_ids=[0], pad_token_id=0,
+    )  # fmt: skip
+    assert held == [1, 1, 1]

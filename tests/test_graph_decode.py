@@ -273,6 +273,44 @@ def test_a_shape_recorded_after_every_earlier_graph_was_let_go_gets_a_graph_too(
     assert decoder.recordings == 3
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_decoder_samples_on_while_another_thread_records_a_shape():
+    # A capture freezes the device's random generator: a draw meanwhile would fail.
+    import threading
+
+    model, tokenizer = tiny_model_and_tokenizer()
+    policy = HFPolicy(model.to("cuda"), tokenizer)
+    ids, mask = padded(policy)
+    sampling = GraphDecoder(policy.model)
+    decode(sampling, policy, ids, mask)  # its shape recorded before the race
+    other_model, _ = tiny_model_and_tokenizer()
+    recording = GraphDecoder(other_model.to("cuda"))
+    stop, errors = threading.Event(), []
+
+    def sample():
+        def draw(scores):
+            return torch.multinomial(torch.softmax(scores, -1), 1)[:, 0]
+
+        try:
+            while not stop.is_set():
+                decode(sampling, policy, ids, mask, new=4, pick=draw)
+        except RuntimeError as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    for length in (512, 1024, 2048):  # three recordings while the other thread samples
+        recording.decode(
+            ids.cuda(), mask.cuda(), max_new_tokens=4, cache_length=length, pick=greedy,
+            eos_token_ids=policy.eos_token_ids, pad_token_id=policy.pad_token_id,
+        )  # fmt: skip
+    stop.set()
+    thread.join(60)
+    assert errors == []
+    assert recording.fallbacks == {}
+    assert recording.recordings == 3
+
+
 def test_shapes_used_longest_ago_are_let_go_beyond_the_cache_budget(tiny_policy):
     policy, ids, mask = tiny_policy
     sizing = GraphDecoder(policy.model)
