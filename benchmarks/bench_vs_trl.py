@@ -645,10 +645,10 @@ def fix_reply_length(policy: Any, engine: str) -> None:
     if original_pick is not None:
         eos = list(policy.eos_token_ids)
 
-        def fixed_pick(scores: Any, params: Any) -> Any:
+        def fixed_pick(scores: Any, params: Any, **generator: Any) -> Any:
             scores = scores.clone()
             scores[:, eos] = float("-inf")
-            return original_pick(scores, params)
+            return original_pick(scores, params, **generator)
 
         policy.pick = fixed_pick
 

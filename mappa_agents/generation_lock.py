@@ -1,17 +1,18 @@
 """Which of a process's local generate calls may run at the same time.
 
-Sampling draws from torch's process-global random generator, and a seeded call reseeds
-it and restores it afterwards (``fork_rng``): two calls doing that from different threads
-would reseed and draw from the one generator interleaved, so a seeded call must run
-alone in the process. An unseeded call only draws (torch's generators draw under a lock
-of their own), so unseeded calls of different models may run together: the three agents
-of an ``episodes`` rollout then decode at the same time on one GPU, each replaying its own
-recorded graphs, instead of taking turns. Calls on one model always take turns: policies
-sharing a base model switch its adapter, and a decoder switches its attention, for a
-whole call.
+A seeded ``generate`` call reseeds torch's process-global random generator and restores
+it afterwards (``fork_rng``): two calls doing that from different threads would reseed
+and draw from the one generator interleaved, so such a call must run alone in the
+process. A call decoding through recorded graphs draws from a generator of its own when
+seeded, and only draws when not (torch's generators draw under a lock of their own), so
+such calls of different models may run together: the three agents of a rollout, and
+the runs of a sweep, then decode at the same time on one GPU, each replaying its own
+recorded graphs, instead of taking turns. Calls on one model always take turns:
+policies sharing a base model switch its adapter, and a decoder switches its attention,
+for a whole call.
 
 :data:`GENERATION_LOCK` is the process's lock: :meth:`GenerationLock.hold` takes it
-exclusively (a seeded call, or a call that may not share) or shared per model.
+exclusively (a call that reseeds, or that may not share) or shared per model.
 :data:`RANDOM_DRAWS` keeps sampling out of CUDA graph captures.
 """
 
@@ -75,7 +76,7 @@ class SharedExclusiveLock:
 
 
 class GenerationLock:
-    """The generate calls' lock: seeded calls alone, unseeded ones of different models together."""
+    """The generate calls' lock: some calls alone, others of different models together."""
 
     def __init__(self) -> None:
         self.calls = SharedExclusiveLock()
@@ -92,7 +93,8 @@ class GenerationLock:
         Args:
             model: The model the call runs (calls on one model never overlap); ``None``
                 (a closed policy's) holds exclusively.
-            exclusive: Whether the call must run alone in the process (a seeded call).
+            exclusive: Whether the call must run alone in the process (one that
+                reseeds the process's generator).
         """
         if exclusive or model is None:
             with self.calls.exclusive():

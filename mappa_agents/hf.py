@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import inspect
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -149,7 +150,9 @@ def resolve_device(device: str) -> str:
     return "cuda" if _torch().cuda.is_available() else "cpu"
 
 
-def pick_next_ids(scores: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def pick_next_ids(
+    scores: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """The next id of each row, chosen from its logits as ``generate`` chooses it.
 
     For a row's logits ``s`` over the vocabulary:
@@ -168,6 +171,8 @@ def pick_next_ids(scores: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     Args:
         scores: ``rows x vocab`` float32 logits (left unchanged).
         params: The call's sampling settings.
+        generator: Draw from this generator (a seeded call's own, on the scores'
+            device) instead of torch's default one.
 
     Returns:
         ``rows`` chosen ids.
@@ -183,7 +188,19 @@ def pick_next_ids(scores: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     if params.top_p < 1.0:
         scores = TopPLogitsWarper(top_p=params.top_p)(None, scores)
     probs = torch.softmax(scores, dim=-1)
-    return torch.multinomial(probs, num_samples=1)[:, 0]
+    return torch.multinomial(probs, num_samples=1, generator=generator)[:, 0]
+
+
+def takes_generator(pick: Callable[..., Any]) -> bool:
+    """Whether ``pick`` accepts a ``generator`` keyword (as :func:`pick_next_ids` does)."""
+    try:
+        parameters = inspect.signature(pick).parameters.values()
+    except (TypeError, ValueError):  # a callable whose signature cannot be read
+        return False
+    return any(
+        parameter.name == "generator" or parameter.kind is inspect.Parameter.VAR_KEYWORD
+        for parameter in parameters
+    )
 
 
 class _SampledLogprobRecorder:
@@ -279,14 +296,19 @@ class HFPolicy:
         pad_token_id: Id used for left padding (the tokenizer's pad, else the first EOS).
         pick: How ``compile_decode`` chooses each id from a step's ``rows x vocab``
             float32 logits and the call's :class:`~mappa_agents.policy.SamplingParams`
-            (default :func:`pick_next_ids`, as ``generate`` chooses). Replacing it
-            changes sampling only: log-probs stay the model's, taken before the pick.
-        decodes_beside_others: Whether an unseeded call may run while other policies'
-            unseeded calls run (:mod:`mappa_agents.generation_lock`; default: with
-            ``compile_decode`` on CUDA, where a call mostly waits on its graphs'
-            replays). A seeded call always runs alone in the process, and calls on one
-            model take turns. Eager decoding switches process-wide attention settings
-            per call, so it never runs beside another call.
+            (default :func:`pick_next_ids`, as ``generate`` chooses), and a
+            ``generator`` keyword where it takes one (see ``decodes_beside_others``).
+            Replacing it changes sampling only: log-probs stay the model's, taken
+            before the pick.
+        decodes_beside_others: Whether a call may run while other policies' calls run
+            (:mod:`mappa_agents.generation_lock`; default: with ``compile_decode`` on
+            CUDA, where a call mostly waits on its graphs' replays). A seeded call then
+            samples from a generator of its own, seeded with the call's seed (the same
+            draws as torch's default generator after ``torch.manual_seed``), which
+            :attr:`pick` must accept as ``generator``; otherwise it reseeds the
+            process's generator and runs alone. Calls on one model take turns. Eager
+            decoding switches process-wide attention settings per call, so it never runs
+            beside another call.
 
     Raises:
         MissingExtraError: If torch or transformers is not installed.
@@ -467,16 +489,25 @@ class HFPolicy:
         order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
         results: list[Generation | None] = [None] * len(prompts)
         torch = self._torch
-        # Unseeded calls take the lock too (shared): their draws would land inside
-        # another policy's seeded call.
-        alone = params.seed is not None or not (self.decodes_beside_others and self._compile_decode)
-        with GENERATION_LOCK.hold(self.model, exclusive=alone):
+        # A call that reseeds the process's generator runs alone; the others hold the
+        # lock shared (an unseeded draw would land inside another call's seeded draws).
+        shares = (
+            self.decodes_beside_others
+            and self._compile_decode
+            and (params.seed is None or takes_generator(self.pick))
+        )
+        reseeds = params.seed is not None and not shares
+        with GENERATION_LOCK.hold(self.model, exclusive=not shares):
             model = self.model
             if model is None:  # closed while this call waited for the lock
                 raise self._closed_error()
             devices = [model.device] if model.device.type == "cuda" else []
-            with torch.random.fork_rng(devices=devices, enabled=params.seed is not None):
-                if params.seed is not None:
+            generator = None
+            if params.seed is not None and shares:
+                generator = torch.Generator(device=model.device)
+                generator.manual_seed(params.seed)
+            with torch.random.fork_rng(devices=devices, enabled=reseeds):
+                if reseeds:
                     torch.manual_seed(params.seed)
                 if self.adapter is not None:
                     # Policies sharing one base model take turns under the lock: switch
@@ -484,7 +515,9 @@ class HFPolicy:
                     model.set_adapter(self.adapter)
                 for start in range(0, len(order), self.max_batch_size):
                     chunk = order[start : start + self.max_batch_size]
-                    generations = self._generate_chunk([prompts[i] for i in chunk], params)
+                    generations = self._generate_chunk(
+                        [prompts[i] for i in chunk], params, generator
+                    )
                     for index, generation in zip(chunk, generations):
                         results[index] = generation
         return [g for g in results if g is not None]
@@ -554,7 +587,12 @@ class HFPolicy:
             config.stop_strings = list(params.stop)
         return config
 
-    def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def _generate_chunk(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> list[Generation]:
         torch = self._torch
         width = max(len(p) for p in prompts)
         rows = len(prompts)
@@ -573,7 +611,7 @@ class HFPolicy:
         lengths: list[int] | None = None
         if self._compile_decode:
             new_tokens, logprobs, lengths = self._decode_with_graphs(
-                input_ids, attention_mask, len(prompts), params
+                input_ids, attention_mask, len(prompts), params, generator
             )
         else:
             new_tokens, logprobs = self._decode_with_generate(input_ids, attention_mask, params)
@@ -636,10 +674,12 @@ class HFPolicy:
         attention_mask: torch.Tensor,
         prompts: int,
         params: SamplingParams,
+        generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """``compile_decode``: decoding through the policy's :class:`GraphDecoder`.
 
-        Rows from ``prompts`` on are filler, ended before their first id. Returns
+        Rows from ``prompts`` on are filler, ended before their first id; ``generator``
+        (a seeded call's own) goes to :attr:`pick`. Returns
         ``(new ids, logprobs, lengths)``, the ids and logprobs on the CPU (see
         :meth:`GraphDecoder.decode`).
         """
@@ -663,7 +703,11 @@ class HFPolicy:
             attention_mask.to(decoder.device),
             max_new_tokens=params.max_new_tokens,
             cache_length=static_cache_length(width, params.max_new_tokens),
-            pick=functools.partial(self.pick, params=params),
+            pick=(
+                functools.partial(self.pick, params=params)
+                if generator is None
+                else functools.partial(self.pick, params=params, generator=generator)
+            ),
             eos_token_ids=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
             ended=torch.arange(rows) >= prompts,

@@ -138,15 +138,40 @@ def test_policies_decode_beside_each_other_only_unseeded_and_where_allowed():
         return results
 
     unseeded = SamplingParams(max_new_tokens=4)
+    seeded = SamplingParams(max_new_tokens=4, seed=3)
     for policy in policies:
         policy.decodes_beside_others = True
-    together = threading.Barrier(2, timeout=WAIT_S)
-    assert run_both(unseeded, together) == ["generated", "generated"]
-    assert not together.broken
-    # A seeded call runs alone: the two never meet, and each call goes on after waiting.
+    for params in (unseeded, seeded):  # a seeded call samples from its own generator
+        together = threading.Barrier(2, timeout=WAIT_S)
+        assert run_both(params, together) == ["generated", "generated"]
+        assert not together.broken
+    # A pick that takes no generator draws from the process's: a seeded call runs alone,
+    # so the two never meet and each goes on after waiting, one after the other.
+    for policy in policies:
+        policy.pick = lambda scores, params: scores.argmax(-1)
     apart = threading.Barrier(2, timeout=QUIET_S)
-    seeded = SamplingParams(max_new_tokens=4, seed=3)
-    assert run_both(seeded, apart) == ["met no one", "met no one"]  # one after the other
+    assert run_both(seeded, apart) == ["met no one", "met no one"]
+
+
+def test_a_seeded_call_on_its_own_generator_draws_what_a_reseeded_one_draws():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from mappa_agents.hf import HFPolicy
+    from mappa_agents.policy import SamplingParams
+    from mappa_agents.tiny_models import tiny_model_and_tokenizer
+
+    policy = HFPolicy(*tiny_model_and_tokenizer(), compile_decode=True)
+    chats = [[{"role": "user", "content": "count the shells " * n}] for n in (1, 4, 2)]
+    params = SamplingParams(max_new_tokens=12, temperature=1.5, top_k=40, seed=11)
+    reseeded = policy.generate(chats, params)  # the process's generator, reseeded
+    policy.decodes_beside_others = True
+    state = torch.get_rng_state()
+    own = policy.generate(chats, params)
+    assert torch.equal(torch.get_rng_state(), state)  # the process's generator untouched
+    assert [g.response_ids for g in own] == [g.response_ids for g in reseeded]
+    assert [g.logprobs for g in own] == [g.logprobs for g in reseeded]
+    other = policy.generate(chats, SamplingParams(max_new_tokens=12, temperature=1.5, seed=12))
+    assert [g.response_ids for g in other] != [g.response_ids for g in own]
 
 
 def test_a_decoder_samples_each_id_holding_random_draws_shared():
