@@ -194,3 +194,45 @@ def test_a_decoder_samples_each_id_holding_random_draws_shared():
         cache_length=512, pick=pick, eos_token_ids=[0], pad_token_id=0,
     )  # fmt: skip
     assert held == [1, 1, 1]
+
+
+def test_seeded_rollouts_of_policies_decoding_beside_each_other_repeat_exactly():
+    # The ticks schedule seeds every batch: with the agents' calls running at the same
+    # time, each call's own generator keeps a seeded run independent of thread timing.
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import mappa_env
+    from mappa_agents.hf import HFPolicy
+    from mappa_agents.policy import SamplingParams
+    from mappa_agents.runner import RolloutRunner
+    from mappa_agents.system import AgentSystem
+    from mappa_agents.tiny_models import tiny_model_and_tokenizer
+    from mappa_env.tasks import MathTask
+    from tests.fakes import FixedCoach, InProcessSandbox
+
+    agents = ["problem_solver", "code_executor", "verifier"]
+    policies = {}
+    for index, agent in enumerate(agents):
+        torch.manual_seed(index)
+        policies[agent] = HFPolicy(*tiny_model_and_tokenizer(), compile_decode=True)
+        policies[agent].decodes_beside_others = True
+    tasks = [MathTask(id=f"t{i}", prompt=f"What is {i} * 7?", answer=str(i * 7)) for i in range(4)]
+
+    def rollout():
+        runner = RolloutRunner(
+            lambda: mappa_env.make(
+                "MathChat-v0", tasks=tasks, sandbox=InProcessSandbox, coach=FixedCoach()
+            ),
+            AgentSystem(policies),
+            concurrency=4,
+            seed=5,
+            sampling=SamplingParams(max_new_tokens=8, temperature=1.0),
+            progress=False,
+        )
+        with runner:
+            episodes = runner.run(4)
+        return [(a.agent, a.response_ids) for e in episodes for a in e.actions]
+
+    first = rollout()
+    assert {agent for agent, _ in first} == set(agents)
+    assert rollout() == first
