@@ -58,54 +58,66 @@ def test_split_placement_gives_the_engines_bundles_of_their_own(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def ray_with_two_gpus():
+def ray_with_three_gpus():
     # Ray's GPU accounting without GPUs: the actors get GPU ids, and run on the CPU.
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    # Three: two ranks of one group and an engine apart fit in one placement.
+    ray.init(num_cpus=2, num_gpus=3, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
-
-
-def test_ranks_of_one_group_get_different_gpus(tmp_path, ray_with_two_gpus):
-    trainer = RayTrainer(
-        _config(tmp_path, ranks_per_agent=2, gpus_per_rank=0.5), LetterEnv, LetterEnv
-    )
-    try:
-        trainer.setup()
-        for learner in trainer.learners.values():
-            ids = [tuple(gpus) for gpus in learner.group.gpu_ids()]
-            assert len(set(ids)) == 2, ids  # NCCL refuses two ranks of a group on one GPU
-    finally:
-        trainer.close()
-    assert not ray.util.placement_group_table() or all(
-        pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values()
-    )
-
-
-def test_a_placement_the_cluster_cannot_hold_is_refused_with_the_numbers(
-    tmp_path, ray_with_two_gpus
-):
-    config = _config(tmp_path, "LetterPair-v0", ranks_per_agent=3)
-    trainer = RayTrainer(config, LetterPairEnv, LetterPairEnv)
-    with pytest.raises(ValueError, match="need 6 GPUs, the cluster has 2"):
-        trainer.setup()
-    trainer.close()
 
 
 def _engine_gpu_ids(engine) -> list:
     return ray.get(engine.__ray_call__.remote(lambda actor: ray.get_gpu_ids()))
 
 
-@pytest.mark.parametrize("colocate", [True, False], ids=["colocated", "split"])
-def test_engines_share_their_ranks_gpu_or_get_one_apart(tmp_path, ray_with_two_gpus, colocate):
-    # One rank and one engine, at 0.25 GPU apiece.
+def _placements_removed() -> bool:
+    table = ray.util.placement_group_table()
+    return not table or all(pg["state"] == "REMOVED" for pg in table.values())
+
+
+def test_ranks_of_one_group_get_different_gpus_and_split_engines_one_apart(
+    tmp_path, ray_with_three_gpus
+):
+    # One placement for both checks (each rank and engine is a process of its own): two
+    # ranks at 0.5 GPU, which alone would fit on one GPU, and an engine in a bundle of
+    # its own (bundle 2, after the ranks').
+    config = _config(tmp_path, ranks_per_agent=2, gpus_per_rank=0.5, engines_per_agent=1,
+                     gpus_per_engine=0.25, colocate_engines=False)  # fmt: skip
+    trainer = RayTrainer(config, LetterEnv, LetterEnv)
+    try:
+        trainer.setup()
+        for learner in trainer.learners.values():
+            ids = [tuple(gpus) for gpus in learner.group.gpu_ids()]
+            assert len(set(ids)) == 2, ids  # NCCL refuses two ranks of a group on one GPU
+            engines = {tuple(_engine_gpu_ids(e)) for e in learner.policy.engines}
+            assert len(engines) == 1, engines
+            assert not engines & set(ids), (ids, engines)
+    finally:
+        trainer.close()
+    assert _placements_removed()
+
+
+def test_a_placement_the_cluster_cannot_hold_is_refused_with_the_numbers(
+    tmp_path, ray_with_three_gpus
+):
+    config = _config(tmp_path, "LetterPair-v0", ranks_per_agent=3)
+    trainer = RayTrainer(config, LetterPairEnv, LetterPairEnv)
+    with pytest.raises(ValueError, match="need 6 GPUs, the cluster has 3"):
+        trainer.setup()
+    trainer.close()
+
+
+def test_a_colocated_engine_shares_its_ranks_gpu(tmp_path, ray_with_three_gpus):
+    # One rank and one engine, at 0.25 GPU apiece (split engines: the test above).
     config = _config(tmp_path, gpus_per_rank=0.25, engines_per_agent=1, gpus_per_engine=0.25,
-                     colocate_engines=colocate)  # fmt: skip
+                     colocate_engines=True)  # fmt: skip
     trainer = RayTrainer(config, LetterEnv, LetterEnv)
     try:
         trainer.setup()
         for learner in trainer.learners.values():
             ranks = {tuple(gpus) for gpus in learner.group.gpu_ids()}
             engines = {tuple(_engine_gpu_ids(e)) for e in learner.policy.engines}
-            assert (ranks == engines) is colocate, (ranks, engines)
+            assert ranks == engines, (ranks, engines)
     finally:
         trainer.close()
+    assert _placements_removed()
