@@ -198,6 +198,7 @@ def equality(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 gpus_per_rank=0.3, engines_per_agent=0)
     )  # fmt: skip
     steps: list[dict[str, Any]] = []
+    started_ray = not ray.is_initialized()  # else the caller's, left running
     try:
         single.setup()
         sharded.setup()
@@ -237,7 +238,7 @@ def equality(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     finally:
         single.close()
         sharded.close()
-        if ray.is_initialized():
+        if started_ray and ray.is_initialized():
             ray.shutdown()
     checks = [c for s in steps for a in s["agents"].values() for c in a.values()]
     return {

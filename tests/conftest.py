@@ -29,6 +29,31 @@ RAY_MODULES = {"test_ray_trainer", "test_ray_placement", "test_bench_distributed
                "test_bench_multi_gpu"}  # fmt: skip
 
 
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """Start this process's local Ray cluster with ``gpus`` (fake) GPUs, or keep it.
+
+    Starting Ray takes seconds of both cores (its daemons are Python processes of their
+    own), so modules whose tests need the same cluster share one: the Ray tests run one
+    after another in one worker. A cluster with other GPUs, or one that code under test
+    shut down, is started again.
+    """
+    ray = pytest.importorskip("ray")
+    running: dict[str, int] = {}
+
+    def start(gpus: int = 0) -> None:
+        if ray.is_initialized() and running.get("gpus") == gpus:
+            return
+        if ray.is_initialized():
+            ray.shutdown()
+        ray.init(num_cpus=2, num_gpus=gpus, include_dashboard=False, log_to_driver=False)
+        running["gpus"] = gpus
+
+    yield start
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 def pytest_collection_modifyitems(config, items):
     """Put every test that starts Ray in the ``ray`` xdist group (where xdist is installed)."""
     if not config.pluginmanager.hasplugin("xdist"):

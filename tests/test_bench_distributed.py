@@ -48,10 +48,13 @@ def test_ray_runs_are_named_by_sync_mode_and_by_the_switch_only_when_it_varies()
     ]
 
 
-def test_bench_distributed_runs_both_trainers_and_checks_the_engines(tmp_path):
+def test_bench_distributed_runs_both_trainers_and_checks_the_engines(tmp_path, ray_cluster):
     # One Ray run (the switch's two values are named above and scheduled in
     # test_ray_trainer) of one trained agent, the others acting frozen: a group and an
     # engine, not three of each (each a process that imports torch and transformers).
+    # On the suite's cluster, GPU-less as this machine (test_bench_multi_gpu's child
+    # runs main where it starts Ray itself).
+    ray_cluster(gpus=0)
     model = tiny_model_dir(tmp_path / "model")
     out = tmp_path / "out"
     summary = main(

@@ -135,7 +135,8 @@ def test_a_layout_that_cannot_fit_is_skipped_and_a_failed_run_is_recorded(tmp_pa
     assert any("no-model" in line for line in failed["log_tail"])
 
 
-def test_both_parts_run_and_write_the_results_and_the_plot(tmp_path):
+def test_both_parts_run_and_write_the_results_and_the_plot(tmp_path, ray_cluster):
+    ray_cluster(gpus=0)  # the equality part's, GPU-less as this machine; kept after it
     model = tiny_model_dir(tmp_path / "model")
     out = tmp_path / "out"
     summary = main(

@@ -57,13 +57,11 @@ def test_split_placement_gives_the_engines_bundles_of_their_own(tmp_path):
     assert [engine_bundle(colocated, e) for e in range(2)] == [0, 1]
 
 
-@pytest.fixture(scope="module")
-def ray_with_three_gpus():
+@pytest.fixture
+def ray_with_three_gpus(ray_cluster):
     # Ray's GPU accounting without GPUs: the actors get GPU ids, and run on the CPU.
     # Three: two ranks of one group and an engine apart fit in one placement.
-    ray.init(num_cpus=2, num_gpus=3, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    ray_cluster(gpus=3)
 
 
 def _engine_gpu_ids(engine) -> list:

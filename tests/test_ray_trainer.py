@@ -19,11 +19,11 @@ from tests.toy_env import LetterEnv, LetterPairEnv  # noqa: E402
 COMPARED = ("loss", "grad_norm", "clip_fraction", "kl", "mean_reward", "actions")
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+@pytest.fixture
+def local_ray(ray_cluster):
+    # The placement tests' cluster (device "cpu" runs take none of its fake GPUs):
+    # one Ray start for both modules.
+    ray_cluster(gpus=3)
 
 
 def _config(out, model_dir, **changes) -> TrainConfig:
