@@ -54,6 +54,22 @@ def ray_cluster():
         ray.shutdown()
 
 
+def pytest_runtest_teardown(item, nextitem):
+    """Stop the shared Ray cluster when the next test of this process needs none.
+
+    Its idle daemons would otherwise take CPU from the tests after it, and a worker
+    may run other tests between Ray tests.
+    """
+    if "ray_cluster" not in item.fixturenames:
+        return
+    if nextitem is not None and "ray_cluster" in nextitem.fixturenames:
+        return
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 def pytest_collection_modifyitems(config, items):
     """Put every test that starts Ray in the ``ray`` xdist group (where xdist is installed)."""
     if not config.pluginmanager.hasplugin("xdist"):
