@@ -28,6 +28,7 @@ is the same attention, computed by the same kernel family, without the ``g``-fol
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -93,6 +94,7 @@ def packed_gqa_sdpa(
             **kwargs,
         )
     batch, heads, _, dim = query.shape
+    value_dim = value.shape[-1]
     if attention_mask is not None:
         attention_mask = attention_mask[:, :, :, : key.shape[-2]]
     output = torch.nn.functional.scaled_dot_product_attention(
@@ -104,7 +106,7 @@ def packed_gqa_sdpa(
         scale=scaling,
         is_causal=False,
     )
-    return output.reshape(batch, heads, 1, dim).transpose(1, 2).contiguous(), None
+    return output.reshape(batch, heads, 1, value_dim).transpose(1, 2).contiguous(), None
 
 
 def register_packed_attention() -> None:
@@ -139,14 +141,21 @@ def wants_packed_attention(model: Any) -> bool:
     )
 
 
+_SWITCHES_GUARD = threading.Lock()
+_SWITCHES: dict[int, tuple[Any, int, Any]] = {}
+"""Per config object switched now (by ``id``): the config, the blocks inside, its name before."""
+
+
 @contextlib.contextmanager
 def use_packed_attention(model: Any, enabled: bool = True) -> Iterator[None]:
     """Run ``model``'s attention through :func:`packed_gqa_sdpa` inside the block.
 
-    Only the attention name on the model's config changes (read at every forward); it
-    is restored on leaving, also after an error. Another thread's forward on the same
-    model meanwhile gets the same results (every call the packing does not apply to
-    goes to ``sdpa``), so the switch is safe if not exclusive.
+    Only the attention name on the model's own config object changes (read at every
+    forward; its sub-configs keep theirs); it is restored when the last block on that
+    config object ends, also after an error, so blocks of two models sharing one config
+    may overlap. Another thread's forward on a switched model meanwhile gets the same
+    results (every call the packing does not apply to goes to ``sdpa``), so the switch
+    is safe if not exclusive.
 
     Args:
         model: A transformers model on ``sdpa`` attention.
@@ -157,9 +166,20 @@ def use_packed_attention(model: Any, enabled: bool = True) -> Iterator[None]:
         return
     register_packed_attention()
     config = model.config
-    before = config._attn_implementation
-    config._attn_implementation = PACKED_ATTENTION
+    with _SWITCHES_GUARD:
+        _, inside, before = _SWITCHES.get(id(config), (config, 0, None))
+        if not inside:
+            before = config._attn_implementation_internal
+            # The stored name itself: transformers' setter would also rename sub-configs.
+            config._attn_implementation_internal = PACKED_ATTENTION
+        _SWITCHES[id(config)] = (config, inside + 1, before)
     try:
         yield
     finally:
-        config._attn_implementation = before
+        with _SWITCHES_GUARD:
+            _, inside, before = _SWITCHES[id(config)]
+            if inside == 1:
+                del _SWITCHES[id(config)]
+                config._attn_implementation_internal = before
+            else:
+                _SWITCHES[id(config)] = (config, inside - 1, before)

@@ -155,3 +155,52 @@ def test_only_grouped_sdpa_models_under_a_transformers_that_copies_heads_are_pac
     tiny, _ = tiny_model_and_tokenizer()
     assert GraphDecoder(tiny).pack_heads is False
     assert GraphDecoder(tiny, pack_heads=True).pack_heads is True
+
+
+def test_value_heads_of_another_width_are_attended_as_with_copied_heads():
+    generator = torch.Generator().manual_seed(2)
+    query = torch.randn(2, 6, 1, 8, generator=generator)
+    key = torch.randn(2, 2, 5, 8, generator=generator)
+    value = torch.randn(2, 2, 5, 6, generator=generator)
+    seen = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    module = SimpleNamespace(num_key_value_groups=3, is_causal=True)
+    output, _ = packed_gqa_sdpa(module, query, key, value, seen)
+    expected = attention_with_copied_heads(query, key, value, seen, 3)
+    assert torch.allclose(output.double(), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("extra", [{"softcap": 30.0}, {"position_bias": torch.zeros(1, 4, 1, 5)}])
+def test_calls_with_a_softcap_or_a_position_bias_go_to_sdpa(extra, monkeypatch):
+    from transformers.integrations import sdpa_attention
+
+    monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward", lambda *a, **k: ("sdpa", None))
+    module = SimpleNamespace(num_key_value_groups=2, is_causal=True)
+    query, key = torch.zeros(1, 4, 1, 4), torch.zeros(1, 2, 5, 4)
+    assert packed_gqa_sdpa(module, query, key, key, None, **extra)[0] == "sdpa"
+
+
+def test_blocks_of_models_sharing_one_config_may_overlap_and_sub_configs_keep_theirs():
+    from transformers import LlamaConfig, LlavaConfig
+
+    config = LlamaConfig(num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")
+    first, second = SimpleNamespace(config=config), SimpleNamespace(config=config)
+    with use_packed_attention(first):
+        with use_packed_attention(second):
+            assert config._attn_implementation == PACKED_ATTENTION
+        assert config._attn_implementation == PACKED_ATTENTION  # the first block goes on
+    assert config._attn_implementation == "sdpa"
+    outer = use_packed_attention(first)
+    inner = use_packed_attention(second)
+    outer.__enter__()
+    inner.__enter__()
+    outer.__exit__(None, None, None)  # ends before the block it let in
+    assert config._attn_implementation == PACKED_ATTENTION
+    inner.__exit__(None, None, None)
+    assert config._attn_implementation == "sdpa"
+    composite = LlavaConfig()
+    composite._attn_implementation = {"": "sdpa", "vision_config": "eager", "text_config": "sdpa"}
+    with use_packed_attention(SimpleNamespace(config=composite)):
+        assert composite.vision_config._attn_implementation == "eager"
+    assert composite._attn_implementation == "sdpa"
+    assert composite.vision_config._attn_implementation == "eager"
+    assert composite.text_config._attn_implementation == "sdpa"
