@@ -645,10 +645,12 @@ def fix_reply_length(policy: Any, engine: str) -> None:
     if original_pick is not None:
         eos = list(policy.eos_token_ids)
 
-        def fixed_pick(scores: Any, params: Any, **generator: Any) -> Any:
+        def fixed_pick(scores: Any, params: Any, generator: Any = None) -> Any:
             scores = scores.clone()
             scores[:, eos] = float("-inf")
-            return original_pick(scores, params, **generator)
+            if generator is None:
+                return original_pick(scores, params)
+            return original_pick(scores, params, generator=generator)
 
         policy.pick = fixed_pick
 

@@ -118,6 +118,9 @@ RANDOM_DRAWS = SharedExclusiveLock()
 """Held shared around each id a decoder samples and alone around each CUDA graph capture.
 
 A capture puts the device's random generator in its capturing mode for its whole length,
-and a draw from another thread meanwhile fails ("Offset increment outside graph
-capture"): with calls decoding beside each other, one policy's recording of a new shape
-would fail another's sampling."""
+and a draw from the default generator in another thread meanwhile fails ("Offset
+increment outside graph capture"): with calls decoding beside each other, one policy's
+recording of a new shape would fail another's sampling. Only the decoders' own draws
+hold it: a draw elsewhere during a capture (dropout in a sweep's update running beside
+rollouts, an in-process vLLM engine's sampling beside Hugging Face agents that record)
+is not kept out. mappa's recipes train with no dropout."""

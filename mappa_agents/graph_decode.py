@@ -381,7 +381,9 @@ class GraphDecoder:
         )
         lowest = torch.finfo(shape.mask.dtype).min
         shape.mask.fill_(lowest)
-        shape.mask[:, 0, 0, :width] = torch.where(mask.bool(), 0.0, lowest).to(shape.mask.dtype)
+        # Filled in the mask's own dtype: a float32 intermediate would overflow float64's.
+        open_positions = torch.zeros_like(mask, dtype=shape.mask.dtype)
+        shape.mask[:, 0, 0, :width] = open_positions.masked_fill(~mask.bool(), lowest)
         shape.position_ids.copy_(mask.sum(-1, keepdim=True))
         shape.cache_position.fill_(width)
         if not shape.cache_bytes:
@@ -446,6 +448,10 @@ class GraphDecoder:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             failure = None
+            # torch.cuda.graph's exit leaves the capture stream current when the capture
+            # fails: this thread would then decode on it (unordered with the default
+            # stream, and a stream the pool hands to later captures).
+            stream_before = torch.cuda.current_stream(self.device)
             # No other thread samples while the device's random generator is captured.
             with RANDOM_DRAWS.exclusive():
                 try:
@@ -462,6 +468,7 @@ class GraphDecoder:
                     ):
                         shape.logits = self._step_eager(shape)
                 except RuntimeError as error:
+                    torch.cuda.set_stream(stream_before)
                     torch.cuda.synchronize(self.device)
                     failure = f"capture failed: {str(error).splitlines()[0][:200]}"
                     self._check_random_numbers_after(failure, error)
@@ -529,15 +536,20 @@ class GraphDecoder:
         draw of the process fails with "Offset increment outside graph capture" (seen on
         one H100, in the same test process). The generator then gets a copy of its state
         (same seed and offset, not capturing): torch's ``clone_state`` and
-        ``graphsafe_set_state``. If drawing still fails, the run stops with the cause and
-        the way on (decoding without ``compile_decode``).
+        ``graphsafe_set_state``. Graphs recorded before keep the old state, still
+        capturing, and replay on: a replay touches its generator states only by the
+        random numbers the graph draws, and a decode step draws none (ids are picked
+        between replays). If drawing still fails, the run stops with the cause and the
+        way on (decoding without ``compile_decode``).
         """
         torch = self._torch
         try:
             torch.rand(1, device=self.device)
             return
         except RuntimeError:
-            index = self.device.index if self.device.index is not None else 0
+            index = self.device.index
+            if index is None:
+                index = torch.cuda.current_device()
             generator = torch.cuda.default_generators[index]
             generator.graphsafe_set_state(generator.clone_state())
         try:

@@ -192,13 +192,17 @@ def pick_next_ids(
 
 
 def takes_generator(pick: Callable[..., Any]) -> bool:
-    """Whether ``pick`` accepts a ``generator`` keyword (as :func:`pick_next_ids` does)."""
+    """Whether ``pick`` names a ``generator`` parameter (as :func:`pick_next_ids` does).
+
+    A ``**kwargs`` pick does not count: it may take the keyword and draw from torch's
+    default generator anyway, and a seeded call would then not repeat.
+    """
     try:
         parameters = inspect.signature(pick).parameters.values()
     except (TypeError, ValueError):  # a callable whose signature cannot be read
         return False
     return any(
-        parameter.name == "generator" or parameter.kind is inspect.Parameter.VAR_KEYWORD
+        parameter.name == "generator" and parameter.kind is not inspect.Parameter.VAR_KEYWORD
         for parameter in parameters
     )
 

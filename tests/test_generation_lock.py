@@ -236,3 +236,43 @@ def test_seeded_rollouts_of_policies_decoding_beside_each_other_repeat_exactly()
     first = rollout()
     assert {agent for agent, _ in first} == set(agents)
     assert rollout() == first
+
+
+def test_only_a_pick_that_names_a_generator_gets_one():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from mappa_agents.hf import pick_next_ids, takes_generator
+
+    def named(scores, params, generator=None):
+        return scores
+
+    def anything(scores, params, **kwargs):  # may draw from the default generator
+        return scores
+
+    assert takes_generator(pick_next_ids)
+    assert takes_generator(named)
+    assert not takes_generator(anything)
+    assert not takes_generator(lambda scores, params: scores)
+
+
+def test_a_closed_policys_call_holds_the_lock_alone():
+    lock = GenerationLock()
+    inside, release, entered = threading.Event(), threading.Event(), threading.Event()
+
+    def closed_call():
+        with lock.hold(None, exclusive=False):
+            inside.set()
+            release.wait(WAIT_S)
+
+    def other():
+        with lock.hold(Model(), exclusive=False):
+            entered.set()
+
+    holder = in_thread(closed_call)
+    assert inside.wait(WAIT_S)
+    waiter = in_thread(other)
+    assert not entered.wait(QUIET_S)
+    release.set()
+    assert entered.wait(WAIT_S)
+    holder.join(WAIT_S)
+    waiter.join(WAIT_S)

@@ -311,6 +311,43 @@ def test_a_decoder_samples_on_while_another_thread_records_a_shape():
     assert recording.recordings == 3
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_graphs_recorded_before_a_failed_capture_replay_on_the_default_stream():
+    model, tokenizer = tiny_model_and_tokenizer()
+    policy = HFPolicy(model.to("cuda"), tokenizer)
+    ids, mask = padded(policy)
+    expected, _, _ = decode(GraphDecoder(policy.model, use_graphs=False), policy, ids, mask)
+    decoder = GraphDecoder(policy.model)
+    decode(decoder, policy, ids, mask)  # (3, 512) recorded
+    forward = policy.model.forward
+
+    def waits_on_the_host(*args, **kwargs):
+        output = forward(*args, **kwargs)
+        output.logits.sum().item()  # not allowed while a CUDA graph is being captured
+        return output
+
+    policy.model.forward = waits_on_the_host
+    decoder.decode(
+        ids.cuda(), mask.cuda(), max_new_tokens=16, cache_length=1024, pick=greedy,
+        eos_token_ids=policy.eos_token_ids, pad_token_id=policy.pad_token_id,
+    )  # fmt: skip
+    assert list(decoder.fallbacks) == [(3, 1024)]
+    # The failed capture's stream is not left current for this thread's later work.
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
+    policy.model.forward = forward
+    again, _, _ = decode(decoder, policy, ids, mask)  # (3, 512) replayed
+    assert again.tolist() == expected.tolist()
+    torch.multinomial(torch.ones(2, 4, device="cuda"), 1)
+
+
+def test_a_float64_model_decodes_with_its_own_mask_dtype(tiny_policy):
+    policy, ids, mask = tiny_policy
+    policy.model.double()
+    got, logprobs, _ = decode(GraphDecoder(policy.model), policy, ids, mask, new=4)
+    assert got.shape == (3, 4)
+    assert torch.isfinite(logprobs).all()
+
+
 def test_shapes_used_longest_ago_are_let_go_beyond_the_cache_budget(tiny_policy):
     policy, ids, mask = tiny_policy
     sizing = GraphDecoder(policy.model)
