@@ -40,30 +40,38 @@ def test_unseeded_calls_of_different_models_hold_the_lock_together():
     assert not both_inside.broken
 
 
-@pytest.mark.parametrize("second", ["exclusive", "same model"])
-def test_a_call_that_may_not_share_waits_for_the_one_inside(second):
-    lock = GenerationLock()
-    model = Model()
+def assert_second_waits_for_first(first_hold, second_hold):
+    """The second holder does not get in while the first holds, and does after it leaves."""
     inside, release, entered = threading.Event(), threading.Event(), threading.Event()
 
     def first():
-        with lock.hold(model, exclusive=False):
+        with first_hold():
             inside.set()
             release.wait(WAIT_S)
 
-    def other():
-        exclusive = second == "exclusive"
-        with lock.hold(Model() if exclusive else model, exclusive=exclusive):
+    def second():
+        with second_hold():
             entered.set()
 
     holder = in_thread(first)
     assert inside.wait(WAIT_S)
-    waiter = in_thread(other)
+    waiter = in_thread(second)
     assert not entered.wait(QUIET_S)
     release.set()
     assert entered.wait(WAIT_S)
     holder.join(WAIT_S)
     waiter.join(WAIT_S)
+
+
+@pytest.mark.parametrize("second", ["exclusive", "same model"])
+def test_a_call_that_may_not_share_waits_for_the_one_inside(second):
+    lock = GenerationLock()
+    model = Model()
+    exclusive = second == "exclusive"
+    assert_second_waits_for_first(
+        lambda: lock.hold(model, exclusive=False),
+        lambda: lock.hold(Model() if exclusive else model, exclusive=exclusive),
+    )
 
 
 def test_a_waiting_seeded_call_goes_before_unseeded_calls_that_come_after_it():
@@ -257,22 +265,6 @@ def test_only_a_pick_that_names_a_generator_gets_one():
 
 def test_a_closed_policys_call_holds_the_lock_alone():
     lock = GenerationLock()
-    inside, release, entered = threading.Event(), threading.Event(), threading.Event()
-
-    def closed_call():
-        with lock.hold(None, exclusive=False):
-            inside.set()
-            release.wait(WAIT_S)
-
-    def other():
-        with lock.hold(Model(), exclusive=False):
-            entered.set()
-
-    holder = in_thread(closed_call)
-    assert inside.wait(WAIT_S)
-    waiter = in_thread(other)
-    assert not entered.wait(QUIET_S)
-    release.set()
-    assert entered.wait(WAIT_S)
-    holder.join(WAIT_S)
-    waiter.join(WAIT_S)
+    assert_second_waits_for_first(
+        lambda: lock.hold(None, exclusive=False), lambda: lock.hold(Model(), exclusive=False)
+    )

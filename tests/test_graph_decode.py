@@ -38,17 +38,28 @@ def greedy(scores):
     return scores.argmax(-1)
 
 
-def decode(decoder, policy, ids, mask, new=16, **kwargs):
+def decode(decoder, policy, ids, mask, new=16, cache_length=512, **kwargs):
     return decoder.decode(
         ids.to(decoder.device),
         mask.to(decoder.device),
         max_new_tokens=new,
-        cache_length=512,
+        cache_length=cache_length,
         pick=kwargs.pop("pick", greedy),
         eos_token_ids=policy.eos_token_ids,
         pad_token_id=policy.pad_token_id,
         **kwargs,
     )
+
+
+def waiting_on_the_host(forward):
+    """``forward``, then a wait for its logits on the host: a capture of it fails."""
+
+    def waits(*args, **kwargs):
+        output = forward(*args, **kwargs)
+        output.logits.sum().item()  # not allowed while a CUDA graph is being captured
+        return output
+
+    return waits
 
 
 def teacher_forced(policy, prompt_ids, mask, ids):
@@ -235,13 +246,7 @@ def test_a_step_that_cannot_be_recorded_is_decoded_eagerly_and_said(caplog):
     ids, mask = padded(policy)
     expected, _, _ = decode(GraphDecoder(policy.model, use_graphs=False), policy, ids, mask)
     forward = policy.model.forward
-
-    def waits_on_the_host(*args, **kwargs):
-        output = forward(*args, **kwargs)
-        output.logits.sum().item()  # not allowed while a CUDA graph is being captured
-        return output
-
-    policy.model.forward = waits_on_the_host
+    policy.model.forward = waiting_on_the_host(forward)
     decoder = GraphDecoder(policy.model)
     with caplog.at_level("WARNING", logger="mappa_agents.graph_decode"):
         got, _, _ = decode(decoder, policy, ids, mask)
@@ -263,10 +268,7 @@ def test_a_shape_recorded_after_every_earlier_graph_was_let_go_gets_a_graph_too(
     expected, _, _ = decode(GraphDecoder(policy.model, use_graphs=False), policy, ids, mask)
     decoder = GraphDecoder(policy.model, max_cache_bytes=1)  # one shape at a time
     for length in (512, 1024, 512):
-        got, _, _ = decoder.decode(
-            ids.cuda(), mask.cuda(), max_new_tokens=16, cache_length=length, pick=greedy,
-            eos_token_ids=policy.eos_token_ids, pad_token_id=policy.pad_token_id,
-        )  # fmt: skip
+        got, _, _ = decode(decoder, policy, ids, mask, cache_length=length)
         assert decoder.shapes == [(3, length)]
         assert got.tolist() == expected.tolist()
     assert decoder.fallbacks == {}
@@ -300,10 +302,7 @@ def test_a_decoder_samples_on_while_another_thread_records_a_shape():
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
     for length in (512, 1024, 2048):  # three recordings while the other thread samples
-        recording.decode(
-            ids.cuda(), mask.cuda(), max_new_tokens=4, cache_length=length, pick=greedy,
-            eos_token_ids=policy.eos_token_ids, pad_token_id=policy.pad_token_id,
-        )  # fmt: skip
+        decode(recording, policy, ids, mask, new=4, cache_length=length)
     stop.set()
     thread.join(60)
     assert errors == []
@@ -320,17 +319,8 @@ def test_graphs_recorded_before_a_failed_capture_replay_on_the_default_stream():
     decoder = GraphDecoder(policy.model)
     decode(decoder, policy, ids, mask)  # (3, 512) recorded
     forward = policy.model.forward
-
-    def waits_on_the_host(*args, **kwargs):
-        output = forward(*args, **kwargs)
-        output.logits.sum().item()  # not allowed while a CUDA graph is being captured
-        return output
-
-    policy.model.forward = waits_on_the_host
-    decoder.decode(
-        ids.cuda(), mask.cuda(), max_new_tokens=16, cache_length=1024, pick=greedy,
-        eos_token_ids=policy.eos_token_ids, pad_token_id=policy.pad_token_id,
-    )  # fmt: skip
+    policy.model.forward = waiting_on_the_host(forward)
+    decode(decoder, policy, ids, mask, cache_length=1024)
     assert list(decoder.fallbacks) == [(3, 1024)]
     # The failed capture's stream is not left current for this thread's later work.
     assert torch.cuda.current_stream() == torch.cuda.default_stream()
@@ -357,10 +347,7 @@ def test_shapes_used_longest_ago_are_let_go_beyond_the_cache_budget(tiny_policy)
     decoder = GraphDecoder(policy.model, max_cache_bytes=2 * one)
 
     def run(rows, length):
-        decoder.decode(
-            ids[:rows], mask[:rows], max_new_tokens=4, cache_length=length, pick=greedy,
-            eos_token_ids=policy.eos_token_ids, pad_token_id=policy.pad_token_id,
-        )  # fmt: skip
+        decode(decoder, policy, ids[:rows], mask[:rows], new=4, cache_length=length)
 
     run(3, 512)
     run(2, 512)  # two thirds of one more: both fit
